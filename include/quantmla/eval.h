@@ -1,0 +1,37 @@
+// Perplexity under the window protocol of shared/README.md: consecutive non-overlapping segments of
+// ctx - 1 tokens (a final partial one dropped), each window [BOS] + segment, every segment token
+// scored from the positions before it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "quantmla/model.h"
+
+namespace quantmla {
+
+struct PerplexityOptions {
+  int64_t ctx = 1024;
+  int64_t max_windows = 0;  // 0 = every window
+  // Called after each window with (windows done, windows total).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct PerplexityResult {
+  double ppl = 0.0;
+  double total_nll = 0.0;
+  int64_t tokens = 0;  // scored tokens
+  int64_t windows = 0;
+};
+
+// Throws InvalidArgument when ctx < 2, ctx exceeds the model's positions, or the ids do not fill a
+// single window.
+PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t> ids,
+                                     const PerplexityOptions& options);
+
+// -log softmax(logits)[target], computed in double.
+double token_nll(std::span<const float> logits, int32_t target);
+
+}  // namespace quantmla

@@ -1,0 +1,51 @@
+// A DeepSeek-V2/V3 MLA model on the CPU: weights in FP32, attention in the absorbed form through
+// an MlaCache.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "quantmla/cache.h"
+#include "quantmla/config.h"
+
+namespace quantmla {
+
+struct ModelWeights;  // src/model/weights.h
+
+class Model {
+ public:
+  // Reads DIR/config.json and the safetensors weights; every tensor the config implies must be
+  // present with the expected shape. Throws IoError / FormatError / ShapeError / InvalidArgument.
+  static Model load(const std::filesystem::path& dir);
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  // Parameters of the layers the engine runs (embedding, decoder layers, final norm, lm_head).
+  int64_t parameter_count() const;
+  CacheShape cache_shape() const;
+  // An FP32 cache sized for `capacity` tokens.
+  std::unique_ptr<MlaCache> make_cache(int64_t capacity) const;
+
+  // Runs `tokens` at positions [cache.length(), cache.length() + n): writes their cache rows, lets
+  // every position attend through the cache, commits them, and writes logits.
+  // logits: [n, vocab] when all_logits, else [1, vocab] for the last token. Throws InvalidArgument
+  // for an out-of-range token id or an empty input, CapacityError when the cache is full.
+  void forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<float> logits,
+               bool all_logits = true) const;
+
+  // Positions (cached + new) this model may run at; beyond it RoPE was never trained.
+  int64_t max_positions() const { return config_.max_position_embeddings; }
+
+ private:
+  Model() = default;
+  ModelConfig config_;
+  std::unique_ptr<ModelWeights> weights_;
+};
+
+}  // namespace quantmla

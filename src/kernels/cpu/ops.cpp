@@ -1,0 +1,45 @@
+#include "kernels/cpu/ops.h"
+
+#include <cblas.h>
+
+#include <cmath>
+
+namespace quantmla::cpu {
+
+void matmul_nt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+               int64_t m, int64_t n, int64_t k, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda),
+              b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
+}
+
+void matmul_nn(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+               int64_t m, int64_t n, int64_t k, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda),
+              b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
+}
+
+void rms_norm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t width,
+              float eps, float* y, int64_t y_stride) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* in = x + row * x_stride;
+    float* out = y + row * y_stride;
+    double sum_squares = 0.0;
+    for (int64_t i = 0; i < width; ++i) sum_squares += static_cast<double>(in[i]) * in[i];
+    const float inv_rms =
+        static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(width) + eps));
+    for (int64_t i = 0; i < width; ++i) out[i] = weight[i] * (in[i] * inv_rms);
+  }
+}
+
+void silu_mul(float* gate, const float* up, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+}  // namespace quantmla::cpu

@@ -1,0 +1,41 @@
+#include "quantmla/generate.h"
+
+#include <string>
+
+#include "quantmla/error.h"
+
+namespace quantmla {
+
+std::vector<int32_t> generate(const Model& model, std::span<const int32_t> prompt,
+                              const GenerateOptions& options,
+                              const std::function<bool(int32_t)>& on_token) {
+  if (prompt.empty()) throw InvalidArgument("empty prompt: nothing to generate from");
+  if (options.max_tokens < 0) {
+    throw InvalidArgument("max_tokens must be >= 0, got " + std::to_string(options.max_tokens));
+  }
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
+  if (total > model.max_positions()) {
+    throw InvalidArgument("prompt of " + std::to_string(prompt.size()) + " tokens + " +
+                          std::to_string(options.max_tokens) + " new tokens exceeds the model's " +
+                          std::to_string(model.max_positions()) + " positions");
+  }
+  Sampler sampler(options.sampling);
+  const int64_t vocab = model.config().vocab_size;
+  auto cache = model.make_cache(std::max<int64_t>(total, 1));
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<int32_t> generated;
+  if (options.max_tokens == 0) return generated;
+
+  model.forward(prompt, *cache, logits, /*all_logits=*/false);
+  while (true) {
+    const int32_t next = sampler.sample(logits);
+    if (options.stop_at_eos && next == model.config().eos_token_id) break;
+    generated.push_back(next);
+    if (on_token && !on_token(next)) break;
+    if (static_cast<int64_t>(generated.size()) >= options.max_tokens) break;
+    model.forward(std::span<const int32_t>(&next, 1), *cache, logits, /*all_logits=*/false);
+  }
+  return generated;
+}
+
+}  // namespace quantmla

@@ -1,0 +1,227 @@
+#include "quantmla/model.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cpu/ops.h"
+#include "model/moe_router.h"
+#include "model/rope.h"
+#include "model/weights.h"
+#include "quantmla/error.h"
+#include "quantmla/safetensors.h"
+
+namespace quantmla {
+namespace {
+
+using cpu::matmul_nn;
+using cpu::matmul_nt;
+
+// out[n, d] (+)= down(silu(gate x) * up x)
+void run_mlp(const Mlp& mlp, const float* x, int64_t n, float* out, bool accumulate) {
+  const int64_t hidden = mlp.gate.in;
+  const int64_t inner = mlp.gate.out;
+  std::vector<float> gate(static_cast<size_t>(n * inner));
+  std::vector<float> up(static_cast<size_t>(n * inner));
+  matmul_nt(x, hidden, mlp.gate.weight.data(), hidden, gate.data(), inner, n, inner, hidden);
+  matmul_nt(x, hidden, mlp.up.weight.data(), hidden, up.data(), inner, n, inner, hidden);
+  cpu::silu_mul(gate.data(), up.data(), n * inner);
+  matmul_nt(gate.data(), inner, mlp.down.weight.data(), inner, out, hidden, n, hidden, inner,
+            accumulate);
+}
+
+// x[n, d] += MoE(h[n, d]): tokens are grouped by expert so each expert runs one GEMM.
+void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t n, float* x) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t num_experts = config.n_routed_experts;
+  std::vector<float> router_logits(static_cast<size_t>(n * num_experts));
+  matmul_nt(h, hidden, moe.router.weight.data(), hidden, router_logits.data(), num_experts, n,
+            num_experts, hidden);
+
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(num_experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const ExpertChoice choice =
+        route_token(config, router_logits.data() + t * num_experts, moe.correction_bias);
+    for (size_t k = 0; k < choice.experts.size(); ++k) {
+      assigned[choice.experts[k]].emplace_back(t, choice.weights[k]);
+    }
+  }
+
+  std::vector<float> gathered, expert_out;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& tokens = assigned[e];
+    if (tokens.empty()) continue;
+    const int64_t m = static_cast<int64_t>(tokens.size());
+    gathered.resize(static_cast<size_t>(m * hidden));
+    expert_out.resize(static_cast<size_t>(m * hidden));
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(h + tokens[i].first * hidden, hidden, gathered.data() + i * hidden);
+    }
+    run_mlp(moe.experts[e], gathered.data(), m, expert_out.data(), false);
+    for (int64_t i = 0; i < m; ++i) {
+      float* target = x + tokens[i].first * hidden;
+      const float* source = expert_out.data() + i * hidden;
+      const float weight = tokens[i].second;
+      for (int64_t d = 0; d < hidden; ++d) target[d] += weight * source[d];
+    }
+  }
+  if (moe.has_shared) run_mlp(moe.shared, h, n, x, /*accumulate=*/true);
+}
+
+}  // namespace
+
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::load(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) {
+    throw IoError("model directory " + dir.string() + " does not exist");
+  }
+  const std::filesystem::path config_path = dir / "config.json";
+  if (!std::filesystem::exists(config_path)) {
+    throw IoError("model directory " + dir.string() + " has no config.json");
+  }
+  Model model;
+  model.config_ = ModelConfig::from_file(config_path);
+  const TensorStore store = TensorStore::open_dir(dir);
+  model.weights_ = std::make_unique<ModelWeights>(load_weights(model.config_, store));
+  return model;
+}
+
+int64_t Model::parameter_count() const { return weights_->parameter_count; }
+
+CacheShape Model::cache_shape() const {
+  return CacheShape{config_.num_layers, config_.kv_lora_rank, config_.qk_rope_head_dim};
+}
+
+std::unique_ptr<MlaCache> Model::make_cache(int64_t capacity) const {
+  return make_f32_cache(cache_shape(), capacity);
+}
+
+void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<float> logits,
+                    bool all_logits) const {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) throw InvalidArgument("forward: empty input, no tokens to run");
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
+      throw InvalidArgument("token id " + std::to_string(tokens[t]) + " at index " +
+                            std::to_string(t) + " is outside the vocabulary [0, " +
+                            std::to_string(c.vocab_size) + ")");
+    }
+  }
+  const CacheShape expected = cache_shape();
+  const CacheShape& actual = cache.shape();
+  if (actual.num_layers != expected.num_layers || actual.kv_lora_rank != expected.kv_lora_rank ||
+      actual.rope_dim != expected.rope_dim) {
+    throw ShapeError(
+        "cache shape (layers " + std::to_string(actual.num_layers) + ", rank " +
+        std::to_string(actual.kv_lora_rank) + ", rope " + std::to_string(actual.rope_dim) +
+        ") does not match the model (" + std::to_string(expected.num_layers) + ", " +
+        std::to_string(expected.kv_lora_rank) + ", " + std::to_string(expected.rope_dim) + ")");
+  }
+  const int64_t pos0 = cache.length();
+  if (pos0 + n > cache.capacity()) {
+    throw CapacityError("cache full: " + std::to_string(pos0) + " tokens cached + " +
+                        std::to_string(n) + " new > capacity " + std::to_string(cache.capacity()));
+  }
+  const int64_t logit_rows = all_logits ? n : 1;
+  if (static_cast<int64_t>(logits.size()) != logit_rows * c.vocab_size) {
+    throw ShapeError("forward: logits buffer holds " + std::to_string(logits.size()) +
+                     " floats, expected " + std::to_string(logit_rows * c.vocab_size));
+  }
+
+  const int64_t d = c.hidden_size;
+  const int64_t heads = c.num_heads;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t rope_dim = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t v_dim = c.v_head_dim;
+  const int64_t qk_dim = c.qk_head_dim();
+  const int64_t row_width = rank + rope_dim;
+  const int64_t kv_b_head_rows = nope + v_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float softmax_scale = static_cast<float>(c.softmax_scale());
+  const Rope rope(c);
+  const auto sz = [](int64_t count) { return static_cast<size_t>(count); };
+
+  std::vector<float> x(sz(n * d)), h(sz(n * d));
+  std::vector<float> q(sz(n * heads * qk_dim)), q_low(sz(n * std::max<int64_t>(c.q_lora_rank, 1)));
+  std::vector<float> kv(sz(n * row_width)), latent(sz(n * rank)), k_pe(sz(n * rope_dim));
+  std::vector<float> q_absorbed(sz(n * heads * row_width)), attended(sz(n * heads * rank));
+  std::vector<float> head_out(sz(n * heads * v_dim));
+
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(weights_->embed.data() + tokens[t] * d, d, x.data() + t * d);
+  }
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DecoderLayer& layer = weights_->layers[l];
+    const AttentionWeights& attn = layer.attention;
+    cpu::rms_norm(x.data(), d, layer.input_norm.data(), n, d, eps, h.data(), d);
+
+    // Queries: [n, heads, nope + rope].
+    if (c.q_lora_rank > 0) {
+      const int64_t q_rank = c.q_lora_rank;
+      matmul_nt(h.data(), d, attn.q_a.weight.data(), d, q_low.data(), q_rank, n, q_rank, d);
+      cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
+                    q_rank);
+      matmul_nt(q_low.data(), q_rank, attn.q_b.weight.data(), q_rank, q.data(), heads * qk_dim, n,
+                heads * qk_dim, q_rank);
+    } else {
+      matmul_nt(h.data(), d, attn.q.weight.data(), d, q.data(), heads * qk_dim, n, heads * qk_dim,
+                d);
+    }
+
+    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
+    matmul_nt(h.data(), d, attn.kv_a.weight.data(), d, kv.data(), row_width, n, row_width, d);
+    cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
+      rope.apply(k_pe.data() + t * rope_dim, 1, rope_dim, pos0 + t);
+    }
+    cache.write(l, pos0, n, latent.data(), k_pe.data());
+
+    // Absorbed queries: [W_UK_h^T q_nope_h ; RoPE(q_pe_h)] per head.
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const float* w_uk = attn.kv_b.weight.data() + hd * kv_b_head_rows * rank;
+      matmul_nn(q.data() + hd * qk_dim, heads * qk_dim, w_uk, rank,
+                q_absorbed.data() + hd * row_width, heads * row_width, n, rank, nope);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* q_pe_out = q_absorbed.data() + t * heads * row_width + rank;
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        std::copy_n(q.data() + (t * heads + hd) * qk_dim + nope, rope_dim,
+                    q_pe_out + hd * row_width);
+      }
+      rope.apply(q_pe_out, heads, row_width, pos0 + t);
+    }
+
+    const CacheQuery query{q_absorbed.data(), n, heads, pos0, softmax_scale};
+    cache.attend(l, query, attended.data(), nullptr);
+
+    // Values: o_h = W_UV_h * attended_h, then o_proj into the residual stream.
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const float* w_uv = attn.kv_b.weight.data() + (hd * kv_b_head_rows + nope) * rank;
+      matmul_nt(attended.data() + hd * rank, heads * rank, w_uv, rank, head_out.data() + hd * v_dim,
+                heads * v_dim, n, v_dim, rank);
+    }
+    matmul_nt(head_out.data(), heads * v_dim, attn.o.weight.data(), heads * v_dim, x.data(), d, n,
+              d, heads * v_dim, /*accumulate=*/true);
+
+    cpu::rms_norm(x.data(), d, layer.post_attention_norm.data(), n, d, eps, h.data(), d);
+    if (layer.is_moe) {
+      run_moe(c, layer.moe, h.data(), n, x.data());
+    } else {
+      run_mlp(layer.mlp, h.data(), n, x.data(), /*accumulate=*/true);
+    }
+  }
+  cache.set_length(pos0 + n);
+
+  const float* final_rows = x.data() + (n - logit_rows) * d;
+  cpu::rms_norm(final_rows, d, weights_->final_norm.data(), logit_rows, d, eps, h.data(), d);
+  matmul_nt(h.data(), d, weights_->lm_head.weight.data(), d, logits.data(), c.vocab_size,
+            logit_rows, c.vocab_size, d);
+}
+
+}  // namespace quantmla

@@ -1,0 +1,185 @@
+// The command-line program end to end: happy paths on the bundled model, and every kind of bad
+// input a user can give it, each answered by a clear message on stderr and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli_runner.h"
+#include "quantmla/io.h"
+#include "quantmla/safetensors.h"
+
+namespace quantmla {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliResult;
+using testing::run_cli;
+using testing::shared_dir;
+
+// A fresh scratch directory per test.
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    scratch_ =
+        fs::temp_directory_path() / ("quantmla-cli-test-" + std::to_string(std::random_device{}()));
+    fs::create_directories(scratch_);
+  }
+  void TearDown() override { fs::remove_all(scratch_); }
+
+  // A copy of the MoE fixture (one FP32 safetensors file) with tensors and config edited.
+  fs::path copy_moe_model(const std::function<void(std::vector<TensorData>&)>& edit_tensors,
+                          const std::function<void(nlohmann::json&)>& edit_config = {}) {
+    const fs::path source = shared_dir() / "models/mla-tiny-moe";
+    const fs::path dest = scratch_ / "model";
+    fs::create_directories(dest);
+    nlohmann::json config = nlohmann::json::parse(read_text_file(source / "config.json"));
+    if (edit_config) edit_config(config);
+    std::ofstream(dest / "config.json") << config.dump(2);
+    const auto file = SafetensorsFile::open(source / "model.safetensors");
+    std::vector<TensorData> tensors;
+    for (const TensorView& view : file->tensors()) {
+      TensorData data{view.name, view.dtype, view.shape, {}};
+      data.bytes.assign(view.data, view.data + view.nbytes);
+      tensors.push_back(std::move(data));
+    }
+    if (edit_tensors) edit_tensors(tensors);
+    write_safetensors(dest / "model.safetensors", tensors);
+    return dest;
+  }
+
+  fs::path scratch_;
+};
+
+void expect_failure(const CliResult& result, std::initializer_list<std::string> fragments) {
+  EXPECT_NE(result.exit_code, 0);
+  for (const std::string& fragment : fragments) {
+    EXPECT_NE(result.err.find(fragment), std::string::npos)
+        << "stderr lacks \"" << fragment << "\":\n"
+        << result.err;
+  }
+}
+
+TEST_F(CliTest, HelpEverywhere) {
+  for (const char* command : {"", "info ", "generate ", "eval-ppl ", "tokenize "}) {
+    const CliResult result = run_cli(std::string(command) + "--help");
+    EXPECT_EQ(result.exit_code, 0) << command;
+    EXPECT_NE(result.out.find("--"), std::string::npos) << command;
+  }
+}
+
+TEST_F(CliTest, InfoJsonDescribesBundledModel) {
+  const CliResult result = run_cli("info --json");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto info = nlohmann::json::parse(result.out);
+  EXPECT_EQ(info["model_type"], "deepseek_v3");
+  EXPECT_EQ(info["num_layers"], 6);
+  EXPECT_EQ(info["kv_lora_rank"], 512);
+  EXPECT_EQ(info["cache_bytes_per_token_per_layer"]["bf16"], 1152);
+  EXPECT_GT(info["parameters"].get<int64_t>(), 25'000'000);
+}
+
+TEST_F(CliTest, GreedyGenerateIsDeterministic) {
+  const std::string args = "generate --prompt 'The package' --max-tokens 8 --temperature 0";
+  const CliResult first = run_cli(args);
+  const CliResult second = run_cli(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.out.rfind("The package", 0), 0u);
+  EXPECT_GT(first.out.size(), std::string("The package\n").size());
+  EXPECT_EQ(first.out, second.out);
+}
+
+TEST_F(CliTest, EvalPplJsonFromIdsAndTextAgree) {
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const CliResult from_ids =
+      run_cli("eval-ppl --ids '" + ids + "' --ctx 128 --max-windows 2 --json");
+  const CliResult from_text =
+      run_cli("eval-ppl --text data/wikitext2-test.raw --ctx 128 --max-windows 2 --json");
+  ASSERT_EQ(from_ids.exit_code, 0) << from_ids.err;
+  ASSERT_EQ(from_text.exit_code, 0) << from_text.err;
+  const auto a = nlohmann::json::parse(from_ids.out);
+  const auto b = nlohmann::json::parse(from_text.out);
+  EXPECT_EQ(a["tokens"], 254);
+  EXPECT_EQ(a["windows"], 2);
+  EXPECT_DOUBLE_EQ(a["ppl"].get<double>(), b["ppl"].get<double>());
+  EXPECT_GT(a["ppl"].get<double>(), 1.0);
+}
+
+TEST_F(CliTest, TokenizeWritesReferenceIds) {
+  const fs::path out = scratch_ / "valid.i32";
+  const CliResult result =
+      run_cli("tokenize --text '" + (shared_dir() / "reference/valid.txt").string() + "' --out '" +
+              out.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(read_ids_file(out), read_ids_file(shared_dir() / "reference/valid.ids.i32"));
+}
+
+TEST_F(CliTest, MissingModelDirectory) {
+  expect_failure(run_cli("info --model /nonexistent/model"),
+                 {"/nonexistent/model", "does not exist"});
+}
+
+TEST_F(CliTest, UnknownModelType) {
+  const fs::path model =
+      copy_moe_model({}, [](nlohmann::json& config) { config["model_type"] = "llama"; });
+  expect_failure(run_cli("info --model '" + model.string() + "'"), {"model_type", "llama"});
+}
+
+TEST_F(CliTest, MissingTensor) {
+  const fs::path model = copy_moe_model([](std::vector<TensorData>& tensors) {
+    std::erase_if(tensors, [](const TensorData& t) {
+      return t.name == "model.layers.1.self_attn.kv_b_proj.weight";
+    });
+  });
+  expect_failure(run_cli("info --model '" + model.string() + "'"),
+                 {"model.layers.1.self_attn.kv_b_proj.weight"});
+}
+
+TEST_F(CliTest, WrongShape) {
+  const fs::path model = copy_moe_model([](std::vector<TensorData>& tensors) {
+    for (TensorData& t : tensors) {
+      if (t.name == "model.layers.2.self_attn.kv_b_proj.weight") {
+        t.shape = {128, 128};  // same bytes as [256, 64], wrong shape
+      }
+    }
+  });
+  expect_failure(run_cli("info --model '" + model.string() + "'"),
+                 {"model.layers.2.self_attn.kv_b_proj.weight", "[128,128]", "[256,64]"});
+}
+
+TEST_F(CliTest, TruncatedSafetensors) {
+  const fs::path model = copy_moe_model({});
+  const fs::path file = model / "model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 1000);
+  expect_failure(run_cli("info --model '" + model.string() + "'"), {"model.safetensors"});
+}
+
+TEST_F(CliTest, HeaderOffsetsLie) {
+  const fs::path model = copy_moe_model({});
+  const fs::path file = model / "model.safetensors";
+  std::string bytes = testing::slurp(file);
+  // Point the first tensor's data past the end of the file, keeping the header length.
+  const size_t at = bytes.find("\"data_offsets\":[0,");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 18, "\"data_offsets\":[9,");
+  std::ofstream(file, std::ios::binary) << bytes;
+  expect_failure(run_cli("info --model '" + model.string() + "'"), {"model.safetensors"});
+}
+
+TEST_F(CliTest, TokenIdBeyondVocabulary) {
+  const fs::path ids = scratch_ / "bad.i32";
+  std::vector<int32_t> values(300, 5);
+  values[17] = 4096;
+  write_ids_file(ids, values);
+  expect_failure(run_cli("eval-ppl --ids '" + ids.string() + "' --ctx 128"),
+                 {"token id 4096", "[0, 4096)"});
+}
+
+TEST_F(CliTest, EmptyPrompt) { expect_failure(run_cli("generate --prompt ''"), {"empty prompt"}); }
+
+TEST_F(CliTest, EvalPplNeedsInput) { expect_failure(run_cli("eval-ppl --ctx 128"), {"--text"}); }
+
+}  // namespace
+}  // namespace quantmla

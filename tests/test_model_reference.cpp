@@ -1,0 +1,150 @@
+// The engine against transformers' logits (FP32 compute on the checkpoint weights): max abs logit
+// difference <= 1e-3 and identical argmax at every position.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "model_fixtures.h"
+#include "quantmla/eval.h"
+#include "quantmla/safetensors.h"
+
+namespace quantmla {
+namespace {
+
+using testing::mla_tiny;
+using testing::mla_tiny_moe;
+using testing::shared_dir;
+
+constexpr float kLogitTolerance = 1e-3f;
+
+int32_t argmax(const float* values, int64_t n) {
+  return static_cast<int32_t>(std::max_element(values, values + n) - values);
+}
+
+// Runs one prompt as a single prefill and returns [n, vocab] logits.
+std::vector<float> prefill_logits(const Model& model, std::span<const int32_t> ids) {
+  auto cache = model.make_cache(static_cast<int64_t>(ids.size()));
+  std::vector<float> logits(ids.size() * model.config().vocab_size);
+  model.forward(ids, *cache, logits);
+  return logits;
+}
+
+// Compares rows [first, first + rows) of `ours` with `reference` ([rows, vocab]).
+void expect_logits_match(const std::vector<float>& ours, const float* reference, int64_t first,
+                         int64_t rows, int64_t vocab, const std::string& what) {
+  float max_diff = 0.0f;
+  int64_t argmax_mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* mine = ours.data() + (first + r) * vocab;
+    const float* theirs = reference + r * vocab;
+    for (int64_t v = 0; v < vocab; ++v) {
+      ASSERT_FALSE(std::isnan(mine[v])) << what << " row " << r << " vocab " << v;
+      max_diff = std::max(max_diff, std::abs(mine[v] - theirs[v]));
+    }
+    argmax_mismatches += argmax(mine, vocab) != argmax(theirs, vocab) ? 1 : 0;
+  }
+  EXPECT_LE(max_diff, kLogitTolerance) << what;
+  EXPECT_EQ(argmax_mismatches, 0) << what;
+  std::printf("[ %s ] max |logit diff| = %.3g over %lld rows\n", what.c_str(), max_diff,
+              static_cast<long long>(rows));
+}
+
+TEST(ModelReference, MlaTinyShortBatch) {
+  const Model& model = mla_tiny();
+  const auto reference =
+      SafetensorsFile::open(shared_dir() / "reference/mla-tiny-short-reference.safetensors");
+  const std::vector<int32_t> ids = to_i32(*reference->find("input_ids"));
+  const std::vector<float> logits = to_f32(*reference->find("logits"));
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t batch = 3, seq = 64;
+  ASSERT_EQ(ids.size(), static_cast<size_t>(batch * seq));
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<float> ours =
+        prefill_logits(model, std::span<const int32_t>(ids.data() + b * seq, seq));
+    expect_logits_match(ours, logits.data() + b * seq * vocab, 0, seq, vocab,
+                        "short row " + std::to_string(b));
+  }
+}
+
+TEST(ModelReference, MlaTinyLongWindowNllAndArgmax) {
+  const Model& model = mla_tiny();
+  const auto reference =
+      SafetensorsFile::open(shared_dir() / "reference/mla-tiny-long-reference.safetensors");
+  const std::vector<int32_t> ids = to_i32(*reference->find("long_input_ids"));
+  const std::vector<float> nll = to_f32(*reference->find("long_nll"));
+  const std::vector<int32_t> reference_argmax = to_i32(*reference->find("long_argmax"));
+  const std::vector<float> first64 = to_f32(*reference->find("long_logits_first64"));
+  const std::vector<float> last64 = to_f32(*reference->find("long_logits_last64"));
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  ASSERT_EQ(n, 1024);
+
+  const std::vector<float> ours = prefill_logits(model, ids);
+  expect_logits_match(ours, first64.data(), 0, 64, vocab, "long first 64");
+  expect_logits_match(ours, last64.data(), n - 64, 64, vocab, "long last 64");
+
+  double max_nll_diff = 0.0;
+  int64_t argmax_mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::span<const float> row(ours.data() + i * vocab, static_cast<size_t>(vocab));
+    argmax_mismatches += argmax(row.data(), vocab) != reference_argmax[i] ? 1 : 0;
+    if (i + 1 < n) {
+      max_nll_diff = std::max(max_nll_diff, std::abs(token_nll(row, ids[i + 1]) - nll[i]));
+    }
+  }
+  EXPECT_LE(max_nll_diff, kLogitTolerance);
+  EXPECT_EQ(argmax_mismatches, 0);
+  std::printf("[ long window ] max |nll diff| = %.3g over %lld positions\n", max_nll_diff,
+              static_cast<long long>(n - 1));
+}
+
+TEST(ModelReference, MoeYarnBeyondOriginalContext) {
+  const Model& model = mla_tiny_moe();
+  const auto reference =
+      SafetensorsFile::open(shared_dir() / "reference/mla-tiny-moe-reference.safetensors");
+  const std::vector<int32_t> ids = to_i32(*reference->find("input_ids"));
+  const std::vector<float> logits = to_f32(*reference->find("logits"));
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t batch = 2, seq = 200;
+  ASSERT_EQ(ids.size(), static_cast<size_t>(batch * seq));
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<float> ours =
+        prefill_logits(model, std::span<const int32_t>(ids.data() + b * seq, seq));
+    expect_logits_match(ours, logits.data() + b * seq * vocab, 0, seq, vocab,
+                        "moe row " + std::to_string(b));
+  }
+}
+
+// Decoding token by token through the cache must give the logits of one prefill.
+TEST(ModelReference, DecodeStepsMatchPrefill) {
+  for (const Model* model : {&mla_tiny(), &mla_tiny_moe()}) {
+    const auto reference = SafetensorsFile::open(
+        shared_dir() / (model == &mla_tiny() ? "reference/mla-tiny-short-reference.safetensors"
+                                             : "reference/mla-tiny-moe-reference.safetensors"));
+    std::vector<int32_t> ids = to_i32(*reference->find("input_ids"));
+    ids.resize(48);
+    const int64_t vocab = model->config().vocab_size;
+    const std::vector<float> prefill = prefill_logits(*model, ids);
+
+    auto cache = model->make_cache(static_cast<int64_t>(ids.size()));
+    std::vector<float> step(static_cast<size_t>(vocab));
+    float max_diff = 0.0f;
+    // A 16-token prefill, then single-token decode steps.
+    std::vector<float> first(16 * static_cast<size_t>(vocab));
+    model->forward(std::span<const int32_t>(ids.data(), 16), *cache, first);
+    for (size_t i = 16; i < ids.size(); ++i) {
+      model->forward(std::span<const int32_t>(&ids[i], 1), *cache, step, false);
+      for (int64_t v = 0; v < vocab; ++v) {
+        max_diff = std::max(max_diff, std::abs(step[v] - prefill[i * vocab + v]));
+      }
+    }
+    EXPECT_EQ(cache->length(), static_cast<int64_t>(ids.size()));
+    EXPECT_LE(max_diff, 1e-4f);
+  }
+}
+
+}  // namespace
+}  // namespace quantmla

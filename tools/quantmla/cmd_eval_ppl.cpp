@@ -1,0 +1,81 @@
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "commands.h"
+#include "progress.h"
+#include "quantmla/eval.h"
+#include "quantmla/io.h"
+#include "quantmla/tokenizer.h"
+
+namespace quantmla::cli {
+namespace {
+
+struct EvalPplOptions {
+  std::string model = kDefaultModel;
+  std::string text;
+  std::string ids;
+  int64_t ctx = 1024;
+  int64_t max_windows = 0;
+  bool json = false;
+};
+
+void run_eval_ppl(const EvalPplOptions& options) {
+  const Model model = Model::load(options.model);
+  std::vector<int32_t> ids;
+  if (!options.ids.empty()) {
+    ids = read_ids_file(options.ids);
+  } else {
+    ids = Tokenizer::from_model_dir(options.model)
+              .encode(read_text_file_universal_newlines(options.text));
+  }
+  ProgressBar progress("eval-ppl");
+  PerplexityOptions ppl_options;
+  ppl_options.ctx = options.ctx;
+  ppl_options.max_windows = options.max_windows;
+  ppl_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  const PerplexityResult result = evaluate_perplexity(model, ids, ppl_options);
+  if (options.json) {
+    const nlohmann::json out = {{"ppl", result.ppl},
+                                {"tokens", result.tokens},
+                                {"windows", result.windows},
+                                {"ctx", options.ctx},
+                                {"cache", "f32"}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("ppl %.4f  tokens %lld  windows %lld  (ctx %lld)\n", result.ppl,
+                static_cast<long long>(result.tokens), static_cast<long long>(result.windows),
+                static_cast<long long>(options.ctx));
+  }
+}
+
+}  // namespace
+
+void add_eval_ppl(CLI::App& app) {
+  auto options = std::make_shared<EvalPplOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval-ppl", "Perplexity with the window protocol: [BOS] + (ctx-1)-token segments");
+  cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
+  auto* text = cmd->add_option("--text", options->text, "Raw text file (tokenized here)")
+                   ->check(CLI::ExistingFile);
+  auto* ids = cmd->add_option("--ids", options->ids, "Token ids, little-endian int32, no BOS")
+                  ->check(CLI::ExistingFile);
+  text->excludes(ids);
+  ids->excludes(text);
+  cmd->add_option("--ctx", options->ctx, "Window length including BOS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");
+  cmd->callback([options, cmd] {
+    if (options->text.empty() && options->ids.empty()) {
+      throw CLI::RequiredError("eval-ppl needs --text FILE or --ids FILE.i32");
+    }
+    run_eval_ppl(*options);
+  });
+}
+
+}  // namespace quantmla::cli

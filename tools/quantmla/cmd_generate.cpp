@@ -1,0 +1,81 @@
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "quantmla/error.h"
+#include "quantmla/generate.h"
+#include "quantmla/tokenizer.h"
+
+namespace quantmla::cli {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model = kDefaultModel;
+  std::string prompt;
+  int64_t max_tokens = 64;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+// Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence.
+size_t complete_utf8_prefix(const std::string& bytes) {
+  size_t end = bytes.size();
+  for (size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const unsigned char byte = static_cast<unsigned char>(bytes[bytes.size() - back]);
+    if ((byte & 0xC0) != 0x80) {  // a lead byte: is its sequence complete?
+      const size_t needed = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1;
+      if (needed > back) end = bytes.size() - back;
+      break;
+    }
+  }
+  return end;
+}
+
+void run_generate(const GenerateCliOptions& options) {
+  if (options.prompt.empty()) throw InvalidArgument("empty prompt: --prompt needs some text");
+  const Model model = Model::load(options.model);
+  const Tokenizer tokenizer = Tokenizer::from_model_dir(options.model);
+  std::vector<int32_t> prompt{static_cast<int32_t>(model.config().bos_token_id)};
+  const std::vector<int32_t> encoded = tokenizer.encode(options.prompt);
+  prompt.insert(prompt.end(), encoded.begin(), encoded.end());
+
+  GenerateOptions generate_options;
+  generate_options.max_tokens = options.max_tokens;
+  generate_options.sampling = {options.temperature, options.top_p, options.seed};
+
+  std::printf("%s", options.prompt.c_str());
+  std::string pending;
+  generate(model, prompt, generate_options, [&](int32_t token) {
+    pending += tokenizer.token_bytes(token);
+    const size_t ready = complete_utf8_prefix(pending);
+    std::fwrite(pending.data(), 1, ready, stdout);
+    std::fflush(stdout);
+    pending.erase(0, ready);
+    return true;
+  });
+  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  std::printf("\n");
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto options = std::make_shared<GenerateCliOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "Stream a continuation of a prompt to stdout");
+  cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
+  cmd->add_option("--prompt", options->prompt, "Prompt text (BOS is prepended)")->required();
+  cmd->add_option("--max-tokens", options->max_tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", options->temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass, in (0, 1]")
+      ->capture_default_str();
+  cmd->add_option("--seed", options->seed, "Random seed for sampling")->capture_default_str();
+  cmd->callback([options] { run_generate(*options); });
+}
+
+}  // namespace quantmla::cli
