@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cpu/gemv_bf16.h"
 #include "kernels/cpu/ops.h"
 #include "model/moe_router.h"
 #include "model/rope.h"
@@ -16,17 +17,26 @@ namespace {
 using cpu::matmul_nn;
 using cpu::matmul_nt;
 
+// y[m, out] (+)= x[m, in] W^T, with leading dimensions; one row takes the BF16 GEMV when it can.
+void linear(const Linear& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy,
+            bool accumulate = false) {
+  if (m == 1 && !w.weight_bf16.empty()) {
+    cpu::gemv_bf16(w.weight_bf16.data(), w.in, x, y, w.out, w.in, accumulate);
+  } else {
+    matmul_nt(x, ldx, w.weight.data(), w.in, y, ldy, m, w.out, w.in, accumulate);
+  }
+}
+
 // out[n, d] (+)= down(silu(gate x) * up x)
 void run_mlp(const Mlp& mlp, const float* x, int64_t n, float* out, bool accumulate) {
   const int64_t hidden = mlp.gate.in;
   const int64_t inner = mlp.gate.out;
   std::vector<float> gate(static_cast<size_t>(n * inner));
   std::vector<float> up(static_cast<size_t>(n * inner));
-  matmul_nt(x, hidden, mlp.gate.weight.data(), hidden, gate.data(), inner, n, inner, hidden);
-  matmul_nt(x, hidden, mlp.up.weight.data(), hidden, up.data(), inner, n, inner, hidden);
+  linear(mlp.gate, x, hidden, n, gate.data(), inner);
+  linear(mlp.up, x, hidden, n, up.data(), inner);
   cpu::silu_mul(gate.data(), up.data(), n * inner);
-  matmul_nt(gate.data(), inner, mlp.down.weight.data(), inner, out, hidden, n, hidden, inner,
-            accumulate);
+  linear(mlp.down, gate.data(), inner, n, out, hidden, accumulate);
 }
 
 // x[n, d] += MoE(h[n, d]): tokens are grouped by expert so each expert runs one GEMM.
@@ -34,8 +44,7 @@ void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t 
   const int64_t hidden = config.hidden_size;
   const int64_t num_experts = config.n_routed_experts;
   std::vector<float> router_logits(static_cast<size_t>(n * num_experts));
-  matmul_nt(h, hidden, moe.router.weight.data(), hidden, router_logits.data(), num_experts, n,
-            num_experts, hidden);
+  linear(moe.router, h, hidden, n, router_logits.data(), num_experts);
 
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < n; ++t) {
@@ -163,18 +172,16 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     // Queries: [n, heads, nope + rope].
     if (c.q_lora_rank > 0) {
       const int64_t q_rank = c.q_lora_rank;
-      matmul_nt(h.data(), d, attn.q_a.weight.data(), d, q_low.data(), q_rank, n, q_rank, d);
+      linear(attn.q_a, h.data(), d, n, q_low.data(), q_rank);
       cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
                     q_rank);
-      matmul_nt(q_low.data(), q_rank, attn.q_b.weight.data(), q_rank, q.data(), heads * qk_dim, n,
-                heads * qk_dim, q_rank);
+      linear(attn.q_b, q_low.data(), q_rank, n, q.data(), heads * qk_dim);
     } else {
-      matmul_nt(h.data(), d, attn.q.weight.data(), d, q.data(), heads * qk_dim, n, heads * qk_dim,
-                d);
+      linear(attn.q, h.data(), d, n, q.data(), heads * qk_dim);
     }
 
     // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
-    matmul_nt(h.data(), d, attn.kv_a.weight.data(), d, kv.data(), row_width, n, row_width, d);
+    linear(attn.kv_a, h.data(), d, n, kv.data(), row_width);
     cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
     for (int64_t t = 0; t < n; ++t) {
       std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
@@ -183,10 +190,18 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     cache.write(l, pos0, n, latent.data(), k_pe.data());
 
     // Absorbed queries: [W_UK_h^T q_nope_h ; RoPE(q_pe_h)] per head.
+    // One token: the per-head products are too small to split, so the heads run in parallel.
+    const bool bf16_decode = n == 1 && !attn.kv_b.weight_bf16.empty();
+#pragma omp parallel for schedule(static) if (n == 1)
     for (int64_t hd = 0; hd < heads; ++hd) {
-      const float* w_uk = attn.kv_b.weight.data() + hd * kv_b_head_rows * rank;
-      matmul_nn(q.data() + hd * qk_dim, heads * qk_dim, w_uk, rank,
-                q_absorbed.data() + hd * row_width, heads * row_width, n, rank, nope);
+      const int64_t w_uk = hd * kv_b_head_rows * rank;
+      if (bf16_decode) {
+        cpu::gemv_t_bf16(attn.kv_b.weight_bf16.data() + w_uk, rank, q.data() + hd * qk_dim,
+                         q_absorbed.data() + hd * row_width, nope, rank, false);
+      } else {
+        matmul_nn(q.data() + hd * qk_dim, heads * qk_dim, attn.kv_b.weight.data() + w_uk, rank,
+                  q_absorbed.data() + hd * row_width, heads * row_width, n, rank, nope);
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       float* q_pe_out = q_absorbed.data() + t * heads * row_width + rank;
@@ -201,13 +216,18 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     cache.attend(l, query, attended.data(), nullptr);
 
     // Values: o_h = W_UV_h * attended_h, then o_proj into the residual stream.
+#pragma omp parallel for schedule(static) if (n == 1)
     for (int64_t hd = 0; hd < heads; ++hd) {
-      const float* w_uv = attn.kv_b.weight.data() + (hd * kv_b_head_rows + nope) * rank;
-      matmul_nt(attended.data() + hd * rank, heads * rank, w_uv, rank, head_out.data() + hd * v_dim,
-                heads * v_dim, n, v_dim, rank);
+      const int64_t w_uv = (hd * kv_b_head_rows + nope) * rank;
+      if (bf16_decode) {
+        cpu::gemv_bf16(attn.kv_b.weight_bf16.data() + w_uv, rank, attended.data() + hd * rank,
+                       head_out.data() + hd * v_dim, v_dim, rank, false);
+      } else {
+        matmul_nt(attended.data() + hd * rank, heads * rank, attn.kv_b.weight.data() + w_uv, rank,
+                  head_out.data() + hd * v_dim, heads * v_dim, n, v_dim, rank);
+      }
     }
-    matmul_nt(head_out.data(), heads * v_dim, attn.o.weight.data(), heads * v_dim, x.data(), d, n,
-              d, heads * v_dim, /*accumulate=*/true);
+    linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
 
     cpu::rms_norm(x.data(), d, layer.post_attention_norm.data(), n, d, eps, h.data(), d);
     if (layer.is_moe) {
@@ -220,8 +240,7 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
 
   const float* final_rows = x.data() + (n - logit_rows) * d;
   cpu::rms_norm(final_rows, d, weights_->final_norm.data(), logit_rows, d, eps, h.data(), d);
-  matmul_nt(h.data(), d, weights_->lm_head.weight.data(), d, logits.data(), c.vocab_size,
-            logit_rows, c.vocab_size, d);
+  linear(weights_->lm_head, h.data(), d, logit_rows, logits.data(), c.vocab_size);
 }
 
 }  // namespace quantmla

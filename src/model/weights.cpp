@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <cstring>
 #include <string>
 
 namespace quantmla {
@@ -13,7 +14,14 @@ class WeightReader {
   std::vector<float> vector(const std::string& name, int64_t size) { return read(name, {size}); }
 
   Linear linear(const std::string& name, int64_t out, int64_t in) {
-    return Linear{read(name + ".weight", {out, in}), out, in};
+    const TensorView& view = store_.get(name + ".weight", {out, in});
+    Linear linear{to_f32(view), {}, out, in};
+    if (view.dtype == DType::kBF16) {
+      linear.weight_bf16.resize(static_cast<size_t>(view.numel()));
+      std::memcpy(linear.weight_bf16.data(), view.data, view.nbytes);
+    }
+    parameter_count_ += view.numel();
+    return linear;
   }
 
   Mlp mlp(const std::string& prefix, int64_t hidden, int64_t intermediate) {
@@ -97,7 +105,7 @@ ModelWeights load_weights(const ModelConfig& config, const TensorStore& store) {
   }
   weights.final_norm = reader.vector("model.norm.weight", config.hidden_size);
   if (config.tie_word_embeddings && !store.contains("lm_head.weight")) {
-    weights.lm_head = Linear{weights.embed, config.vocab_size, config.hidden_size};
+    weights.lm_head = Linear{weights.embed, {}, config.vocab_size, config.hidden_size};
   } else {
     weights.lm_head = reader.linear("lm_head", config.vocab_size, config.hidden_size);
   }

@@ -10,9 +10,11 @@
 
 namespace quantmla {
 
-// Row-major [out, in]: y = W x.
+// Row-major [out, in]: y = W x. BF16 checkpoints also keep their original bits, which single-row
+// (decode) products read at half the bytes of FP32; multi-row products use the FP32 copy in GEMMs.
 struct Linear {
   std::vector<float> weight;
+  std::vector<uint16_t> weight_bf16;  // empty unless the checkpoint stores this tensor in BF16
   int64_t out = 0;
   int64_t in = 0;
 };

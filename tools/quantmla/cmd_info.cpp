@@ -65,7 +65,7 @@ void run_info(const InfoOptions& options) {
       static_cast<long long>(c.num_heads), static_cast<long long>(c.q_lora_rank),
       static_cast<long long>(c.kv_lora_rank), static_cast<long long>(c.qk_nope_head_dim),
       static_cast<long long>(c.qk_rope_head_dim), static_cast<long long>(c.v_head_dim));
-  if (c.n_routed_experts > 0) {
+  if (moe_layers > 0) {
     std::printf("experts          %lld routed (top-%lld, %s, %s) + %lld shared\n",
                 static_cast<long long>(c.n_routed_experts),
                 static_cast<long long>(c.num_experts_per_tok), c.scoring_func.c_str(),

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/ops.h"
 #include "quantmla/attention.h"
 #include "quantmla/error.h"
@@ -35,12 +36,14 @@ float softmax_row(float* row, int64_t visible, int64_t total, float scale) {
 
 }  // namespace
 
-void attention_f32(const AttentionParams& p) {
+namespace cpu {
+
+void attention_prefill_f32(const AttentionParams& p) {
   const int64_t key_width = p.kv_lora_rank + p.rope_dim;
   if (p.q_row_stride != p.num_heads * p.q_head_stride ||
       p.out_row_stride != p.num_heads * p.out_head_stride) {
     throw InvalidArgument(
-        "attention_f32: queries and outputs must be [n_q, num_heads, width] "
+        "attention_prefill_f32: queries and outputs must be [n_q, num_heads, width] "
         "with heads adjacent (q strides " +
         std::to_string(p.q_row_stride) + "/" + std::to_string(p.q_head_stride) + ", out strides " +
         std::to_string(p.out_row_stride) + "/" + std::to_string(p.out_head_stride) + ")");
@@ -68,6 +71,18 @@ void attention_f32(const AttentionParams& p) {
     float* out_block = p.out + block_begin * p.out_row_stride;
     cpu::matmul_nn(scores.data(), num_keys, p.kv, p.kv_row_stride, out_block, p.out_head_stride,
                    rows, p.kv_lora_rank, num_keys);
+  }
+}
+
+}  // namespace cpu
+
+void attention_f32(const AttentionParams& p) {
+  // Below this many queries BLAS packing of the keys costs more than the arithmetic.
+  constexpr int64_t kDecodeQueries = 4;
+  if (p.n_q <= kDecodeQueries && cpu::attention_decode_f32_supported(p)) {
+    cpu::attention_decode_f32(p);
+  } else {
+    cpu::attention_prefill_f32(p);
   }
 }
 

@@ -9,6 +9,11 @@ namespace quantmla::cpu {
 void matmul_nt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                int64_t m, int64_t n, int64_t k, bool accumulate) {
   if (m == 0 || n == 0) return;
+  if (m == 1) {  // one row (decode): a matrix-vector product, which sgemm does not special-case
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(k), 1.0f,
+                b, static_cast<blasint>(ldb), a, 1, accumulate ? 1.0f : 0.0f, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda),
               b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
@@ -17,6 +22,11 @@ void matmul_nt(const float* a, int64_t lda, const float* b, int64_t ldb, float* 
 void matmul_nn(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                int64_t m, int64_t n, int64_t k, bool accumulate) {
   if (m == 0 || n == 0) return;
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<blasint>(k), static_cast<blasint>(n), 1.0f,
+                b, static_cast<blasint>(ldb), a, 1, accumulate ? 1.0f : 0.0f, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda),
               b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
