@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 ./build/quantmla info
-./build/quantmla eval-ppl --text data/wikitext2-test.raw --ctx 1024 --max-windows "${PPL_WINDOWS:-40}"
+./build/quantmla eval-ppl --text data/wikitext2-test.raw --ctx 1024 --max-windows "${PPL_WINDOWS:-0}"
 ./build/quantmla generate --prompt "The Debian package manager" --max-tokens 48

@@ -20,5 +20,6 @@ inline const Model& cached_model(const std::filesystem::path& dir) {
 
 inline const Model& mla_tiny() { return cached_model(bundled_model()); }
 inline const Model& mla_tiny_moe() { return cached_model(shared_dir() / "models/mla-tiny-moe"); }
+inline const Model& mla_tiny_v2() { return cached_model(shared_dir() / "models/mla-tiny-v2-4k"); }
 
 }  // namespace quantmla::testing

@@ -1,8 +1,10 @@
 // Fast absorbed attention against the scalar reference on fresh random inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "quantmla/attention.h"
@@ -14,10 +16,20 @@ struct Case {
   int64_t n_q, num_heads, kv_lora_rank, rope_dim, q_pos0;
 };
 
-class AttentionVsReference : public ::testing::TestWithParam<Case> {};
+// Keys handed out tile by tile, as a compressed cache does; here the "decoding" is a copy.
+struct KeyTable {
+  const float* rows;
+  int64_t width;
+};
+void copy_keys(const void* context, int64_t first, int64_t count, float* rows) {
+  const auto* table = static_cast<const KeyTable*>(context);
+  std::copy_n(table->rows + first * table->width, count * table->width, rows);
+}
+
+class AttentionVsReference : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(AttentionVsReference, SameOutputAndLse) {
-  const Case c = GetParam();
+  const auto [c, tiled_keys] = GetParam();
   std::random_device device;
   std::mt19937 rng(device());
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -44,6 +56,12 @@ TEST_P(AttentionVsReference, SameOutputAndLse) {
   p.rope_dim = c.rope_dim;
   p.q_pos0 = c.q_pos0;
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(width));
+  const KeyTable table{kv.data(), width};
+  if (tiled_keys) {
+    p.kv = nullptr;
+    p.decode_keys = copy_keys;
+    p.decode_context = &table;
+  }
 
   p.out = out_ref.data();
   p.lse = lse_ref.data();
@@ -67,16 +85,18 @@ TEST_P(AttentionVsReference, SameOutputAndLse) {
   EXPECT_LE(max_lse_diff, tolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionVsReference,
-                         ::testing::Values(Case{1, 8, 512, 64, 0},     // first decode step
-                                           Case{1, 16, 512, 64, 700},  // decode, long cache
-                                           Case{130, 8, 512, 64, 0},   // prefill, 3 blocks
-                                           Case{37, 4, 64, 32, 91},    // chunked prefill
-                                           Case{5, 3, 32, 8, 2},
-                                           Case{3, 6, 64, 16, 40},  // decode kernel, 4 + 2 heads
-                                           Case{2, 128, 512, 64, 300},  // production head count
-                                           Case{1, 3, 32, 16, 10},      // odd head group
-                                           Case{1, 1, 512, 64, 0}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionVsReference,
+    ::testing::Combine(::testing::Values(Case{1, 8, 512, 64, 0},     // first decode step
+                                         Case{1, 16, 512, 64, 700},  // decode, long cache
+                                         Case{130, 8, 512, 64, 0},   // prefill, 3 blocks
+                                         Case{37, 4, 64, 32, 91},    // chunked prefill
+                                         Case{5, 3, 32, 8, 2},
+                                         Case{3, 6, 64, 16, 40},      // decode kernel, 4 + 2 heads
+                                         Case{2, 128, 512, 64, 300},  // production head count
+                                         Case{1, 3, 32, 16, 10},      // odd head group
+                                         Case{1, 1, 512, 64, 0}),
+                       ::testing::Bool()));
 
 }  // namespace
 }  // namespace quantmla

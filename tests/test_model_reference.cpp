@@ -16,6 +16,7 @@ namespace {
 
 using testing::mla_tiny;
 using testing::mla_tiny_moe;
+using testing::mla_tiny_v2;
 using testing::shared_dir;
 
 constexpr float kLogitTolerance = 1e-3f;
@@ -98,6 +99,36 @@ TEST(ModelReference, MlaTinyLongWindowNllAndArgmax) {
   EXPECT_LE(max_nll_diff, kLogitTolerance);
   EXPECT_EQ(argmax_mismatches, 0);
   std::printf("[ long window ] max |nll diff| = %.3g over %lld positions\n", max_nll_diff,
+              static_cast<long long>(n - 1));
+}
+
+// DeepSeek-V2 layout (q_proj without LoRA) over its whole 4096-token trained context.
+TEST(ModelReference, V2FullContextNllAndArgmax) {
+  const Model& model = mla_tiny_v2();
+  const auto reference =
+      SafetensorsFile::open(shared_dir() / "reference/mla-tiny-v2-4k-long-reference.safetensors");
+  const std::vector<int32_t> ids = to_i32(*reference->find("input_ids"));
+  const std::vector<float> nll = to_f32(*reference->find("nll"));
+  const std::vector<int32_t> reference_argmax = to_i32(*reference->find("argmax"));
+  const std::vector<float> last64 = to_f32(*reference->find("logits_last64"));
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  ASSERT_EQ(n, 4096);
+
+  const std::vector<float> ours = prefill_logits(model, ids);
+  expect_logits_match(ours, last64.data(), n - 64, 64, vocab, "v2 last 64");
+  double max_nll_diff = 0.0;
+  int64_t argmax_mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::span<const float> row(ours.data() + i * vocab, static_cast<size_t>(vocab));
+    argmax_mismatches += argmax(row.data(), vocab) != reference_argmax[i] ? 1 : 0;
+    if (i + 1 < n) {
+      max_nll_diff = std::max(max_nll_diff, std::abs(token_nll(row, ids[i + 1]) - nll[i]));
+    }
+  }
+  EXPECT_LE(max_nll_diff, kLogitTolerance);
+  EXPECT_EQ(argmax_mismatches, 0);
+  std::printf("[ v2 4096 window ] max |nll diff| = %.3g over %lld positions\n", max_nll_diff,
               static_cast<long long>(n - 1));
 }
 

@@ -15,6 +15,12 @@ struct AttentionParams {
   // kv: [num_keys, kv_lora_rank + rope_dim]: content latent c, then RoPE key k_pe.
   const float* kv = nullptr;
   int64_t kv_row_stride = 0;
+  // Keys held in a compressed format instead: when decode_keys is set, kv is not read and the
+  // kernels obtain FP32 rows one tile at a time, inside their key loop:
+  // decode_keys(decode_context, first, count, rows) writes keys [first, first + count) as
+  // [count, kv_lora_rank + rope_dim] into rows. Tiles start at multiples of kKeyTile.
+  void (*decode_keys)(const void* context, int64_t first, int64_t count, float* rows) = nullptr;
+  const void* decode_context = nullptr;
   // out: [n_q, num_heads, kv_lora_rank]: sum_j p_h(t, j) c_j.
   float* out = nullptr;
   int64_t out_row_stride = 0;
@@ -31,11 +37,16 @@ struct AttentionParams {
   float softmax_scale = 1.0f;
 };
 
+// Keys per tile of the attention kernels (and the cache page size they are aligned to).
+inline constexpr int64_t kKeyTile = 64;
+
 // Scalar reference: one query, one head, one key at a time, double accumulation. The oracle that
 // every fast path is tested against.
 void attention_reference(const AttentionParams& params);
 
-// Fast FP32 path: blocks of queries, scores and values as BLAS GEMMs, causal blocks skipped.
+// Fast path: up to 4 queries take an AVX2 kernel that reads each key once per group of heads;
+// more queries take blocks of BLAS GEMMs (over all visible FP32 keys at once, or tile by tile with
+// an online softmax when the keys come from decode_keys).
 void attention_f32(const AttentionParams& params);
 
 }  // namespace quantmla

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "quantmla/cache_format.h"
+
 namespace quantmla {
 
 struct CacheShape {
@@ -51,5 +53,17 @@ class MlaCache {
 
 // FP32 rows: the exact cache every quantized format is measured against.
 std::unique_ptr<MlaCache> make_f32_cache(const CacheShape& shape, int64_t capacity);
+
+// Tokens per page of the paged caches.
+inline constexpr int64_t kPageTokens = 64;
+
+// A cache in `format`: FP32 for "f32" on both paths, otherwise paged records of
+// format.record_bytes() bytes, encoded on write and decoded tile by tile inside attention.
+std::unique_ptr<MlaCache> make_cache(const CacheShape& shape, const CacheFormat& format,
+                                     int64_t capacity);
+
+// Physical bytes of one sequence of `tokens` tokens in every layer: whole pages of records plus one
+// 4-byte block-table entry per page (f32: one unpaged array).
+int64_t cache_physical_bytes(const CacheShape& shape, const CacheFormat& format, int64_t tokens);
 
 }  // namespace quantmla

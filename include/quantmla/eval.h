@@ -14,7 +14,8 @@ namespace quantmla {
 
 struct PerplexityOptions {
   int64_t ctx = 1024;
-  int64_t max_windows = 0;  // 0 = every window
+  int64_t max_windows = 0;                 // 0 = every window
+  CacheFormat cache = CacheFormat::f32();  // every position attends through a cache of this format
   // Called after each window with (windows done, windows total).
   std::function<void(int64_t, int64_t)> progress;
 };

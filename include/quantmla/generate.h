@@ -16,6 +16,7 @@ struct GenerateOptions {
   int64_t max_tokens = 64;
   SamplerOptions sampling;
   bool stop_at_eos = true;
+  CacheFormat cache = CacheFormat::f32();
 };
 
 // Returns the generated ids (EOS excluded). on_token is called for each one as it is produced and

@@ -29,8 +29,9 @@ class Model {
   // Parameters of the layers the engine runs (embedding, decoder layers, final norm, lm_head).
   int64_t parameter_count() const;
   CacheShape cache_shape() const;
-  // An FP32 cache sized for `capacity` tokens.
-  std::unique_ptr<MlaCache> make_cache(int64_t capacity) const;
+  // A cache for `capacity` tokens in `format` (default: exact FP32 on both paths).
+  std::unique_ptr<MlaCache> make_cache(int64_t capacity,
+                                       const CacheFormat& format = CacheFormat::f32()) const;
 
   // Runs `tokens` at positions [cache.length(), cache.length() + n): writes their cache rows, lets
   // every position attend through the cache, commits them, and writes logits.

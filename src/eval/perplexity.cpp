@@ -33,7 +33,7 @@ PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t
   if (options.max_windows > 0) windows = std::min(windows, options.max_windows);
 
   const int64_t vocab = config.vocab_size;
-  auto cache = model.make_cache(ctx);
+  auto cache = model.make_cache(ctx, options.cache);
   std::vector<int32_t> window(static_cast<size_t>(ctx));
   std::vector<float> logits(static_cast<size_t>(ctx * vocab));
   PerplexityResult result;

@@ -103,8 +103,8 @@ CacheShape Model::cache_shape() const {
   return CacheShape{config_.num_layers, config_.kv_lora_rank, config_.qk_rope_head_dim};
 }
 
-std::unique_ptr<MlaCache> Model::make_cache(int64_t capacity) const {
-  return make_f32_cache(cache_shape(), capacity);
+std::unique_ptr<MlaCache> Model::make_cache(int64_t capacity, const CacheFormat& format) const {
+  return quantmla::make_cache(cache_shape(), format, capacity);
 }
 
 void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<float> logits,

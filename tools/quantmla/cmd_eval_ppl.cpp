@@ -18,6 +18,7 @@ struct EvalPplOptions {
   std::string ids;
   int64_t ctx = 1024;
   int64_t max_windows = 0;
+  std::string cache = "f32";
   bool json = false;
 };
 
@@ -34,6 +35,7 @@ void run_eval_ppl(const EvalPplOptions& options) {
   PerplexityOptions ppl_options;
   ppl_options.ctx = options.ctx;
   ppl_options.max_windows = options.max_windows;
+  ppl_options.cache = CacheFormat::parse(options.cache);
   ppl_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   const PerplexityResult result = evaluate_perplexity(model, ids, ppl_options);
   if (options.json) {
@@ -41,12 +43,12 @@ void run_eval_ppl(const EvalPplOptions& options) {
                                 {"tokens", result.tokens},
                                 {"windows", result.windows},
                                 {"ctx", options.ctx},
-                                {"cache", "f32"}};
+                                {"cache", ppl_options.cache.to_string()}};
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("ppl %.4f  tokens %lld  windows %lld  (ctx %lld)\n", result.ppl,
+    std::printf("ppl %.4f  tokens %lld  windows %lld  (ctx %lld, cache %s)\n", result.ppl,
                 static_cast<long long>(result.tokens), static_cast<long long>(result.windows),
-                static_cast<long long>(options.ctx));
+                static_cast<long long>(options.ctx), ppl_options.cache.to_string().c_str());
   }
 }
 
@@ -69,6 +71,9 @@ void add_eval_ppl(CLI::App& app) {
   cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cache", options->cache,
+                  "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact)")
+      ->capture_default_str();
   cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");
   cmd->callback([options, cmd] {
     if (options->text.empty() && options->ids.empty()) {

@@ -11,8 +11,12 @@ namespace {
 
 struct InfoOptions {
   std::string model = kDefaultModel;
+  std::string cache;
   bool json = false;
 };
+
+// One sequence of this many tokens is the yardstick for physical cache memory.
+constexpr int64_t kLongSequence = 128 * 1024;
 
 void run_info(const InfoOptions& options) {
   const Model model = Model::load(options.model);
@@ -48,6 +52,22 @@ void run_info(const InfoOptions& options) {
       {"cache_bytes_per_token",
        {{"bf16", bf16_per_layer * c.num_layers}, {"f32", f32_per_layer * c.num_layers}}},
   };
+  if (!options.cache.empty()) {
+    const CacheFormat format = CacheFormat::parse(options.cache);
+    const CacheShape shape = model.cache_shape();
+    const int64_t physical = cache_physical_bytes(shape, format, kLongSequence);
+    const int64_t physical_bf16 =
+        cache_physical_bytes(shape, CacheFormat::parse("bf16"), kLongSequence);
+    info["cache"] = {
+        {"format", format.to_string()},
+        {"bytes_per_token_per_layer", format.record_bytes(shape.kv_lora_rank, shape.rope_dim)},
+        {"content_bytes_per_token_per_layer", format.content.encoded_bytes(shape.kv_lora_rank)},
+        {"rope_bytes_per_token_per_layer", format.rope.encoded_bytes(shape.rope_dim)},
+        {"tokens", kLongSequence},
+        {"physical_bytes", physical},
+        {"compression_vs_bf16", static_cast<double>(physical_bf16) / physical},
+    };
+  }
   if (options.json) {
     std::printf("%s\n", info.dump(2).c_str());
     return;
@@ -80,6 +100,19 @@ void run_info(const InfoOptions& options) {
       static_cast<long long>(row), static_cast<long long>(bf16_per_layer),
       static_cast<long long>(bf16_per_layer * c.num_layers), static_cast<long long>(f32_per_layer),
       static_cast<long long>(f32_per_layer * c.num_layers));
+  if (info.contains("cache")) {
+    const nlohmann::json& cache = info["cache"];
+    std::printf("cache format     %s: %lld B/token/layer (content %lld + rope %lld)\n",
+                cache["format"].get<std::string>().c_str(),
+                cache["bytes_per_token_per_layer"].get<long long>(),
+                cache["content_bytes_per_token_per_layer"].get<long long>(),
+                cache["rope_bytes_per_token_per_layer"].get<long long>());
+    std::printf(
+        "128K tokens      %.1f MiB in pages of %lld tokens with block table, %.2fx smaller "
+        "than bf16\n",
+        cache["physical_bytes"].get<double>() / (1 << 20), static_cast<long long>(kPageTokens),
+        cache["compression_vs_bf16"].get<double>());
+  }
 }
 
 }  // namespace
@@ -88,6 +121,8 @@ void add_info(CLI::App& app) {
   auto options = std::make_shared<InfoOptions>();
   CLI::App* cmd = app.add_subcommand("info", "Architecture summary, parameters, cache bytes/token");
   cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
+  cmd->add_option("--cache", options->cache,
+                  "Also size this cache format, e.g. content=int4:g64,rope=int4:g64");
   cmd->add_flag("--json", options->json, "Print one JSON object");
   cmd->callback([options] { run_info(*options); });
 }

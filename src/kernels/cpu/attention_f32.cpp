@@ -34,20 +34,25 @@ float softmax_row(float* row, int64_t visible, int64_t total, float scale) {
   return max_logit + std::log(sum);
 }
 
+// The GEMM kernels treat a block of queries as one [n_q * num_heads, width] matrix.
+void require_adjacent_heads(const AttentionParams& p) {
+  if (p.q_row_stride != p.num_heads * p.q_head_stride ||
+      p.out_row_stride != p.num_heads * p.out_head_stride) {
+    throw InvalidArgument(
+        "attention: queries and outputs must be [n_q, num_heads, width] with heads adjacent (q "
+        "strides " +
+        std::to_string(p.q_row_stride) + "/" + std::to_string(p.q_head_stride) + ", out strides " +
+        std::to_string(p.out_row_stride) + "/" + std::to_string(p.out_head_stride) + ")");
+  }
+}
+
 }  // namespace
 
 namespace cpu {
 
 void attention_prefill_f32(const AttentionParams& p) {
   const int64_t key_width = p.kv_lora_rank + p.rope_dim;
-  if (p.q_row_stride != p.num_heads * p.q_head_stride ||
-      p.out_row_stride != p.num_heads * p.out_head_stride) {
-    throw InvalidArgument(
-        "attention_prefill_f32: queries and outputs must be [n_q, num_heads, width] "
-        "with heads adjacent (q strides " +
-        std::to_string(p.q_row_stride) + "/" + std::to_string(p.q_head_stride) + ", out strides " +
-        std::to_string(p.out_row_stride) + "/" + std::to_string(p.out_head_stride) + ")");
-  }
+  require_adjacent_heads(p);
   std::vector<float> scores;
   for (int64_t block_begin = 0; block_begin < p.n_q; block_begin += kQueryBlock) {
     const int64_t block_end = std::min(p.n_q, block_begin + kQueryBlock);
@@ -74,6 +79,72 @@ void attention_prefill_f32(const AttentionParams& p) {
   }
 }
 
+// Keys from decode_keys: for each block of queries, key tiles are decoded one at a time and folded
+// into the output with an online softmax (running max and sum per row), so no more than one tile
+// of keys is ever held in FP32.
+void attention_prefill_tiled(const AttentionParams& p) {
+  require_adjacent_heads(p);
+  const int64_t key_width = p.kv_lora_rank + p.rope_dim;
+  const int64_t rank = p.kv_lora_rank;
+  std::vector<float> tile_rows(static_cast<size_t>(kKeyTile * key_width));
+  std::vector<float> scores, running_max, running_sum;
+  for (int64_t block_begin = 0; block_begin < p.n_q; block_begin += kQueryBlock) {
+    const int64_t block_end = std::min(p.n_q, block_begin + kQueryBlock);
+    const int64_t rows = (block_end - block_begin) * p.num_heads;
+    const int64_t num_keys = p.q_pos0 + block_end;
+    scores.resize(static_cast<size_t>(rows * kKeyTile));
+    running_max.assign(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
+    running_sum.assign(static_cast<size_t>(rows), 0.0f);
+    const float* q_block = p.q + block_begin * p.q_row_stride;
+    float* out_block = p.out + block_begin * p.out_row_stride;
+    for (int64_t row = 0; row < rows; ++row) {
+      std::fill_n(out_block + row * p.out_head_stride, rank, 0.0f);
+    }
+
+    for (int64_t tile = 0; tile < num_keys; tile += kKeyTile) {
+      const int64_t count = std::min(kKeyTile, num_keys - tile);
+      p.decode_keys(p.decode_context, tile, count, tile_rows.data());
+      cpu::matmul_nt(q_block, p.q_head_stride, tile_rows.data(), key_width, scores.data(), kKeyTile,
+                     rows, count, key_width);
+#pragma omp parallel for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t query = block_begin + row / p.num_heads;
+        const int64_t visible = std::clamp<int64_t>(p.q_pos0 + query + 1 - tile, 0, count);
+        float* s = scores.data() + row * kKeyTile;
+        float* out = out_block + row * p.out_head_stride;
+        if (visible == 0) {  // the whole tile lies after this query
+          std::fill_n(s, count, 0.0f);
+          continue;
+        }
+        float tile_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < visible; ++j)
+          tile_max = std::max(tile_max, s[j] *= p.softmax_scale);
+        const float new_max = std::max(running_max[row], tile_max);
+        const float correction = std::exp(running_max[row] - new_max);
+        float tile_sum = 0.0f;
+        for (int64_t j = 0; j < visible; ++j) tile_sum += (s[j] = std::exp(s[j] - new_max));
+        std::fill(s + visible, s + count, 0.0f);
+        running_sum[row] = running_sum[row] * correction + tile_sum;
+        running_max[row] = new_max;
+        for (int64_t d = 0; d < rank; ++d) out[d] *= correction;
+      }
+      cpu::matmul_nn(scores.data(), kKeyTile, tile_rows.data(), key_width, out_block,
+                     p.out_head_stride, rows, rank, count, /*accumulate=*/true);
+    }
+
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      float* out = out_block + row * p.out_head_stride;
+      const float inv_sum = 1.0f / running_sum[row];
+      for (int64_t d = 0; d < rank; ++d) out[d] *= inv_sum;
+      if (p.lse != nullptr) {
+        p.lse[(block_begin + row / p.num_heads) * p.num_heads + row % p.num_heads] =
+            running_max[row] + std::log(running_sum[row]);
+      }
+    }
+  }
+}
+
 }  // namespace cpu
 
 void attention_f32(const AttentionParams& p) {
@@ -81,6 +152,8 @@ void attention_f32(const AttentionParams& p) {
   constexpr int64_t kDecodeQueries = 4;
   if (p.n_q <= kDecodeQueries && cpu::attention_decode_f32_supported(p)) {
     cpu::attention_decode_f32(p);
+  } else if (p.decode_keys != nullptr) {
+    cpu::attention_prefill_tiled(p);
   } else {
     cpu::attention_prefill_f32(p);
   }

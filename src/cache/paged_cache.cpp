@@ -1,0 +1,155 @@
+// Paged storage of encoded (c, k_pe) records: pages of kPageTokens records per layer, found through
+// a block table, encoded when written and decoded one attention tile (= one page) at a time.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "quantmla/attention.h"
+#include "quantmla/cache.h"
+#include "quantmla/error.h"
+
+namespace quantmla {
+namespace {
+
+static_assert(kKeyTile == kPageTokens, "attention tiles must not straddle cache pages");
+
+class PagedCache final : public MlaCache {
+ public:
+  PagedCache(const CacheShape& shape, const CacheFormat& format, int64_t capacity)
+      : shape_(shape),
+        format_(format),
+        capacity_(capacity),
+        content_bytes_(format.content.encoded_bytes(shape.kv_lora_rank)),
+        record_bytes_(format.record_bytes(shape.kv_lora_rank, shape.rope_dim)) {
+    const int64_t pages = (capacity + kPageTokens - 1) / kPageTokens;
+    for (int64_t page = 0; page < pages; ++page) block_table_.push_back(static_cast<int32_t>(page));
+    pool_.assign(static_cast<size_t>(shape.num_layers),
+                 std::vector<uint8_t>(static_cast<size_t>(pages * kPageTokens * record_bytes_)));
+  }
+
+  const CacheShape& shape() const override { return shape_; }
+  std::string format() const override { return format_.to_string(); }
+  int64_t capacity() const override { return capacity_; }
+  int64_t length() const override { return length_; }
+  int64_t bytes_per_token_per_layer() const override { return record_bytes_; }
+
+  void write(int64_t layer, int64_t pos, int64_t n, const float* c, const float* k_pe) override {
+    check_layer(layer);
+    if (pos < 0 || pos > length_) {
+      throw InvalidArgument("cache write at position " + std::to_string(pos) +
+                            " leaves a gap: cache holds " + std::to_string(length_) + " tokens");
+    }
+    if (pos + n > capacity_) {
+      throw CapacityError("cache full: writing positions [" + std::to_string(pos) + ", " +
+                          std::to_string(pos + n) + ") into a cache of " +
+                          std::to_string(capacity_) + " tokens");
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      uint8_t* rec = record(layer, pos + t);
+      encode_path(format_.content, c + t * shape_.kv_lora_rank, shape_.kv_lora_rank, rec);
+      encode_path(format_.rope, k_pe + t * shape_.rope_dim, shape_.rope_dim, rec + content_bytes_);
+    }
+  }
+
+  void set_length(int64_t n) override {
+    if (n < 0 || n > capacity_) {
+      throw CapacityError("cache length " + std::to_string(n) + " outside [0, " +
+                          std::to_string(capacity_) + "]");
+    }
+    length_ = n;
+  }
+
+  void attend(int64_t layer, const CacheQuery& query, float* out, float* lse) const override {
+    check_layer(layer);
+    const TileContext context{this, layer};
+    AttentionParams params;
+    params.q = query.q;
+    params.q_head_stride = shape_.row_width();
+    params.q_row_stride = query.num_heads * shape_.row_width();
+    params.decode_keys = decode_tile;
+    params.decode_context = &context;
+    params.out = out;
+    params.out_head_stride = shape_.kv_lora_rank;
+    params.out_row_stride = query.num_heads * shape_.kv_lora_rank;
+    params.lse = lse;
+    params.n_q = query.n_q;
+    params.num_heads = query.num_heads;
+    params.kv_lora_rank = shape_.kv_lora_rank;
+    params.rope_dim = shape_.rope_dim;
+    params.q_pos0 = query.q_pos0;
+    params.softmax_scale = query.softmax_scale;
+    attention_f32(params);
+  }
+
+  void read_row(int64_t layer, int64_t pos, float* c, float* k_pe) const override {
+    check_layer(layer);
+    const uint8_t* rec = record(layer, pos);
+    decode_path(format_.content, rec, shape_.kv_lora_rank, c);
+    decode_path(format_.rope, rec + content_bytes_, shape_.rope_dim, k_pe);
+  }
+
+ private:
+  struct TileContext {
+    const PagedCache* cache;
+    int64_t layer;
+  };
+
+  // AttentionParams::decode_keys: rows [first, first + count) of one layer, decoded to FP32.
+  static void decode_tile(const void* context, int64_t first, int64_t count, float* rows) {
+    const auto& [cache, layer] = *static_cast<const TileContext*>(context);
+    const int64_t width = cache->shape_.row_width();
+    for (int64_t t = 0; t < count; ++t) {
+      cache->read_row(layer, first + t, rows + t * width,
+                      rows + t * width + cache->shape_.kv_lora_rank);
+    }
+  }
+
+  uint8_t* record(int64_t layer, int64_t pos) {
+    return const_cast<uint8_t*>(std::as_const(*this).record(layer, pos));
+  }
+  const uint8_t* record(int64_t layer, int64_t pos) const {
+    const int64_t page = block_table_[static_cast<size_t>(pos / kPageTokens)];
+    return pool_[layer].data() + (page * kPageTokens + pos % kPageTokens) * record_bytes_;
+  }
+
+  void check_layer(int64_t layer) const {
+    if (layer < 0 || layer >= shape_.num_layers) {
+      throw InvalidArgument("cache layer " + std::to_string(layer) + " outside [0, " +
+                            std::to_string(shape_.num_layers) + ")");
+    }
+  }
+
+  CacheShape shape_;
+  CacheFormat format_;
+  int64_t capacity_;
+  int64_t content_bytes_;
+  int64_t record_bytes_;
+  int64_t length_ = 0;
+  std::vector<int32_t> block_table_;        // logical page -> physical page
+  std::vector<std::vector<uint8_t>> pool_;  // per layer: [pages, kPageTokens, record_bytes]
+};
+
+bool is_f32(const CacheFormat& format) {
+  return format.content.codec == Codec::kF32 && format.rope.codec == Codec::kF32;
+}
+
+}  // namespace
+
+std::unique_ptr<MlaCache> make_cache(const CacheShape& shape, const CacheFormat& format,
+                                     int64_t capacity) {
+  if (capacity <= 0) {
+    throw InvalidArgument("cache capacity must be positive, got " + std::to_string(capacity));
+  }
+  if (is_f32(format)) return make_f32_cache(shape, capacity);
+  return std::make_unique<PagedCache>(shape, format, capacity);
+}
+
+int64_t cache_physical_bytes(const CacheShape& shape, const CacheFormat& format, int64_t tokens) {
+  const int64_t record = format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
+  if (is_f32(format)) return shape.num_layers * tokens * record;  // one unpaged array
+  const int64_t pages = (tokens + kPageTokens - 1) / kPageTokens;
+  const int64_t page_bytes = kPageTokens * record;
+  return shape.num_layers * pages * page_bytes + pages * static_cast<int64_t>(sizeof(int32_t));
+}
+
+}  // namespace quantmla
