@@ -116,6 +116,52 @@ TEST_F(CliTest, TokenizeWritesReferenceIds) {
   EXPECT_EQ(read_ids_file(out), read_ids_file(shared_dir() / "reference/valid.ids.i32"));
 }
 
+TEST_F(CliTest, InfoSizesCacheFormats) {
+  const CliResult result = run_cli("info --json --cache 'content=int2:g64,rope=int4:g64'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto cache = nlohmann::json::parse(result.out)["cache"];
+  EXPECT_EQ(cache["bytes_per_token_per_layer"], 196);
+  EXPECT_EQ(cache["tokens"], 131072);
+  // 2048 pages per layer of 64 x 196 bytes, 6 layers, plus one 4-byte block-table entry per page.
+  EXPECT_EQ(cache["physical_bytes"], 6 * 2048 * 64 * 196 + 2048 * 4);
+  EXPECT_GT(cache["compression_vs_bf16"].get<double>(), 5.8);
+}
+
+TEST_F(CliTest, EvalKldAndCompareAgree) {
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const std::string common = "--ids '" + ids + "' --ctx 96 --max-windows 2 ";
+  const CliResult kld =
+      run_cli("eval-kld " + common + "--cache content=int4:g64,rope=int4:g64 --json");
+  ASSERT_EQ(kld.exit_code, 0) << kld.err;
+  const auto k = nlohmann::json::parse(kld.out);
+  for (const char* key : {"kld_mean", "kld_p99", "top1_agree", "ppl", "ppl_bf16", "tokens"}) {
+    EXPECT_TRUE(k.contains(key)) << key;
+  }
+  EXPECT_EQ(k["tokens"], 190);
+  EXPECT_GT(k["kld_mean"].get<double>(), 0.0);
+  EXPECT_LE(k["top1_agree"].get<double>(), 1.0);
+
+  const fs::path csv = scratch_ / "t.csv", json = scratch_ / "t.json", svg = scratch_ / "t.svg";
+  const CliResult compare =
+      run_cli("compare " + common + "--cache content=int4:g64,rope=int4:g64 --cache bf16 --csv '" +
+              csv.string() + "' --json '" + json.string() + "' --plot '" + svg.string() + "'");
+  ASSERT_EQ(compare.exit_code, 0) << compare.err;
+  const auto table = nlohmann::json::parse(read_text_file(json));
+  ASSERT_EQ(table["rows"].size(), 2u);
+  EXPECT_DOUBLE_EQ(table["rows"][0]["kld_mean"].get<double>(), k["kld_mean"].get<double>());
+  EXPECT_EQ(table["rows"][1]["kld_mean"], 0.0);  // bf16 against the bf16 baseline
+  EXPECT_EQ(table["rows"][0]["bytes_per_token"], 324);
+  const std::string csv_text = read_text_file(csv);
+  EXPECT_NE(csv_text.find("\"content=int4:g64,rope=int4:g64\",324,"), std::string::npos)
+      << csv_text;
+  EXPECT_NE(read_text_file(svg).find("<svg"), std::string::npos);
+}
+
+TEST_F(CliTest, BadCacheSpec) {
+  expect_failure(run_cli("eval-ppl --text data/wikitext2-test.raw --ctx 64 --cache content=int3"),
+                 {"int3"});
+}
+
 TEST_F(CliTest, MissingModelDirectory) {
   expect_failure(run_cli("info --model /nonexistent/model"),
                  {"/nonexistent/model", "does not exist"});

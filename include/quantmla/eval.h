@@ -32,6 +32,34 @@ struct PerplexityResult {
 PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t> ids,
                                      const PerplexityOptions& options);
 
+// Quality of cache formats against a baseline cache on the same windows (DESIGN §7: teacher-forced,
+// every position attends through the cache under test).
+struct KldOptions {
+  int64_t ctx = 1024;
+  int64_t max_windows = 0;                            // 0 = every window
+  CacheFormat baseline = CacheFormat::parse("bf16");  // the distribution KLD is measured against
+  // The model that runs with the baseline cache; null = the model under test. Set it to the
+  // untransformed model when the model under test has transforms folded in.
+  const Model* baseline_model = nullptr;
+  std::function<void(int64_t, int64_t)> progress;     // (windows done, windows total)
+};
+
+struct KldResult {
+  CacheFormat format;
+  double kld_mean = 0.0;    // mean over scored positions of KL(P_baseline || P_format), nats
+  double kld_p99 = 0.0;     // 99th percentile of the same
+  double top1_agree = 0.0;  // fraction of positions whose argmax equals the baseline's
+  double ppl = 0.0;
+  double ppl_baseline = 0.0;
+  int64_t tokens = 0;
+  int64_t windows = 0;
+};
+
+// One result per format; the baseline runs once per window and every format is compared with it.
+std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t> ids,
+                                    const std::vector<CacheFormat>& formats,
+                                    const KldOptions& options);
+
 // -log softmax(logits)[target], computed in double.
 double token_nll(std::span<const float> logits, int32_t target);
 

@@ -43,6 +43,9 @@ class Model {
   // Positions (cached + new) this model may run at; beyond it RoPE was never trained.
   int64_t max_positions() const { return config_.max_position_embeddings; }
 
+  // Weights, for the transforms that fold into them (src/calib). Not for the hot path.
+  ModelWeights& mutable_weights() { return *weights_; }
+
  private:
   Model() = default;
   ModelConfig config_;

@@ -3,10 +3,32 @@
 #include <string>
 #include <vector>
 
+#include "eval/windows.h"
 #include "quantmla/error.h"
 #include "quantmla/eval.h"
 
 namespace quantmla {
+
+int64_t count_windows(const Model& model, size_t tokens, int64_t ctx, int64_t max_windows) {
+  if (ctx < 2) throw InvalidArgument("ctx must be at least 2, got " + std::to_string(ctx));
+  if (ctx > model.max_positions()) {
+    throw InvalidArgument("ctx " + std::to_string(ctx) + " exceeds the model's " +
+                          std::to_string(model.max_positions()) + " positions");
+  }
+  const int64_t windows = static_cast<int64_t>(tokens) / (ctx - 1);
+  if (windows == 0) {
+    throw InvalidArgument("text has " + std::to_string(tokens) +
+                          " tokens, fewer than one window of " + std::to_string(ctx - 1));
+  }
+  return max_windows > 0 ? std::min(windows, max_windows) : windows;
+}
+
+void fill_window(const Model& model, std::span<const int32_t> ids, int64_t ctx, int64_t index,
+                 std::vector<int32_t>& window) {
+  window.resize(static_cast<size_t>(ctx));
+  window[0] = static_cast<int32_t>(model.config().bos_token_id);
+  std::copy_n(ids.begin() + index * (ctx - 1), ctx - 1, window.begin() + 1);
+}
 
 double token_nll(std::span<const float> logits, int32_t target) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
@@ -19,27 +41,15 @@ PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t
                                      const PerplexityOptions& options) {
   const ModelConfig& config = model.config();
   const int64_t ctx = options.ctx;
-  if (ctx < 2) throw InvalidArgument("ctx must be at least 2, got " + std::to_string(ctx));
-  if (ctx > model.max_positions()) {
-    throw InvalidArgument("ctx " + std::to_string(ctx) + " exceeds the model's " +
-                          std::to_string(model.max_positions()) + " positions");
-  }
+  const int64_t windows = count_windows(model, ids.size(), ctx, options.max_windows);
   const int64_t segment = ctx - 1;
-  int64_t windows = static_cast<int64_t>(ids.size()) / segment;
-  if (windows == 0) {
-    throw InvalidArgument("text has " + std::to_string(ids.size()) +
-                          " tokens, fewer than one window of " + std::to_string(segment));
-  }
-  if (options.max_windows > 0) windows = std::min(windows, options.max_windows);
-
   const int64_t vocab = config.vocab_size;
   auto cache = model.make_cache(ctx, options.cache);
   std::vector<int32_t> window(static_cast<size_t>(ctx));
   std::vector<float> logits(static_cast<size_t>(ctx * vocab));
   PerplexityResult result;
   for (int64_t w = 0; w < windows; ++w) {
-    window[0] = static_cast<int32_t>(config.bos_token_id);
-    std::copy_n(ids.begin() + w * segment, segment, window.begin() + 1);
+    fill_window(model, ids, ctx, w, window);
     cache->set_length(0);
     model.forward(window, *cache, logits);
     for (int64_t i = 0; i < segment; ++i) {

@@ -20,10 +20,11 @@ struct EvalPplOptions {
   int64_t max_windows = 0;
   std::string cache = "f32";
   bool json = false;
+  TransformOption transform;
 };
 
 void run_eval_ppl(const EvalPplOptions& options) {
-  const Model model = Model::load(options.model);
+  const Model model = load_transformed(options.model, options.transform);
   std::vector<int32_t> ids;
   if (!options.ids.empty()) {
     ids = read_ids_file(options.ids);
@@ -43,7 +44,8 @@ void run_eval_ppl(const EvalPplOptions& options) {
                                 {"tokens", result.tokens},
                                 {"windows", result.windows},
                                 {"ctx", options.ctx},
-                                {"cache", ppl_options.cache.to_string()}};
+                                {"cache", ppl_options.cache.to_string()},
+                                {"transform", options.transform.name}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("ppl %.4f  tokens %lld  windows %lld  (ctx %lld, cache %s)\n", result.ppl,
@@ -74,6 +76,7 @@ void add_eval_ppl(CLI::App& app) {
   cmd->add_option("--cache", options->cache,
                   "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact)")
       ->capture_default_str();
+  add_transform_options(*cmd, options->transform);
   cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");
   cmd->callback([options, cmd] {
     if (options->text.empty() && options->ids.empty()) {

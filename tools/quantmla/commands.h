@@ -3,15 +3,30 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "quantmla/model.h"
 
 namespace quantmla::cli {
 
 // Default model directory: the bundled model, relative to the working directory.
 inline constexpr const char* kDefaultModel = "models/mla-tiny";
 
+// --transform none|hadamard and --seed S on `cmd`; apply_transform() folds the chosen one.
+struct TransformOption {
+  std::string name = "none";
+  uint64_t seed = 0;
+};
+void add_transform_options(CLI::App& cmd, TransformOption& option);
+// Loads the model at `dir` and folds the transform into it (none: as loaded).
+Model load_transformed(const std::string& dir, const TransformOption& option);
+
 void add_info(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_eval_ppl(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_eval_kld(CLI::App& app);
+void add_compare(CLI::App& app);
 
 }  // namespace quantmla::cli

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   quantmla::cli::add_generate(app);
   quantmla::cli::add_eval_ppl(app);
   quantmla::cli::add_tokenize(app);
+  quantmla::cli::add_eval_kld(app);
+  quantmla::cli::add_compare(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,166 @@
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "progress.h"
+#include "quantmla/cache.h"
+#include "quantmla/error.h"
+#include "quantmla/eval.h"
+#include "quantmla/io.h"
+#include "svg_plot.h"
+
+namespace quantmla::cli {
+namespace {
+
+struct CompareOptions {
+  std::string model = kDefaultModel;
+  std::string ids;
+  int64_t ctx = 1024;
+  int64_t max_windows = 0;
+  std::vector<std::string> caches;
+  std::string baseline = "bf16";
+  std::string csv, json, plot;
+  TransformOption transform;
+};
+
+constexpr int64_t kLongSequence = 128 * 1024;
+
+struct Row {
+  KldResult result;
+  int64_t bytes_per_token = 0;  // one layer
+  double compression = 0.0;     // physical bytes of the baseline / this format, 128K tokens
+  double delta_ppl_percent = 0.0;
+};
+
+// Rows are named by their format, prefixed with the transform when there is one.
+std::string format_name(const CacheFormat& format, const TransformOption& transform) {
+  if (transform.name == "none") return format.to_string();
+  return transform.name + "(seed " + std::to_string(transform.seed) + ") " + format.to_string();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw IoError("cannot write " + path);
+  out << text;
+}
+
+void run_compare(const CompareOptions& options) {
+  const Model model = load_transformed(options.model, options.transform);
+  const Model original = Model::load(options.model);
+  const std::vector<int32_t> ids = read_ids_file(options.ids);
+  const CacheShape shape = model.cache_shape();
+  std::vector<CacheFormat> formats;
+  for (const std::string& spec : options.caches) formats.push_back(CacheFormat::parse(spec));
+
+  ProgressBar progress("compare");
+  KldOptions kld_options;
+  kld_options.ctx = options.ctx;
+  kld_options.max_windows = options.max_windows;
+  kld_options.baseline = CacheFormat::parse(options.baseline);
+  kld_options.baseline_model = &original;
+  kld_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  const std::vector<KldResult> results = evaluate_kld(model, ids, formats, kld_options);
+
+  const double baseline_bytes =
+      static_cast<double>(cache_physical_bytes(shape, kld_options.baseline, kLongSequence));
+  std::vector<Row> rows;
+  for (const KldResult& r : results) {
+    Row row{
+        r, r.format.record_bytes(shape.kv_lora_rank, shape.rope_dim),
+        baseline_bytes / static_cast<double>(cache_physical_bytes(shape, r.format, kLongSequence)),
+        100.0 * (r.ppl / r.ppl_baseline - 1.0)};
+    rows.push_back(row);
+  }
+
+  std::printf("baseline %s: ppl %.4f over %lld tokens (%lld windows of %lld)\n",
+              kld_options.baseline.to_string().c_str(), results.front().ppl_baseline,
+              static_cast<long long>(results.front().tokens),
+              static_cast<long long>(results.front().windows), static_cast<long long>(options.ctx));
+  std::printf("%-40s %8s %8s %10s %8s %10s %9s %7s\n", "format", "B/token", "x@128K", "PPL",
+              "dPPL%", "KLD mean", "KLD p99", "top-1");
+  nlohmann::json json_rows = nlohmann::json::array();
+  std::string csv =
+      "format,bytes_per_token,compression_128k,ppl,delta_ppl_percent,kld_mean,"
+      "kld_p99,top1_agree\n";
+  for (const Row& row : rows) {
+    const KldResult& r = row.result;
+    const std::string name = format_name(r.format, options.transform);
+    std::printf("%-40s %8lld %8.2f %10.4f %+8.2f %10.5f %9.4f %7.4f\n", name.c_str(),
+                static_cast<long long>(row.bytes_per_token), row.compression, r.ppl,
+                row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
+    char line[512];
+    std::snprintf(line, sizeof(line), "\"%s\",%lld,%.4f,%.6f,%.4f,%.6f,%.6f,%.6f\n", name.c_str(),
+                  static_cast<long long>(row.bytes_per_token), row.compression, r.ppl,
+                  row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
+    csv += line;
+    json_rows.push_back({{"format", name},
+                         {"bytes_per_token", row.bytes_per_token},
+                         {"compression_128k", row.compression},
+                         {"ppl", r.ppl},
+                         {"delta_ppl_percent", row.delta_ppl_percent},
+                         {"kld_mean", r.kld_mean},
+                         {"kld_p99", r.kld_p99},
+                         {"top1_agree", r.top1_agree}});
+  }
+  if (!options.csv.empty()) write_file(options.csv, csv);
+  if (!options.json.empty()) {
+    const nlohmann::json out = {{"model", options.model},
+                                {"ctx", options.ctx},
+                                {"baseline", kld_options.baseline.to_string()},
+                                {"ppl_baseline", results.front().ppl_baseline},
+                                {"tokens", results.front().tokens},
+                                {"windows", results.front().windows},
+                                {"rows", json_rows}};
+    write_file(options.json, out.dump(2) + "\n");
+  }
+  if (!options.plot.empty()) {
+    PlotPanel ppl_panel{"PPL change vs cache size", "bytes per token per layer", "dPPL %", {}};
+    PlotPanel kld_panel{
+        "KL divergence vs cache size", "bytes per token per layer", "KLD mean (nats)", {}};
+    for (const Row& row : rows) {
+      const std::string name = format_name(row.result.format, options.transform);
+      ppl_panel.points.push_back(
+          {static_cast<double>(row.bytes_per_token), row.delta_ppl_percent, name});
+      kld_panel.points.push_back(
+          {static_cast<double>(row.bytes_per_token), row.result.kld_mean, name});
+    }
+    write_file(options.plot, render_svg("Cache formats on " + options.model + ", ctx " +
+                                            std::to_string(options.ctx) + ", vs " +
+                                            kld_options.baseline.to_string(),
+                                        {ppl_panel, kld_panel}));
+  }
+}
+
+}  // namespace
+
+void add_compare(CLI::App& app) {
+  auto options = std::make_shared<CompareOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "compare", "Several cache formats on the same windows: bytes, PPL, KLD, top-1 table");
+  cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
+  cmd->add_option("--ids", options->ids, "Token ids, little-endian int32, no BOS")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ctx", options->ctx, "Window length including BOS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd->add_option("--cache", options->caches, "A cache format (repeat for several)")
+      ->required()
+      ->take_all()
+      ->expected(1, -1);
+  cmd->add_option("--baseline", options->baseline, "Reference cache format")->capture_default_str();
+  cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  add_transform_options(*cmd, options->transform);
+  cmd->add_option("--csv", options->csv, "Write the table as CSV");
+  cmd->add_option("--json", options->json, "Write the table as JSON");
+  cmd->add_option("--plot", options->plot, "Write an SVG plot of dPPL and KLD vs bytes/token");
+  cmd->callback([options] { run_compare(*options); });
+}
+
+}  // namespace quantmla::cli

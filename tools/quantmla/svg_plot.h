@@ -1,0 +1,25 @@
+// A small SVG scatter plot writer for the comparison tables (no plotting dependency needed).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace quantmla::cli {
+
+struct PlotPoint {
+  double x = 0.0;
+  double y = 0.0;
+  std::string label;
+};
+
+struct PlotPanel {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  std::vector<PlotPoint> points;
+};
+
+// Panels side by side, each with axes, ticks and labelled points.
+std::string render_svg(const std::string& title, const std::vector<PlotPanel>& panels);
+
+}  // namespace quantmla::cli
