@@ -144,7 +144,9 @@ int main(int argc, char** argv) {
     std::printf("%-34s %12.1f %12s\n", "prefill", ctx / prefill_s, "tokens/s");
     std::printf("%-34s %12.1f %12s\n", "prefill", prefill_gflops, "GFLOP/s");
     std::printf("%-34s %12.1f %12s\n", "prefill / sgemm", 100.0 * prefill_gflops / gemm, "%");
-    std::printf("%-34s %12.1f %12s\n", "decode (batch 1, cache 1024)", 1.0 / decode_s, "tokens/s");
+    std::printf("%-34s %12.1f %12s\n", "decode (batch 1)", 1.0 / decode_s, "tokens/s");
+    std::printf("%-34s %5.1f .. %5.1f %12s\n", "decode, slowest .. fastest repeat",
+                kDecodeSteps / decode.max, kDecodeSteps / decode.min, "tokens/s");
     std::printf("%-34s %12.2f %12s\n", "decode step", decode_s * 1e3, "ms");
     if (!json_path.empty()) {
       const nlohmann::json out = {{"model", model_dir},

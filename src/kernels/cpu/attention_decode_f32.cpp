@@ -2,6 +2,7 @@
 // and serves all of them, for scores and values alike. No BLAS packing of the cache, which for one
 // query costs more than the arithmetic.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -106,27 +107,22 @@ __attribute__((target("avx2,fma"))) void scale_row(float* row, int64_t width, fl
   }
 }
 
-// Heads [head_begin, head_begin + group) of query i in one pass over the keys, tile by tile, with
-// an online softmax: each tile's rows are read from memory (or decoded from a compressed cache)
-// once for both scores and values.
+// Query i over keys [key_begin, key_end), every head, in one pass tile by tile with an online
+// softmax: each tile's rows are read from memory (or decoded from a compressed cache) once, and
+// serve every group of heads for scores and values while they sit in L2. Writes the range's
+// normalized output out[h * rank + d] and its log-sum-exp lse[h].
 // kv_lora_rank is a multiple of 32 and rope_dim of 16 (attention_decode_f32_supported).
-void attend_head_group(const AttentionParams& p, int64_t i, int64_t head_begin, int group,
-                       std::vector<float>& decoded) {
-  const int64_t num_keys = p.q_pos0 + i + 1;
-  const float* q[kHeadGroup];
-  float* out[kHeadGroup];
-  float running_max[kHeadGroup], running_sum[kHeadGroup];
-  for (int g = 0; g < group; ++g) {
-    q[g] = p.q + i * p.q_row_stride + (head_begin + g) * p.q_head_stride;
-    out[g] = p.out + i * p.out_row_stride + (head_begin + g) * p.out_head_stride;
-    std::fill_n(out[g], p.kv_lora_rank, 0.0f);
-    running_max[g] = -std::numeric_limits<float>::infinity();
-    running_sum[g] = 0.0f;
-  }
+void attend_key_range(const AttentionParams& p, int64_t i, int64_t key_begin, int64_t key_end,
+                      float* out, float* lse, std::vector<float>& decoded,
+                      std::vector<float>& running_max, std::vector<float>& running_sum) {
+  const int64_t heads = p.num_heads;
+  const int64_t rank = p.kv_lora_rank;
+  running_max.assign(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
+  running_sum.assign(static_cast<size_t>(heads), 0.0f);
+  std::fill_n(out, heads * rank, 0.0f);
   alignas(32) float scores[kHeadGroup * kKeyTile];
-  for (int64_t tile = 0; tile < num_keys; tile += kKeyTile) {
-    const int64_t tile_end = std::min(num_keys, tile + kKeyTile);
-    const int64_t count = tile_end - tile;
+  for (int64_t tile = key_begin; tile < key_end; tile += kKeyTile) {
+    const int64_t count = std::min(key_end, tile + kKeyTile) - tile;
     const float* rows = decoded.data();
     int64_t stride = p.kv_lora_rank + p.rope_dim;
     if (p.decode_keys != nullptr) {
@@ -135,26 +131,37 @@ void attend_head_group(const AttentionParams& p, int64_t i, int64_t head_begin, 
       rows = p.kv + tile * p.kv_row_stride;
       stride = p.kv_row_stride;
     }
-    tile_scores(p, q, group, rows, stride, count, scores);
-    for (int g = 0; g < group; ++g) {
-      float* row = scores + g * kKeyTile;
-      const float new_max = std::max(running_max[g], *std::max_element(row, row + count));
-      const float correction = std::exp(running_max[g] - new_max);  // 0 on the first tile
-      float tile_sum = 0.0f;
-      for (int64_t j = 0; j < count; ++j) tile_sum += (row[j] = std::exp(row[j] - new_max));
-      running_sum[g] = running_sum[g] * correction + tile_sum;
-      running_max[g] = new_max;
-      if (tile > 0) scale_row(out[g], p.kv_lora_rank, correction);
+    for (int64_t head_begin = 0; head_begin < heads; head_begin += kHeadGroup) {
+      const int group = static_cast<int>(std::min<int64_t>(kHeadGroup, heads - head_begin));
+      const float* q[kHeadGroup];
+      float* group_out[kHeadGroup];
+      for (int g = 0; g < group; ++g) {
+        q[g] = p.q + i * p.q_row_stride + (head_begin + g) * p.q_head_stride;
+        group_out[g] = out + (head_begin + g) * rank;
+      }
+      tile_scores(p, q, group, rows, stride, count, scores);
+      for (int g = 0; g < group; ++g) {
+        const int64_t h = head_begin + g;
+        float* row = scores + g * kKeyTile;
+        const float new_max = std::max(running_max[h], *std::max_element(row, row + count));
+        const float correction = std::exp(running_max[h] - new_max);  // 0 on the first tile
+        float tile_sum = 0.0f;
+        for (int64_t j = 0; j < count; ++j) tile_sum += (row[j] = std::exp(row[j] - new_max));
+        running_sum[h] = running_sum[h] * correction + tile_sum;
+        running_max[h] = new_max;
+        if (tile > key_begin) scale_row(group_out[g], rank, correction);
+      }
+      tile_values(p, group_out, group, rows, stride, count, scores);
     }
-    tile_values(p, out, group, rows, stride, count, scores);
   }
-  for (int g = 0; g < group; ++g) {
-    scale_row(out[g], p.kv_lora_rank, 1.0f / running_sum[g]);
-    if (p.lse != nullptr) {
-      p.lse[i * p.num_heads + head_begin + g] = running_max[g] + std::log(running_sum[g]);
-    }
+  for (int64_t h = 0; h < heads; ++h) {
+    scale_row(out + h * rank, rank, 1.0f / running_sum[h]);
+    lse[h] = running_max[h] + std::log(running_sum[h]);
   }
 }
+
+// Keys per split of the sequence: enough tiles that a split's work outweighs the combine.
+constexpr int64_t kMinKeysPerSplit = 4 * kKeyTile;
 
 }  // namespace
 
@@ -163,21 +170,63 @@ bool attention_decode_f32_supported(const AttentionParams& p) {
          p.kv_lora_rank % 32 == 0 && p.rope_dim % 16 == 0;
 }
 
+// The keys of each query are split across threads (rather than the heads, which would make every
+// thread stream the whole cache), and the splits are merged by their log-sum-exp.
 void attention_decode_f32(const AttentionParams& p) {
-  const int64_t groups_per_query = (p.num_heads + kHeadGroup - 1) / kHeadGroup;
-  const int64_t tasks = p.n_q * groups_per_query;
+  const int64_t heads = p.num_heads;
+  const int64_t rank = p.kv_lora_rank;
+  const int64_t max_keys = p.q_pos0 + p.n_q;
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  const int64_t splits =
+      std::clamp<int64_t>(max_keys / kMinKeysPerSplit, 1, std::max<int64_t>(1, threads / p.n_q));
+  // Per (query, split): the split's normalized output [heads, rank] and log-sum-exp [heads].
+  std::vector<float> partial_out(static_cast<size_t>(p.n_q * splits * heads * rank));
+  std::vector<float> partial_lse(static_cast<size_t>(p.n_q * splits * heads));
 #pragma omp parallel
   {
-    // A tile of rows decoded from a compressed cache, private to the thread.
     std::vector<float> decoded(p.decode_keys != nullptr
                                    ? static_cast<size_t>(kKeyTile * (p.kv_lora_rank + p.rope_dim))
                                    : 0);
+    std::vector<float> running_max, running_sum;
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t i = task / groups_per_query;
-      const int64_t head_begin = (task % groups_per_query) * kHeadGroup;
-      const int group = static_cast<int>(std::min<int64_t>(kHeadGroup, p.num_heads - head_begin));
-      attend_head_group(p, i, head_begin, group, decoded);
+    for (int64_t task = 0; task < p.n_q * splits; ++task) {
+      const int64_t i = task / splits, split = task % splits;
+      const int64_t num_keys = p.q_pos0 + i + 1;
+      // Split boundaries on tile boundaries, so tiles stay aligned with cache pages.
+      const int64_t tiles = (num_keys + kKeyTile - 1) / kKeyTile;
+      const int64_t key_begin = std::min(num_keys, tiles * split / splits * kKeyTile);
+      const int64_t key_end = std::min(num_keys, tiles * (split + 1) / splits * kKeyTile);
+      float* out = partial_out.data() + task * heads * rank;
+      float* lse = partial_lse.data() + task * heads;
+      if (key_begin == key_end) {
+        std::fill_n(lse, heads, -std::numeric_limits<float>::infinity());
+        std::fill_n(out, heads * rank, 0.0f);
+        continue;
+      }
+      attend_key_range(p, i, key_begin, key_end, out, lse, decoded, running_max, running_sum);
+    }
+  }
+  for (int64_t i = 0; i < p.n_q; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float max_lse = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < splits; ++s) {
+        max_lse = std::max(max_lse, partial_lse[(i * splits + s) * heads + h]);
+      }
+      float total = 0.0f;
+      for (int64_t s = 0; s < splits; ++s) {
+        total += std::exp(partial_lse[(i * splits + s) * heads + h] - max_lse);
+      }
+      const float lse = max_lse + std::log(total);
+      float* out = p.out + i * p.out_row_stride + h * p.out_head_stride;
+      std::fill_n(out, rank, 0.0f);
+      for (int64_t s = 0; s < splits; ++s) {
+        const float weight = std::exp(partial_lse[(i * splits + s) * heads + h] - lse);
+        const float* part = partial_out.data() + ((i * splits + s) * heads + h) * rank;
+        if (weight > 0.0f) {
+          for (int64_t d = 0; d < rank; ++d) out[d] += weight * part[d];
+        }
+      }
+      if (p.lse != nullptr) p.lse[i * heads + h] = lse;
     }
   }
 }
