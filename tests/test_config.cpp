@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "error_matchers.h"
 #include "quantmla/config.h"
 #include "quantmla/error.h"
 #include "test_paths.h"
@@ -14,23 +15,8 @@ namespace {
 
 using nlohmann::json;
 
-template <typename Expected, typename Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Expected& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "no exception thrown";
-  return "";
-}
-
-void expect_contains(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos)
-        << "message \"" << message << "\" lacks \"" << part << "\"";
-  }
-}
+using testing::error_message;
+using testing::expect_contains;
 
 // The smallest config that parses: every required key, nothing else.
 json minimal_config(const std::string& model_type) {

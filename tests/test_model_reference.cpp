@@ -53,6 +53,28 @@ void expect_logits_match(const std::vector<float>& ours, const float* reference,
               static_cast<long long>(rows));
 }
 
+// Every position's argmax, and the NLL of every next token, against transformers'.
+void expect_nll_and_argmax_match(const std::vector<float>& ours, const std::vector<int32_t>& ids,
+                                 const std::vector<float>& reference_nll,
+                                 const std::vector<int32_t>& reference_argmax, int64_t vocab,
+                                 const std::string& what) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  double max_nll_diff = 0.0;
+  int64_t argmax_mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::span<const float> row(ours.data() + i * vocab, static_cast<size_t>(vocab));
+    argmax_mismatches += argmax(row.data(), vocab) != reference_argmax[i] ? 1 : 0;
+    if (i + 1 < n) {
+      max_nll_diff =
+          std::max(max_nll_diff, std::abs(token_nll(row, ids[i + 1]) - reference_nll[i]));
+    }
+  }
+  EXPECT_LE(max_nll_diff, kLogitTolerance) << what;
+  EXPECT_EQ(argmax_mismatches, 0) << what;
+  std::printf("[ %s ] max |nll diff| = %.3g over %lld positions\n", what.c_str(), max_nll_diff,
+              static_cast<long long>(n - 1));
+}
+
 TEST(ModelReference, MlaTinyShortBatch) {
   const Model& model = mla_tiny();
   const auto reference =
@@ -87,19 +109,7 @@ TEST(ModelReference, MlaTinyLongWindowNllAndArgmax) {
   expect_logits_match(ours, first64.data(), 0, 64, vocab, "long first 64");
   expect_logits_match(ours, last64.data(), n - 64, 64, vocab, "long last 64");
 
-  double max_nll_diff = 0.0;
-  int64_t argmax_mismatches = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::span<const float> row(ours.data() + i * vocab, static_cast<size_t>(vocab));
-    argmax_mismatches += argmax(row.data(), vocab) != reference_argmax[i] ? 1 : 0;
-    if (i + 1 < n) {
-      max_nll_diff = std::max(max_nll_diff, std::abs(token_nll(row, ids[i + 1]) - nll[i]));
-    }
-  }
-  EXPECT_LE(max_nll_diff, kLogitTolerance);
-  EXPECT_EQ(argmax_mismatches, 0);
-  std::printf("[ long window ] max |nll diff| = %.3g over %lld positions\n", max_nll_diff,
-              static_cast<long long>(n - 1));
+  expect_nll_and_argmax_match(ours, ids, nll, reference_argmax, vocab, "long window");
 }
 
 // DeepSeek-V2 layout (q_proj without LoRA) over its whole 4096-token trained context.
@@ -117,19 +127,7 @@ TEST(ModelReference, V2FullContextNllAndArgmax) {
 
   const std::vector<float> ours = prefill_logits(model, ids);
   expect_logits_match(ours, last64.data(), n - 64, 64, vocab, "v2 last 64");
-  double max_nll_diff = 0.0;
-  int64_t argmax_mismatches = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::span<const float> row(ours.data() + i * vocab, static_cast<size_t>(vocab));
-    argmax_mismatches += argmax(row.data(), vocab) != reference_argmax[i] ? 1 : 0;
-    if (i + 1 < n) {
-      max_nll_diff = std::max(max_nll_diff, std::abs(token_nll(row, ids[i + 1]) - nll[i]));
-    }
-  }
-  EXPECT_LE(max_nll_diff, kLogitTolerance);
-  EXPECT_EQ(argmax_mismatches, 0);
-  std::printf("[ v2 4096 window ] max |nll diff| = %.3g over %lld positions\n", max_nll_diff,
-              static_cast<long long>(n - 1));
+  expect_nll_and_argmax_match(ours, ids, nll, reference_argmax, vocab, "v2 4096 window");
 }
 
 TEST(ModelReference, MoeYarnBeyondOriginalContext) {

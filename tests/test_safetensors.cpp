@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_matchers.h"
 #include "quantmla/error.h"
 #include "quantmla/safetensors.h"
 #include "test_paths.h"
@@ -20,24 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Runs `action`, which must throw `Expected`, and returns the message.
-template <typename Expected, typename Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Expected& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "no exception thrown";
-  return "";
-}
-
-void expect_contains(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos)
-        << "message \"" << message << "\" lacks \"" << part << "\"";
-  }
-}
+using testing::error_message;
+using testing::expect_contains;
 
 // Writes a safetensors file by hand: 8-byte length `header_length` (the real length by default),
 // the header text and `data_size` zero bytes.

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_matchers.h"
 #include "quantmla/error.h"
 #include "quantmla/io.h"
 #include "quantmla/tokenizer.h"
@@ -311,19 +312,10 @@ TEST(Tokenizer, IgnoreMergesLooksUpWholeWordsFirst) {
 
 // --- Errors ------------------------------------------------------------------------------------
 
-template <typename Exception, typename Callable>
-std::string expect_throw_message(Callable&& callable) {
-  try {
-    callable();
-  } catch (const Exception& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
+using testing::error_message;
 
 TEST(TokenizerErrors, MissingFileIsIoError) {
-  const std::string message = expect_throw_message<IoError>(
+  const std::string message = error_message<IoError>(
       [&] { Tokenizer::from_file(fs::temp_directory_path() / "quantmla_no_such_tokenizer.json"); });
   EXPECT_NE(message.find("quantmla_no_such_tokenizer.json"), std::string::npos) << message;
   EXPECT_THROW(Tokenizer::from_model_dir(fs::temp_directory_path() / "quantmla_no_such_model"),
@@ -333,8 +325,7 @@ TEST(TokenizerErrors, MissingFileIsIoError) {
 TEST(TokenizerErrors, MalformedJsonIsFormatError) {
   const TempDir dir;
   const fs::path file = dir.write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": )");
-  const std::string message =
-      expect_throw_message<FormatError>([&] { Tokenizer::from_file(file); });
+  const std::string message = error_message<FormatError>([&] { Tokenizer::from_file(file); });
   EXPECT_NE(message.find(file.string()), std::string::npos) << message;
 }
 
@@ -343,8 +334,7 @@ TEST(TokenizerErrors, UnsupportedModelTypeIsNamed) {
   spec["model"] = {{"type", "Unigram"}, {"vocab", nlohmann::json::array()}};
   const TempDir dir;
   const fs::path file = dir.write("tokenizer.json", spec.dump());
-  const std::string message =
-      expect_throw_message<FormatError>([&] { Tokenizer::from_file(file); });
+  const std::string message = error_message<FormatError>([&] { Tokenizer::from_file(file); });
   EXPECT_NE(message.find("Unigram"), std::string::npos) << message;
 }
 
@@ -354,7 +344,7 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
     nlohmann::json spec = bundled_json();
     change(spec);
     const fs::path file = dir.write("tokenizer.json", spec.dump());
-    return expect_throw_message<FormatError>([&] { Tokenizer::from_file(file); });
+    return error_message<FormatError>([&] { Tokenizer::from_file(file); });
   };
   EXPECT_NE(message_for([](auto& s) {
               s["normalizer"] = {{"type", "NFKC"}};
@@ -383,9 +373,7 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
 
 TEST(TokenizerErrors, DecodeOfUnknownIdIsInvalidArgument) {
   const Tokenizer& tiny = tokenizer("mla-tiny");
-  const std::string message = expect_throw_message<InvalidArgument>([&] {
-    tiny.decode({5, 4096});
-  });
+  const std::string message = error_message<InvalidArgument>([&] { tiny.decode({5, 4096}); });
   EXPECT_NE(message.find("4096"), std::string::npos) << message;
   EXPECT_THROW(tiny.decode({-1}), InvalidArgument);
   EXPECT_THROW(tiny.token_bytes(1 << 20), InvalidArgument);

@@ -91,8 +91,8 @@ TEST(Transform, FoldedHadamardKeepsLogitsAndRotatesTheCache) {
   std::vector<float> c(r), c_folded(r), k_pe(64), k_pe_folded(64);
   original_cache->read_row(2, 10, c.data(), k_pe.data());
   folded_cache->read_row(2, 10, c_folded.data(), k_pe_folded.data());
-  const auto gamma = to_f32(TensorStore::open_dir(bundled_model())
-                                .get("model.layers.2.self_attn.kv_a_layernorm.weight"));
+  const auto gamma = to_f32(
+      TensorStore::open_dir(bundled_model()).get("model.layers.2.self_attn.kv_a_layernorm.weight"));
   for (int64_t i = 0; i < r; ++i) {
     double expected = 0.0;
     for (int64_t k = 0; k < r; ++k) expected += t.rotation[i * r + k] * c[k] / gamma[k];

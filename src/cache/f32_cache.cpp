@@ -2,12 +2,18 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache_common.h"
 #include "quantmla/attention.h"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
 namespace {
+
+using cache_detail::attention_params;
+using cache_detail::check_layer;
+using cache_detail::check_length;
+using cache_detail::check_write;
 
 class F32Cache final : public MlaCache {
  public:
@@ -26,16 +32,8 @@ class F32Cache final : public MlaCache {
   }
 
   void write(int64_t layer, int64_t pos, int64_t n, const float* c, const float* k_pe) override {
-    check_layer(layer);
-    if (pos < 0 || pos > length_) {
-      throw InvalidArgument("cache write at position " + std::to_string(pos) +
-                            " leaves a gap: cache holds " + std::to_string(length_) + " tokens");
-    }
-    if (pos + n > capacity_) {
-      throw CapacityError("cache full: writing positions [" + std::to_string(pos) + ", " +
-                          std::to_string(pos + n) + ") into a cache of " +
-                          std::to_string(capacity_) + " tokens");
-    }
+    check_layer(shape_, layer);
+    check_write(pos, n, length_, capacity_);
     const int64_t width = shape_.row_width();
     float* base = rows_[layer].data() + pos * width;
     for (int64_t t = 0; t < n; ++t) {
@@ -46,50 +44,26 @@ class F32Cache final : public MlaCache {
   }
 
   void set_length(int64_t n) override {
-    if (n < 0 || n > capacity_) {
-      throw CapacityError("cache length " + std::to_string(n) + " outside [0, " +
-                          std::to_string(capacity_) + "]");
-    }
+    check_length(n, capacity_);
     length_ = n;
   }
 
   void attend(int64_t layer, const CacheQuery& query, float* out, float* lse) const override {
-    check_layer(layer);
-    const int64_t width = shape_.row_width();
-    AttentionParams params;
-    params.q = query.q;
-    params.q_head_stride = width;
-    params.q_row_stride = query.num_heads * width;
+    check_layer(shape_, layer);
+    AttentionParams params = attention_params(shape_, query, out, lse);
     params.kv = rows_[layer].data();
-    params.kv_row_stride = width;
-    params.out = out;
-    params.out_head_stride = shape_.kv_lora_rank;
-    params.out_row_stride = query.num_heads * shape_.kv_lora_rank;
-    params.lse = lse;
-    params.n_q = query.n_q;
-    params.num_heads = query.num_heads;
-    params.kv_lora_rank = shape_.kv_lora_rank;
-    params.rope_dim = shape_.rope_dim;
-    params.q_pos0 = query.q_pos0;
-    params.softmax_scale = query.softmax_scale;
+    params.kv_row_stride = shape_.row_width();
     attention_f32(params);
   }
 
   void read_row(int64_t layer, int64_t pos, float* c, float* k_pe) const override {
-    check_layer(layer);
+    check_layer(shape_, layer);
     const float* row = rows_[layer].data() + pos * shape_.row_width();
     std::copy_n(row, shape_.kv_lora_rank, c);
     std::copy_n(row + shape_.kv_lora_rank, shape_.rope_dim, k_pe);
   }
 
  private:
-  void check_layer(int64_t layer) const {
-    if (layer < 0 || layer >= shape_.num_layers) {
-      throw InvalidArgument("cache layer " + std::to_string(layer) + " outside [0, " +
-                            std::to_string(shape_.num_layers) + ")");
-    }
-  }
-
   CacheShape shape_;
   int64_t capacity_;
   int64_t length_ = 0;

@@ -4,12 +4,18 @@
 #include <utility>
 #include <vector>
 
+#include "cache/cache_common.h"
 #include "quantmla/attention.h"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
 namespace {
+
+using cache_detail::attention_params;
+using cache_detail::check_layer;
+using cache_detail::check_length;
+using cache_detail::check_write;
 
 static_assert(kKeyTile == kPageTokens, "attention tiles must not straddle cache pages");
 
@@ -34,16 +40,8 @@ class PagedCache final : public MlaCache {
   int64_t bytes_per_token_per_layer() const override { return record_bytes_; }
 
   void write(int64_t layer, int64_t pos, int64_t n, const float* c, const float* k_pe) override {
-    check_layer(layer);
-    if (pos < 0 || pos > length_) {
-      throw InvalidArgument("cache write at position " + std::to_string(pos) +
-                            " leaves a gap: cache holds " + std::to_string(length_) + " tokens");
-    }
-    if (pos + n > capacity_) {
-      throw CapacityError("cache full: writing positions [" + std::to_string(pos) + ", " +
-                          std::to_string(pos + n) + ") into a cache of " +
-                          std::to_string(capacity_) + " tokens");
-    }
+    check_layer(shape_, layer);
+    check_write(pos, n, length_, capacity_);
     for (int64_t t = 0; t < n; ++t) {
       uint8_t* rec = record(layer, pos + t);
       encode_path(format_.content, c + t * shape_.kv_lora_rank, shape_.kv_lora_rank, rec);
@@ -52,37 +50,21 @@ class PagedCache final : public MlaCache {
   }
 
   void set_length(int64_t n) override {
-    if (n < 0 || n > capacity_) {
-      throw CapacityError("cache length " + std::to_string(n) + " outside [0, " +
-                          std::to_string(capacity_) + "]");
-    }
+    check_length(n, capacity_);
     length_ = n;
   }
 
   void attend(int64_t layer, const CacheQuery& query, float* out, float* lse) const override {
-    check_layer(layer);
+    check_layer(shape_, layer);
     const TileContext context{this, layer};
-    AttentionParams params;
-    params.q = query.q;
-    params.q_head_stride = shape_.row_width();
-    params.q_row_stride = query.num_heads * shape_.row_width();
+    AttentionParams params = attention_params(shape_, query, out, lse);
     params.decode_keys = decode_tile;
     params.decode_context = &context;
-    params.out = out;
-    params.out_head_stride = shape_.kv_lora_rank;
-    params.out_row_stride = query.num_heads * shape_.kv_lora_rank;
-    params.lse = lse;
-    params.n_q = query.n_q;
-    params.num_heads = query.num_heads;
-    params.kv_lora_rank = shape_.kv_lora_rank;
-    params.rope_dim = shape_.rope_dim;
-    params.q_pos0 = query.q_pos0;
-    params.softmax_scale = query.softmax_scale;
     attention_f32(params);
   }
 
   void read_row(int64_t layer, int64_t pos, float* c, float* k_pe) const override {
-    check_layer(layer);
+    check_layer(shape_, layer);
     const uint8_t* rec = record(layer, pos);
     decode_path(format_.content, rec, shape_.kv_lora_rank, c);
     decode_path(format_.rope, rec + content_bytes_, shape_.rope_dim, k_pe);
@@ -110,13 +92,6 @@ class PagedCache final : public MlaCache {
   const uint8_t* record(int64_t layer, int64_t pos) const {
     const int64_t page = block_table_[static_cast<size_t>(pos / kPageTokens)];
     return pool_[layer].data() + (page * kPageTokens + pos % kPageTokens) * record_bytes_;
-  }
-
-  void check_layer(int64_t layer) const {
-    if (layer < 0 || layer >= shape_.num_layers) {
-      throw InvalidArgument("cache layer " + std::to_string(layer) + " outside [0, " +
-                            std::to_string(shape_.num_layers) + ")");
-    }
   }
 
   CacheShape shape_;

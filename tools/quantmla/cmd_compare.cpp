@@ -142,20 +142,13 @@ void add_compare(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "compare", "Several cache formats on the same windows: bytes, PPL, KLD, top-1 table");
   cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
-  cmd->add_option("--ids", options->ids, "Token ids, little-endian int32, no BOS")
-      ->required()
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--ctx", options->ctx, "Window length including BOS")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  add_ids_option(*cmd, options->ids);
+  add_window_options(*cmd, options->ctx, options->max_windows);
   cmd->add_option("--cache", options->caches, "A cache format (repeat for several)")
       ->required()
       ->take_all()
       ->expected(1, -1);
   cmd->add_option("--baseline", options->baseline, "Reference cache format")->capture_default_str();
-  cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   add_transform_options(*cmd, options->transform);
   cmd->add_option("--csv", options->csv, "Write the table as CSV");
   cmd->add_option("--json", options->json, "Write the table as JSON");

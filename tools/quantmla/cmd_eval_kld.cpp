@@ -61,18 +61,11 @@ void add_eval_kld(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval-kld", "KL divergence of next-token distributions: a cache format vs the BF16 cache");
   cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
-  cmd->add_option("--ids", options->ids, "Token ids, little-endian int32, no BOS")
-      ->required()
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--ctx", options->ctx, "Window length including BOS")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  add_ids_option(*cmd, options->ids);
+  add_window_options(*cmd, options->ctx, options->max_windows);
   cmd->add_option("--cache", options->cache, "Cache format under test")->required();
   cmd->add_option("--baseline", options->baseline, "Cache format of the reference distribution")
       ->capture_default_str();
-  cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   add_transform_options(*cmd, options->transform);
   cmd->add_flag("--json", options->json,
                 "One JSON object: kld_mean, kld_p99, top1_agree, ppl, ppl_bf16, tokens");

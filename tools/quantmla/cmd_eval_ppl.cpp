@@ -67,12 +67,7 @@ void add_eval_ppl(CLI::App& app) {
                   ->check(CLI::ExistingFile);
   text->excludes(ids);
   ids->excludes(text);
-  cmd->add_option("--ctx", options->ctx, "Window length including BOS")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  cmd->add_option("--max-windows", options->max_windows, "Score at most K windows (0 = all)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  add_window_options(*cmd, options->ctx, options->max_windows);
   cmd->add_option("--cache", options->cache,
                   "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact)")
       ->capture_default_str();

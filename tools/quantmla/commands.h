@@ -22,6 +22,11 @@ void add_transform_options(CLI::App& cmd, TransformOption& option);
 // Loads the model at `dir` and folds the transform into it (none: as loaded).
 Model load_transformed(const std::string& dir, const TransformOption& option);
 
+// --ctx N and --max-windows K, the window protocol's options shared by the evaluators.
+void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);
+// --ids FILE (required, must exist).
+void add_ids_option(CLI::App& cmd, std::string& ids);
+
 void add_info(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_eval_ppl(CLI::App& app);

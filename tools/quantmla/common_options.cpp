@@ -13,6 +13,21 @@ void add_transform_options(CLI::App& cmd, TransformOption& option) {
       ->capture_default_str();
 }
 
+void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows) {
+  cmd.add_option("--ctx", ctx, "Window length including BOS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd.add_option("--max-windows", max_windows, "Score at most K windows (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_ids_option(CLI::App& cmd, std::string& ids) {
+  cmd.add_option("--ids", ids, "Token ids, little-endian int32, no BOS")
+      ->required()
+      ->check(CLI::ExistingFile);
+}
+
 Model load_transformed(const std::string& dir, const TransformOption& option) {
   Model model = Model::load(dir);
   if (option.name == "hadamard") fold_random_hadamard(model, option.seed);
