@@ -41,7 +41,7 @@ struct KldOptions {
   // The model that runs with the baseline cache; null = the model under test. Set it to the
   // untransformed model when the model under test has transforms folded in.
   const Model* baseline_model = nullptr;
-  std::function<void(int64_t, int64_t)> progress;     // (windows done, windows total)
+  std::function<void(int64_t, int64_t)> progress;  // (windows done, windows total)
 };
 
 struct KldResult {

@@ -80,7 +80,10 @@ void draw_panel(std::ostringstream& svg, const PlotPanel& panel, double left) {
       << "</text>\n";
   for (const PlotPoint& p : panel.points) {
     svg << "<circle cx='" << sx(p.x) << "' cy='" << sy(p.y) << "' r='4.5' fill='#1f77b4'/>\n";
-    svg << "<text x='" << sx(p.x) + 7 << "' y='" << sy(p.y) - 6 << "' font-size='10'>"
+    // Labels of points in the right half go to their left, so they stay inside the panel.
+    const bool right_half = sx(p.x) > x0 + width / 2;
+    svg << "<text x='" << sx(p.x) + (right_half ? -7 : 7) << "' y='" << sy(p.y) - 6
+        << "' font-size='10' text-anchor='" << (right_half ? "end" : "start") << "'>"
         << escape(p.label) << "</text>\n";
   }
 }
