@@ -27,8 +27,6 @@ struct CompareOptions {
   TransformOption transform;
 };
 
-constexpr int64_t kLongSequence = 128 * 1024;
-
 struct Row {
   KldResult result;
   int64_t bytes_per_token = 0;  // one layer

@@ -15,9 +15,6 @@ struct InfoOptions {
   bool json = false;
 };
 
-// One sequence of this many tokens is the yardstick for physical cache memory.
-constexpr int64_t kLongSequence = 128 * 1024;
-
 void run_info(const InfoOptions& options) {
   const Model model = Model::load(options.model);
   const ModelConfig& c = model.config();

@@ -12,6 +12,8 @@ namespace quantmla::cli {
 
 // Default model directory: the bundled model, relative to the working directory.
 inline constexpr const char* kDefaultModel = "models/mla-tiny";
+// One sequence of this many tokens is the yardstick for physical cache memory and compression.
+inline constexpr int64_t kLongSequence = 128 * 1024;
 
 // --transform none|hadamard and --seed S on `cmd`; apply_transform() folds the chosen one.
 struct TransformOption {
