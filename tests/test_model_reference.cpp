@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "model_fixtures.h"
@@ -147,7 +148,10 @@ TEST(ModelReference, MoeYarnBeyondOriginalContext) {
   }
 }
 
-// Decoding token by token through the cache must give the logits of one prefill.
+// Decoding token by token through the cache must give the logits of one prefill (DESIGN §7). In
+// FP32 exactly (up to summation order); in a quantized format each position sees the same rows
+// either way except where FP32 noise in a row moves a value across a rounding boundary of the
+// quantizer: those flips must be rare, and the logits stay close.
 TEST(ModelReference, DecodeStepsMatchPrefill) {
   for (const Model* model : {&mla_tiny(), &mla_tiny_moe()}) {
     const auto reference = SafetensorsFile::open(
@@ -156,22 +160,56 @@ TEST(ModelReference, DecodeStepsMatchPrefill) {
     std::vector<int32_t> ids = to_i32(*reference->find("input_ids"));
     ids.resize(48);
     const int64_t vocab = model->config().vocab_size;
-    const std::vector<float> prefill = prefill_logits(*model, ids);
+    for (const char* spec : {"f32", "content=int4:g64,rope=int4:g32", "content=q4_0,rope=bf16"}) {
+      const CacheFormat format = CacheFormat::parse(spec);
+      auto prefill_cache = model->make_cache(static_cast<int64_t>(ids.size()), format);
+      std::vector<float> prefill(ids.size() * vocab);
+      model->forward(ids, *prefill_cache, prefill);
 
-    auto cache = model->make_cache(static_cast<int64_t>(ids.size()));
-    std::vector<float> step(static_cast<size_t>(vocab));
-    float max_diff = 0.0f;
-    // A 16-token prefill, then single-token decode steps.
-    std::vector<float> first(16 * static_cast<size_t>(vocab));
-    model->forward(std::span<const int32_t>(ids.data(), 16), *cache, first);
-    for (size_t i = 16; i < ids.size(); ++i) {
-      model->forward(std::span<const int32_t>(&ids[i], 1), *cache, step, false);
-      for (int64_t v = 0; v < vocab; ++v) {
-        max_diff = std::max(max_diff, std::abs(step[v] - prefill[i * vocab + v]));
+      auto cache = model->make_cache(static_cast<int64_t>(ids.size()), format);
+      std::vector<float> step(static_cast<size_t>(vocab));
+      float max_diff = 0.0f;
+      // A 16-token prefill, then single-token decode steps.
+      std::vector<float> first(16 * static_cast<size_t>(vocab));
+      model->forward(std::span<const int32_t>(ids.data(), 16), *cache, first);
+      for (size_t i = 16; i < ids.size(); ++i) {
+        model->forward(std::span<const int32_t>(&ids[i], 1), *cache, step, false);
+        for (int64_t v = 0; v < vocab; ++v) {
+          max_diff = std::max(max_diff, std::abs(step[v] - prefill[i * vocab + v]));
+        }
       }
+      EXPECT_EQ(cache->length(), static_cast<int64_t>(ids.size()));
+      if (std::string(spec) == "f32") {
+        EXPECT_LE(max_diff, 1e-4f);
+        continue;
+      }
+      const CacheShape shape = model->cache_shape();
+      std::vector<float> c0(shape.kv_lora_rank), c1(shape.kv_lora_rank);
+      std::vector<float> r0(shape.rope_dim), r1(shape.rope_dim);
+      int64_t changed = 0, total = 0;
+      double sum_abs = 0.0, max_abs = 0.0, sum_sq = 0.0;
+      for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+        for (int64_t pos = 0; pos < static_cast<int64_t>(ids.size()); ++pos) {
+          prefill_cache->read_row(layer, pos, c0.data(), r0.data());
+          cache->read_row(layer, pos, c1.data(), r1.data());
+          for (size_t d = 0; d < c0.size(); ++d) {
+            changed += c0[d] != c1[d] ? 1 : 0;
+            sum_abs += std::abs(c0[d] - c1[d]);
+            max_abs = std::max<double>(max_abs, std::abs(c0[d] - c1[d]));
+            sum_sq += c0[d] * c0[d];
+          }
+          for (size_t d = 0; d < r0.size(); ++d) changed += r0[d] != r1[d] ? 1 : 0;
+          total += shape.row_width();
+        }
+      }
+      std::printf(
+          "[ %s ] prefill vs decode: %lld of %lld differ, mean |d| %.3g max |d| %.3g rms %.3g, max "
+          "|dlogit| %.3g\n",
+          spec, static_cast<long long>(changed), static_cast<long long>(total), sum_abs / total,
+          max_abs, std::sqrt(sum_sq / total), max_diff);
+      EXPECT_LE(sum_abs / total, 0.01 * std::sqrt(sum_sq / total)) << spec;
+      EXPECT_LE(max_diff, 0.5f) << spec;
     }
-    EXPECT_EQ(cache->length(), static_cast<int64_t>(ids.size()));
-    EXPECT_LE(max_diff, 1e-4f);
   }
 }
 
