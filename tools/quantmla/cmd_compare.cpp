@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,14 +18,9 @@ namespace quantmla::cli {
 namespace {
 
 struct CompareOptions {
-  std::string model = kDefaultModel;
-  std::string ids;
-  int64_t ctx = 1024;
-  int64_t max_windows = 0;
+  KldRun run;
   std::vector<std::string> caches;
-  std::string baseline = "bf16";
   std::string csv, json, plot;
-  TransformOption transform;
 };
 
 struct Row {
@@ -47,24 +43,16 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 void run_compare(const CompareOptions& options) {
-  const Model model = load_transformed(options.model, options.transform);
-  const Model original = Model::load(options.model);
-  const std::vector<int32_t> ids = read_ids_file(options.ids);
-  const CacheShape shape = model.cache_shape();
   std::vector<CacheFormat> formats;
   for (const std::string& spec : options.caches) formats.push_back(CacheFormat::parse(spec));
-
-  ProgressBar progress("compare");
-  KldOptions kld_options;
-  kld_options.ctx = options.ctx;
-  kld_options.max_windows = options.max_windows;
-  kld_options.baseline = CacheFormat::parse(options.baseline);
-  kld_options.baseline_model = &original;
-  kld_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  const std::vector<KldResult> results = evaluate_kld(model, ids, formats, kld_options);
+  const std::vector<KldResult> results = run_kld(options.run, formats, "compare");
+  const ModelConfig config =
+      ModelConfig::from_file(std::filesystem::path(options.run.model) / "config.json");
+  const CacheShape shape{config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim};
+  const CacheFormat baseline = CacheFormat::parse(options.run.baseline);
 
   const double baseline_bytes =
-      static_cast<double>(cache_physical_bytes(shape, kld_options.baseline, kLongSequence));
+      static_cast<double>(cache_physical_bytes(shape, baseline, kLongSequence));
   std::vector<Row> rows;
   for (const KldResult& r : results) {
     Row row{
@@ -75,9 +63,10 @@ void run_compare(const CompareOptions& options) {
   }
 
   std::printf("baseline %s: ppl %.4f over %lld tokens (%lld windows of %lld)\n",
-              kld_options.baseline.to_string().c_str(), results.front().ppl_baseline,
+              baseline.to_string().c_str(), results.front().ppl_baseline,
               static_cast<long long>(results.front().tokens),
-              static_cast<long long>(results.front().windows), static_cast<long long>(options.ctx));
+              static_cast<long long>(results.front().windows),
+              static_cast<long long>(options.run.ctx));
   std::printf("%-40s %8s %8s %10s %8s %10s %9s %7s\n", "format", "B/token", "x@128K", "PPL",
               "dPPL%", "KLD mean", "KLD p99", "top-1");
   nlohmann::json json_rows = nlohmann::json::array();
@@ -86,7 +75,7 @@ void run_compare(const CompareOptions& options) {
       "kld_p99,top1_agree\n";
   for (const Row& row : rows) {
     const KldResult& r = row.result;
-    const std::string name = format_name(r.format, options.transform);
+    const std::string name = format_name(r.format, options.run.transform);
     std::printf("%-40s %8lld %8.2f %10.4f %+8.2f %10.5f %9.4f %7.4f\n", name.c_str(),
                 static_cast<long long>(row.bytes_per_token), row.compression, r.ppl,
                 row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
@@ -106,9 +95,9 @@ void run_compare(const CompareOptions& options) {
   }
   if (!options.csv.empty()) write_file(options.csv, csv);
   if (!options.json.empty()) {
-    const nlohmann::json out = {{"model", options.model},
-                                {"ctx", options.ctx},
-                                {"baseline", kld_options.baseline.to_string()},
+    const nlohmann::json out = {{"model", options.run.model},
+                                {"ctx", options.run.ctx},
+                                {"baseline", baseline.to_string()},
                                 {"ppl_baseline", results.front().ppl_baseline},
                                 {"tokens", results.front().tokens},
                                 {"windows", results.front().windows},
@@ -120,16 +109,16 @@ void run_compare(const CompareOptions& options) {
     PlotPanel kld_panel{
         "KL divergence vs cache size", "bytes per token per layer", "KLD mean (nats)", {}};
     for (const Row& row : rows) {
-      const std::string name = format_name(row.result.format, options.transform);
+      const std::string name = format_name(row.result.format, options.run.transform);
       ppl_panel.points.push_back(
           {static_cast<double>(row.bytes_per_token), row.delta_ppl_percent, name});
       kld_panel.points.push_back(
           {static_cast<double>(row.bytes_per_token), row.result.kld_mean, name});
     }
-    write_file(options.plot, render_svg("Cache formats on " + options.model + ", ctx " +
-                                            std::to_string(options.ctx) + ", vs " +
-                                            kld_options.baseline.to_string(),
-                                        {ppl_panel, kld_panel}));
+    write_file(options.plot,
+               render_svg("Cache formats on " + options.run.model + ", ctx " +
+                              std::to_string(options.run.ctx) + ", vs " + baseline.to_string(),
+                          {ppl_panel, kld_panel}));
   }
 }
 
@@ -139,15 +128,11 @@ void add_compare(CLI::App& app) {
   auto options = std::make_shared<CompareOptions>();
   CLI::App* cmd = app.add_subcommand(
       "compare", "Several cache formats on the same windows: bytes, PPL, KLD, top-1 table");
-  cmd->add_option("--model", options->model, "Model directory")->capture_default_str();
-  add_ids_option(*cmd, options->ids);
-  add_window_options(*cmd, options->ctx, options->max_windows);
+  add_kld_run_options(*cmd, options->run);
   cmd->add_option("--cache", options->caches, "A cache format (repeat for several)")
       ->required()
       ->take_all()
       ->expected(1, -1);
-  cmd->add_option("--baseline", options->baseline, "Reference cache format")->capture_default_str();
-  add_transform_options(*cmd, options->transform);
   cmd->add_option("--csv", options->csv, "Write the table as CSV");
   cmd->add_option("--json", options->json, "Write the table as JSON");
   cmd->add_option("--plot", options->plot, "Write an SVG plot of dPPL and KLD vs bytes/token");

@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "quantmla/eval.h"
 #include "quantmla/model.h"
 
 namespace quantmla::cli {
@@ -28,6 +30,20 @@ Model load_transformed(const std::string& dir, const TransformOption& option);
 void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);
 // --ids FILE (required, must exist).
 void add_ids_option(CLI::App& cmd, std::string& ids);
+
+// What eval-kld and compare share: the model (with its transform), the ids, the windows and the
+// baseline format. run_kld() measures `formats` against the untransformed model's baseline cache.
+struct KldRun {
+  std::string model = kDefaultModel;
+  std::string ids;
+  int64_t ctx = 1024;
+  int64_t max_windows = 0;
+  std::string baseline = "bf16";
+  TransformOption transform;
+};
+void add_kld_run_options(CLI::App& cmd, KldRun& run);
+std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>& formats,
+                               const char* progress_label);
 
 void add_info(CLI::App& app);
 void add_generate(CLI::App& app);

@@ -1,4 +1,6 @@
 #include "commands.h"
+#include "progress.h"
+#include "quantmla/io.h"
 #include "quantmla/transform.h"
 
 namespace quantmla::cli {
@@ -32,6 +34,31 @@ Model load_transformed(const std::string& dir, const TransformOption& option) {
   Model model = Model::load(dir);
   if (option.name == "hadamard") fold_random_hadamard(model, option.seed);
   return model;
+}
+
+void add_kld_run_options(CLI::App& cmd, KldRun& run) {
+  cmd.add_option("--model", run.model, "Model directory")->capture_default_str();
+  add_ids_option(cmd, run.ids);
+  add_window_options(cmd, run.ctx, run.max_windows);
+  cmd.add_option("--baseline", run.baseline, "Cache format of the reference distribution")
+      ->capture_default_str();
+  add_transform_options(cmd, run.transform);
+}
+
+std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>& formats,
+                               const char* progress_label) {
+  const Model model = load_transformed(run.model, run.transform);
+  // The reference distribution comes from the untransformed model with the baseline cache.
+  const Model original = Model::load(run.model);
+  const std::vector<int32_t> ids = read_ids_file(run.ids);
+  ProgressBar progress(progress_label);
+  KldOptions options;
+  options.ctx = run.ctx;
+  options.max_windows = run.max_windows;
+  options.baseline = CacheFormat::parse(run.baseline);
+  options.baseline_model = &original;
+  options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  return evaluate_kld(model, ids, formats, options);
 }
 
 }  // namespace quantmla::cli
