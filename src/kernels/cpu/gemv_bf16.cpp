@@ -90,20 +90,22 @@ __attribute__((target("avx2,fma"))) void gemv_t_cols_avx2(const uint16_t* w, int
 
 bool detect_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-// Contiguous ranges of outputs, one per thread, in multiples of `align`: equal shares of the
-// weight stream, and no thread waits at the end for another's extra chunk. Small products stay on
-// one thread, where a fork would cost more than it saves.
-struct Split {
-  int64_t parts;
-  int64_t size;
-};
-Split split_outputs(int64_t outputs, int64_t weights_per_output, int64_t align) {
+// Runs body(begin, end) over contiguous ranges of outputs, one per thread, in multiples of
+// `align`: equal shares of the weight stream, and no thread waits at the end for another's extra
+// chunk. Small products stay on one thread, where a fork would cost more than it saves.
+template <typename Body>
+void for_each_output_range(int64_t outputs, int64_t weights_per_output, int64_t align,
+                           const Body& body) {
   constexpr int64_t kMinWeightsPerThread = 32 * 1024;
   const int64_t threads = std::max(1, omp_get_max_threads());
   const int64_t useful = std::max<int64_t>(1, outputs * weights_per_output / kMinWeightsPerThread);
   const int64_t parts = std::min(threads, useful);
   const int64_t size = ((outputs + parts - 1) / parts + align - 1) / align * align;
-  return {(outputs + size - 1) / size, size};
+  const int64_t ranges = (outputs + size - 1) / size;
+#pragma omp parallel for schedule(static, 1) if (ranges > 1)
+  for (int64_t range = 0; range < ranges; ++range) {
+    body(range * size, std::min(outputs, (range + 1) * size));
+  }
 }
 
 }  // namespace
@@ -116,34 +118,26 @@ bool gemv_bf16_uses_avx2() {
 void gemv_bf16(const uint16_t* w, int64_t ldw, const float* x, float* y, int64_t n, int64_t k,
                bool accumulate) {
   const bool avx2 = gemv_bf16_uses_avx2();
-  const Split split = split_outputs(n, k, 4);
-#pragma omp parallel for schedule(static, 1) if (split.parts > 1)
-  for (int64_t part = 0; part < split.parts; ++part) {
-    const int64_t begin = part * split.size;
-    const int64_t end = std::min(n, begin + split.size);
+  for_each_output_range(n, k, 4, [&](int64_t begin, int64_t end) {
     if (avx2) {
       gemv_rows_avx2(w, ldw, x, y, begin, end, k, accumulate);
     } else {
       gemv_rows_scalar(w, ldw, x, y, begin, end, k, accumulate);
     }
-  }
+  });
 }
 
 void gemv_t_bf16(const uint16_t* w, int64_t ldw, const float* x, float* y, int64_t k, int64_t n,
                  bool accumulate) {
   if (!accumulate) std::fill(y, y + n, 0.0f);
   const bool avx2 = gemv_bf16_uses_avx2();
-  const Split split = split_outputs(n, k, 32);
-#pragma omp parallel for schedule(static, 1) if (split.parts > 1)
-  for (int64_t part = 0; part < split.parts; ++part) {
-    const int64_t begin = part * split.size;
-    const int64_t end = std::min(n, begin + split.size);
+  for_each_output_range(n, k, 32, [&](int64_t begin, int64_t end) {
     if (avx2) {
       gemv_t_cols_avx2(w, ldw, x, y, k, begin, end);
     } else {
       gemv_t_cols_scalar(w, ldw, x, y, k, begin, end);
     }
-  }
+  });
 }
 
 void gemv_bf16_reference(const uint16_t* w, int64_t ldw, const float* x, float* y, int64_t n,
