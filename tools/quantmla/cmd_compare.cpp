@@ -106,8 +106,11 @@ void run_compare(const CompareOptions& options) {
   }
   if (!options.plot.empty()) {
     PlotPanel ppl_panel{"PPL change vs cache size", "bytes per token per layer", "dPPL %", {}};
-    PlotPanel kld_panel{
-        "KL divergence vs cache size", "bytes per token per layer", "KLD mean (nats)", {}};
+    PlotPanel kld_panel{"KL divergence vs cache size",
+                        "bytes per token per layer",
+                        "KLD mean (nats, log scale)",
+                        {},
+                        /*log_y=*/true};
     for (const Row& row : rows) {
       const std::string name = format_name(row.result.format, options.run.transform);
       ppl_panel.points.push_back(

@@ -17,6 +17,8 @@ struct PlotPanel {
   std::string x_label;
   std::string y_label;
   std::vector<PlotPoint> points;
+  // Logarithmic y axis; values <= 0 sit at the bottom of the axis.
+  bool log_y = false;
 };
 
 // Panels side by side, each with axes, ticks and labelled points.
