@@ -6,6 +6,12 @@
 
 namespace quantmla::cache_detail {
 
+void check_capacity(int64_t capacity) {
+  if (capacity <= 0) {
+    throw InvalidArgument("cache capacity must be positive, got " + std::to_string(capacity));
+  }
+}
+
 void check_layer(const CacheShape& shape, int64_t layer) {
   if (layer < 0 || layer >= shape.num_layers) {
     throw InvalidArgument("cache layer " + std::to_string(layer) + " outside [0, " +

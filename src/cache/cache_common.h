@@ -8,6 +8,8 @@
 
 namespace quantmla::cache_detail {
 
+// Throws InvalidArgument for a capacity that is not positive.
+void check_capacity(int64_t capacity);
 // Throws InvalidArgument for a layer outside [0, num_layers).
 void check_layer(const CacheShape& shape, int64_t layer);
 // Throws InvalidArgument for a write that would leave a gap after `length` tokens, CapacityError

@@ -73,9 +73,7 @@ class F32Cache final : public MlaCache {
 }  // namespace
 
 std::unique_ptr<MlaCache> make_f32_cache(const CacheShape& shape, int64_t capacity) {
-  if (capacity <= 0) {
-    throw InvalidArgument("cache capacity must be positive, got " + std::to_string(capacity));
-  }
+  cache_detail::check_capacity(capacity);
   return std::make_unique<F32Cache>(shape, capacity);
 }
 

@@ -65,9 +65,7 @@ class PagedCache final : public MlaCache {
 
   void read_row(int64_t layer, int64_t pos, float* c, float* k_pe) const override {
     check_layer(shape_, layer);
-    const uint8_t* rec = record(layer, pos);
-    decode_path(format_.content, rec, shape_.kv_lora_rank, c);
-    decode_path(format_.rope, rec + content_bytes_, shape_.rope_dim, k_pe);
+    decode_row(layer, pos, c, k_pe);
   }
 
  private:
@@ -81,9 +79,15 @@ class PagedCache final : public MlaCache {
     const auto& [cache, layer] = *static_cast<const TileContext*>(context);
     const int64_t width = cache->shape_.row_width();
     for (int64_t t = 0; t < count; ++t) {
-      cache->read_row(layer, first + t, rows + t * width,
-                      rows + t * width + cache->shape_.kv_lora_rank);
+      cache->decode_row(layer, first + t, rows + t * width,
+                        rows + t * width + cache->shape_.kv_lora_rank);
     }
+  }
+
+  void decode_row(int64_t layer, int64_t pos, float* c, float* k_pe) const {
+    const uint8_t* rec = record(layer, pos);
+    decode_path(format_.content, rec, shape_.kv_lora_rank, c);
+    decode_path(format_.rope, rec + content_bytes_, shape_.rope_dim, k_pe);
   }
 
   uint8_t* record(int64_t layer, int64_t pos) {
@@ -112,10 +116,8 @@ bool is_f32(const CacheFormat& format) {
 
 std::unique_ptr<MlaCache> make_cache(const CacheShape& shape, const CacheFormat& format,
                                      int64_t capacity) {
-  if (capacity <= 0) {
-    throw InvalidArgument("cache capacity must be positive, got " + std::to_string(capacity));
-  }
   if (is_f32(format)) return make_f32_cache(shape, capacity);
+  cache_detail::check_capacity(capacity);
   return std::make_unique<PagedCache>(shape, format, capacity);
 }
 

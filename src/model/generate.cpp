@@ -21,7 +21,7 @@ std::vector<int32_t> generate(const Model& model, std::span<const int32_t> promp
   }
   Sampler sampler(options.sampling);
   const int64_t vocab = model.config().vocab_size;
-  auto cache = model.make_cache(std::max<int64_t>(total, 1), options.cache);
+  auto cache = model.make_cache(total, options.cache);
   std::vector<float> logits(static_cast<size_t>(vocab));
   std::vector<int32_t> generated;
   if (options.max_tokens == 0) return generated;

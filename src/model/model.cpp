@@ -151,7 +151,7 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
   const int64_t kv_b_head_rows = nope + v_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float softmax_scale = static_cast<float>(c.softmax_scale());
-  const Rope rope(c);
+  const Rope& rope = *weights_->rope;
   const auto sz = [](int64_t count) { return static_cast<size_t>(count); };
 
   std::vector<float> x(sz(n * d)), h(sz(n * d));

@@ -104,6 +104,7 @@ ModelWeights load_weights(const ModelConfig& config, const TensorStore& store) {
     weights.layers.push_back(std::move(layer));
   }
   weights.final_norm = reader.vector("model.norm.weight", config.hidden_size);
+  weights.rope.emplace(config);
   if (config.tie_word_embeddings && !store.contains("lm_head.weight")) {
     weights.lm_head = Linear{weights.embed, {}, config.vocab_size, config.hidden_size};
   } else {

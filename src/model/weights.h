@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "model/rope.h"
 #include "quantmla/config.h"
 #include "quantmla/safetensors.h"
 
@@ -56,6 +58,7 @@ struct ModelWeights {
   std::vector<DecoderLayer> layers;
   std::vector<float> final_norm;
   Linear lm_head;
+  std::optional<Rope> rope;  // frequencies depend only on the config: built once at load
   int64_t parameter_count = 0;
 };
 
