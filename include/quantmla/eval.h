@@ -36,13 +36,29 @@ PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t
 // every position attends through the cache under test).
 struct KldOptions {
   int64_t ctx = 1024;
-  int64_t max_windows = 0;                            // 0 = every window
+  int64_t first_window = 0;  // windows [first_window, first_window + max_windows) are scored
+  int64_t max_windows = 0;   // 0 = every window from first_window on
   CacheFormat baseline = CacheFormat::parse("bf16");  // the distribution KLD is measured against
   // The model that runs with the baseline cache; null = the model under test. Set it to the
   // untransformed model when the model under test has transforms folded in.
   const Model* baseline_model = nullptr;
   std::function<void(int64_t, int64_t)> progress;  // (windows done, windows total)
 };
+
+// The raw sums a KldResult is computed from. Tallies of consecutive window ranges of the same
+// format merge into the tally of their union, so one evaluation can be split across processes.
+struct KldTally {
+  int64_t first_window = 0;
+  int64_t windows = 0;
+  int64_t tokens = 0;         // scored positions
+  double nll = 0.0;           // summed over scored positions, format under test
+  double baseline_nll = 0.0;  // the same for the baseline
+  int64_t top1_agree = 0;     // positions whose argmax equals the baseline's
+  std::vector<float> klds;    // one per scored position, in window order
+};
+
+// Throws InvalidArgument unless the tallies cover consecutive window ranges (in any order).
+KldTally merge_kld_tallies(std::vector<KldTally> tallies);
 
 struct KldResult {
   CacheFormat format;
@@ -53,7 +69,11 @@ struct KldResult {
   double ppl_baseline = 0.0;
   int64_t tokens = 0;
   int64_t windows = 0;
+  KldTally tally;  // what the figures above were computed from
 };
+
+// The figures of a tally (throws InvalidArgument when it scored no token).
+KldResult summarize_kld(const CacheFormat& format, KldTally tally);
 
 // One result per format; the baseline runs once per window and every format is compared with it.
 std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t> ids,

@@ -2,17 +2,19 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "eval/windows.h"
+#include "quantmla/error.h"
 #include "quantmla/eval.h"
 
 namespace quantmla {
 namespace {
 
 // log softmax of one row, in double.
-void log_softmax(const float* logits, int64_t vocab, std::vector<double>& out) {
-  out.resize(static_cast<size_t>(vocab));
+void log_softmax(const float* logits, int64_t vocab, double* out) {
   const float max_logit = *std::max_element(logits, logits + vocab);
   double sum = 0.0;
   for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - max_logit);
@@ -20,19 +22,70 @@ void log_softmax(const float* logits, int64_t vocab, std::vector<double>& out) {
   for (int64_t v = 0; v < vocab; ++v) out[v] = logits[v] - log_sum;
 }
 
-struct Accumulator {
-  std::vector<float> klds;  // one per scored position
-  double nll = 0.0;
-  int64_t agree = 0;
-};
-
 }  // namespace
+
+KldResult summarize_kld(const CacheFormat& format, KldTally tally) {
+  if (tally.tokens == 0 || tally.klds.size() != static_cast<size_t>(tally.tokens)) {
+    throw InvalidArgument("KLD tally of " + format.to_string() + ": " +
+                          std::to_string(tally.klds.size()) + " KLD values for " +
+                          std::to_string(tally.tokens) + " scored tokens");
+  }
+  const double tokens = static_cast<double>(tally.tokens);
+  KldResult result;
+  result.format = format;
+  double sum = 0.0;
+  for (float kld : tally.klds) sum += kld;
+  result.kld_mean = sum / tokens;
+  std::vector<float> sorted = tally.klds;
+  const auto p99 =
+      sorted.begin() + static_cast<int64_t>(0.99 * static_cast<double>(sorted.size() - 1));
+  std::nth_element(sorted.begin(), p99, sorted.end());
+  result.kld_p99 = *p99;
+  result.top1_agree = static_cast<double>(tally.top1_agree) / tokens;
+  result.ppl = std::exp(tally.nll / tokens);
+  result.ppl_baseline = std::exp(tally.baseline_nll / tokens);
+  result.tokens = tally.tokens;
+  result.windows = tally.windows;
+  result.tally = std::move(tally);
+  return result;
+}
+
+KldTally merge_kld_tallies(std::vector<KldTally> tallies) {
+  if (tallies.empty()) throw InvalidArgument("no KLD tallies to merge");
+  std::sort(tallies.begin(), tallies.end(),
+            [](const KldTally& a, const KldTally& b) { return a.first_window < b.first_window; });
+  KldTally merged;
+  merged.first_window = tallies.front().first_window;
+  for (const KldTally& part : tallies) {
+    const int64_t expected = merged.first_window + merged.windows;
+    if (part.first_window != expected) {
+      throw InvalidArgument(
+          "KLD tallies do not cover consecutive windows: a part starts at window " +
+          std::to_string(part.first_window) + ", expected " + std::to_string(expected));
+    }
+    merged.windows += part.windows;
+    merged.tokens += part.tokens;
+    merged.nll += part.nll;
+    merged.baseline_nll += part.baseline_nll;
+    merged.top1_agree += part.top1_agree;
+    merged.klds.insert(merged.klds.end(), part.klds.begin(), part.klds.end());
+  }
+  return merged;
+}
 
 std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t> ids,
                                     const std::vector<CacheFormat>& formats,
                                     const KldOptions& options) {
   const int64_t ctx = options.ctx;
-  const int64_t windows = count_windows(model, ids.size(), ctx, options.max_windows);
+  const int64_t total_windows = count_windows(model, ids.size(), ctx, 0);
+  if (options.first_window < 0 || options.first_window >= total_windows) {
+    throw InvalidArgument("first window " + std::to_string(options.first_window) +
+                          " is outside the text's " + std::to_string(total_windows) +
+                          " windows of " + std::to_string(ctx));
+  }
+  const int64_t end_window =
+      options.max_windows > 0 ? std::min(total_windows, options.first_window + options.max_windows)
+                              : total_windows;
   const int64_t vocab = model.config().vocab_size;
   const int64_t scored = ctx - 1;
 
@@ -42,60 +95,56 @@ std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t>
   for (const CacheFormat& format : formats) caches.push_back(model.make_cache(ctx, format));
 
   std::vector<int32_t> window;
-  std::vector<float> baseline_logits(static_cast<size_t>(ctx * vocab));
   std::vector<float> logits(static_cast<size_t>(ctx * vocab));
-  std::vector<double> base_logp, logp;
-  double baseline_nll = 0.0;
-  std::vector<Accumulator> accumulators(formats.size());
+  // The baseline's log-probabilities and probabilities of every scored position of the window,
+  // computed once and shared by all formats.
+  std::vector<double> base_logp(static_cast<size_t>(scored * vocab));
+  std::vector<double> base_p(base_logp.size());
+  std::vector<double> logp(static_cast<size_t>(vocab));
   std::vector<int32_t> baseline_argmax(static_cast<size_t>(scored));
+  std::vector<KldTally> tallies(formats.size());
+  double baseline_nll = 0.0;
 
-  for (int64_t w = 0; w < windows; ++w) {
+  for (int64_t w = options.first_window; w < end_window; ++w) {
     fill_window(model, ids, ctx, w, window);
     baseline_cache->set_length(0);
-    baseline_model.forward(window, *baseline_cache, baseline_logits);
+    baseline_model.forward(window, *baseline_cache, logits);
     for (int64_t i = 0; i < scored; ++i) {
-      const float* row = baseline_logits.data() + i * vocab;
-      baseline_nll +=
-          token_nll(std::span<const float>(row, static_cast<size_t>(vocab)), window[i + 1]);
+      const float* row = logits.data() + i * vocab;
+      double* row_logp = base_logp.data() + i * vocab;
+      log_softmax(row, vocab, row_logp);
+      for (int64_t v = 0; v < vocab; ++v) base_p[i * vocab + v] = std::exp(row_logp[v]);
+      baseline_nll -= row_logp[window[i + 1]];
       baseline_argmax[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
     }
     for (size_t f = 0; f < formats.size(); ++f) {
       caches[f]->set_length(0);
       model.forward(window, *caches[f], logits);
-      Accumulator& acc = accumulators[f];
+      KldTally& tally = tallies[f];
       for (int64_t i = 0; i < scored; ++i) {
         const float* row = logits.data() + i * vocab;
-        log_softmax(baseline_logits.data() + i * vocab, vocab, base_logp);
-        log_softmax(row, vocab, logp);
+        log_softmax(row, vocab, logp.data());
+        const double* p = base_p.data() + i * vocab;
+        const double* lp = base_logp.data() + i * vocab;
         double kld = 0.0;
-        for (int64_t v = 0; v < vocab; ++v)
-          kld += std::exp(base_logp[v]) * (base_logp[v] - logp[v]);
-        acc.klds.push_back(static_cast<float>(std::max(kld, 0.0)));
-        acc.nll -= logp[window[i + 1]];
-        acc.agree += std::max_element(row, row + vocab) - row == baseline_argmax[i] ? 1 : 0;
+        for (int64_t v = 0; v < vocab; ++v) kld += p[v] * (lp[v] - logp[v]);
+        tally.klds.push_back(static_cast<float>(std::max(kld, 0.0)));
+        tally.nll -= logp[window[i + 1]];
+        tally.top1_agree += std::max_element(row, row + vocab) - row == baseline_argmax[i] ? 1 : 0;
       }
     }
-    if (options.progress) options.progress(w + 1, windows);
+    if (options.progress)
+      options.progress(w + 1 - options.first_window, end_window - options.first_window);
   }
 
-  const int64_t tokens = windows * scored;
   std::vector<KldResult> results;
   for (size_t f = 0; f < formats.size(); ++f) {
-    Accumulator& acc = accumulators[f];
-    KldResult result;
-    result.format = formats[f];
-    double sum = 0.0;
-    for (float kld : acc.klds) sum += kld;
-    result.kld_mean = sum / static_cast<double>(tokens);
-    const auto p99 = acc.klds.begin() + static_cast<int64_t>(0.99 * (acc.klds.size() - 1));
-    std::nth_element(acc.klds.begin(), p99, acc.klds.end());
-    result.kld_p99 = *p99;
-    result.top1_agree = static_cast<double>(acc.agree) / static_cast<double>(tokens);
-    result.ppl = std::exp(acc.nll / static_cast<double>(tokens));
-    result.ppl_baseline = std::exp(baseline_nll / static_cast<double>(tokens));
-    result.tokens = tokens;
-    result.windows = windows;
-    results.push_back(result);
+    KldTally& tally = tallies[f];
+    tally.first_window = options.first_window;
+    tally.windows = end_window - options.first_window;
+    tally.tokens = tally.windows * scored;
+    tally.baseline_nll = baseline_nll;
+    results.push_back(summarize_kld(formats[f], std::move(tally)));
   }
   return results;
 }

@@ -1,33 +1,36 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "commands.h"
-#include "progress.h"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
 #include "quantmla/eval.h"
-#include "quantmla/io.h"
 #include "svg_plot.h"
+#include "tally_file.h"
 
 namespace quantmla::cli {
 namespace {
 
-struct CompareOptions {
-  KldRun run;
-  std::vector<std::string> caches;
+struct ReportOptions {
   std::string csv, json, plot;
 };
 
-struct Row {
-  KldResult result;
-  int64_t bytes_per_token = 0;  // one layer
-  double compression = 0.0;     // physical bytes of the baseline / this format, 128K tokens
-  double delta_ppl_percent = 0.0;
+struct CompareOptions {
+  KldRun run;
+  std::vector<std::string> caches;
+  std::string save_tally;
+  ReportOptions report;
+};
+
+struct MergeOptions {
+  std::vector<std::string> tallies;
+  ReportOptions report;
 };
 
 // Rows are named by their format, prefixed with the transform when there is one.
@@ -42,31 +45,35 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
 }
 
-void run_compare(const CompareOptions& options) {
-  std::vector<CacheFormat> formats;
-  for (const std::string& spec : options.caches) formats.push_back(CacheFormat::parse(spec));
-  const std::vector<KldResult> results = run_kld(options.run, formats, "compare");
-  const ModelConfig config =
-      ModelConfig::from_file(std::filesystem::path(options.run.model) / "config.json");
-  const CacheShape shape{config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim};
-  const CacheFormat baseline = CacheFormat::parse(options.run.baseline);
-
+// Prints the table and writes the CSV, JSON and plot the options ask for. Every row was measured
+// on the same windows against the same baseline.
+void report(const TallyFile& measured, const ReportOptions& options) {
+  const CacheFormat baseline = CacheFormat::parse(measured.baseline);
   const double baseline_bytes =
-      static_cast<double>(cache_physical_bytes(shape, baseline, kLongSequence));
+      static_cast<double>(cache_physical_bytes(measured.shape, baseline, kLongSequence));
+  struct Row {
+    std::string name;
+    KldResult result;
+    int64_t bytes_per_token;  // one layer
+    double compression;       // physical bytes of the baseline / this format, 128K tokens
+    double delta_ppl_percent;
+  };
   std::vector<Row> rows;
-  for (const KldResult& r : results) {
-    Row row{
-        r, r.format.record_bytes(shape.kv_lora_rank, shape.rope_dim),
-        baseline_bytes / static_cast<double>(cache_physical_bytes(shape, r.format, kLongSequence)),
-        100.0 * (r.ppl / r.ppl_baseline - 1.0)};
-    rows.push_back(row);
+  for (const TallyRow& tallied : measured.rows) {
+    KldResult r = summarize_kld(tallied.format, tallied.tally);
+    const int64_t bytes =
+        r.format.record_bytes(measured.shape.kv_lora_rank, measured.shape.rope_dim);
+    const double compression = baseline_bytes / static_cast<double>(cache_physical_bytes(
+                                                    measured.shape, r.format, kLongSequence));
+    const double delta = 100.0 * (r.ppl / r.ppl_baseline - 1.0);
+    rows.push_back({tallied.name, std::move(r), bytes, compression, delta});
   }
+  const KldResult& first = rows.front().result;
 
   std::printf("baseline %s: ppl %.4f over %lld tokens (%lld windows of %lld)\n",
-              baseline.to_string().c_str(), results.front().ppl_baseline,
-              static_cast<long long>(results.front().tokens),
-              static_cast<long long>(results.front().windows),
-              static_cast<long long>(options.run.ctx));
+              baseline.to_string().c_str(), first.ppl_baseline,
+              static_cast<long long>(first.tokens), static_cast<long long>(first.windows),
+              static_cast<long long>(measured.ctx));
   std::printf("%-40s %8s %8s %10s %8s %10s %9s %7s\n", "format", "B/token", "x@128K", "PPL",
               "dPPL%", "KLD mean", "KLD p99", "top-1");
   nlohmann::json json_rows = nlohmann::json::array();
@@ -75,16 +82,15 @@ void run_compare(const CompareOptions& options) {
       "kld_p99,top1_agree\n";
   for (const Row& row : rows) {
     const KldResult& r = row.result;
-    const std::string name = format_name(r.format, options.run.transform);
-    std::printf("%-40s %8lld %8.2f %10.4f %+8.2f %10.5f %9.4f %7.4f\n", name.c_str(),
+    std::printf("%-40s %8lld %8.2f %10.4f %+8.2f %10.5f %9.4f %7.4f\n", row.name.c_str(),
                 static_cast<long long>(row.bytes_per_token), row.compression, r.ppl,
                 row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
     char line[512];
-    std::snprintf(line, sizeof(line), "\"%s\",%lld,%.4f,%.6f,%.4f,%.6f,%.6f,%.6f\n", name.c_str(),
-                  static_cast<long long>(row.bytes_per_token), row.compression, r.ppl,
-                  row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
+    std::snprintf(line, sizeof(line), "\"%s\",%lld,%.4f,%.6f,%.4f,%.6f,%.6f,%.6f\n",
+                  row.name.c_str(), static_cast<long long>(row.bytes_per_token), row.compression,
+                  r.ppl, row.delta_ppl_percent, r.kld_mean, r.kld_p99, r.top1_agree);
     csv += line;
-    json_rows.push_back({{"format", name},
+    json_rows.push_back({{"format", row.name},
                          {"bytes_per_token", row.bytes_per_token},
                          {"compression_128k", row.compression},
                          {"ppl", r.ppl},
@@ -95,12 +101,12 @@ void run_compare(const CompareOptions& options) {
   }
   if (!options.csv.empty()) write_file(options.csv, csv);
   if (!options.json.empty()) {
-    const nlohmann::json out = {{"model", options.run.model},
-                                {"ctx", options.run.ctx},
+    const nlohmann::json out = {{"model", measured.model},
+                                {"ctx", measured.ctx},
                                 {"baseline", baseline.to_string()},
-                                {"ppl_baseline", results.front().ppl_baseline},
-                                {"tokens", results.front().tokens},
-                                {"windows", results.front().windows},
+                                {"ppl_baseline", first.ppl_baseline},
+                                {"tokens", first.tokens},
+                                {"windows", first.windows},
                                 {"rows", json_rows}};
     write_file(options.json, out.dump(2) + "\n");
   }
@@ -112,17 +118,93 @@ void run_compare(const CompareOptions& options) {
                         {},
                         /*log_y=*/true};
     for (const Row& row : rows) {
-      const std::string name = format_name(row.result.format, options.run.transform);
-      ppl_panel.points.push_back(
-          {static_cast<double>(row.bytes_per_token), row.delta_ppl_percent, name});
-      kld_panel.points.push_back(
-          {static_cast<double>(row.bytes_per_token), row.result.kld_mean, name});
+      const auto bytes = static_cast<double>(row.bytes_per_token);
+      ppl_panel.points.push_back({bytes, row.delta_ppl_percent, row.name});
+      kld_panel.points.push_back({bytes, row.result.kld_mean, row.name});
     }
     write_file(options.plot,
-               render_svg("Cache formats on " + options.run.model + ", ctx " +
-                              std::to_string(options.run.ctx) + ", vs " + baseline.to_string(),
+               render_svg("Cache formats on " + measured.model + ", ctx " +
+                              std::to_string(measured.ctx) + ", vs " + baseline.to_string(),
                           {ppl_panel, kld_panel}));
   }
+}
+
+void run_compare(const CompareOptions& options) {
+  std::vector<CacheFormat> formats;
+  for (const std::string& spec : options.caches) formats.push_back(CacheFormat::parse(spec));
+  std::vector<KldResult> results = run_kld(options.run, formats, "compare");
+  const ModelConfig config =
+      ModelConfig::from_file(std::filesystem::path(options.run.model) / "config.json");
+  TallyFile measured{options.run.model,
+                     options.run.ctx,
+                     CacheFormat::parse(options.run.baseline).to_string(),
+                     {config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim},
+                     {}};
+  for (KldResult& r : results) {
+    measured.rows.push_back(
+        {format_name(r.format, options.run.transform), r.format, std::move(r.tally)});
+  }
+  if (!options.save_tally.empty()) write_tally_file(options.save_tally, measured);
+  report(measured, options.report);
+}
+
+// Rows of the same name from several files are one row measured on different windows: their
+// tallies merge. Rows keep the order in which their names first appear.
+void run_compare_merge(const MergeOptions& options) {
+  TallyFile merged;
+  std::vector<std::vector<KldTally>> parts;
+  std::map<std::string, size_t> index;
+  for (const std::string& path : options.tallies) {
+    TallyFile file = read_tally_file(path);
+    if (merged.rows.empty() && parts.empty()) {
+      merged.model = file.model;
+      merged.ctx = file.ctx;
+      merged.baseline = file.baseline;
+      merged.shape = file.shape;
+    } else if (file.ctx != merged.ctx || file.baseline != merged.baseline ||
+               file.shape.num_layers != merged.shape.num_layers ||
+               file.shape.kv_lora_rank != merged.shape.kv_lora_rank ||
+               file.shape.rope_dim != merged.shape.rope_dim) {
+      throw InvalidArgument("tally file " + path + " (ctx " + std::to_string(file.ctx) +
+                            ", baseline " + file.baseline + ") was not measured like " +
+                            options.tallies.front() + " (ctx " + std::to_string(merged.ctx) +
+                            ", baseline " + merged.baseline + ")");
+    }
+    for (TallyRow& row : file.rows) {
+      auto [it, inserted] = index.try_emplace(row.name, merged.rows.size());
+      if (inserted) {
+        merged.rows.push_back({row.name, row.format, {}});
+        parts.emplace_back();
+      }
+      parts[it->second].push_back(std::move(row.tally));
+    }
+  }
+  for (size_t r = 0; r < merged.rows.size(); ++r) {
+    try {
+      merged.rows[r].tally = merge_kld_tallies(std::move(parts[r]));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("row " + merged.rows[r].name + ": " + e.what());
+    }
+  }
+  // Every row must cover the same windows, or the table would compare different texts.
+  for (const TallyRow& row : merged.rows) {
+    const KldTally& a = row.tally;
+    const KldTally& b = merged.rows.front().tally;
+    if (a.first_window != b.first_window || a.windows != b.windows) {
+      throw InvalidArgument(
+          "row " + row.name + " covers windows [" + std::to_string(a.first_window) + ", " +
+          std::to_string(a.first_window + a.windows) + "), row " + merged.rows.front().name +
+          " covers [" + std::to_string(b.first_window) + ", " +
+          std::to_string(b.first_window + b.windows) + ")");
+    }
+  }
+  report(merged, options.report);
+}
+
+void add_report_options(CLI::App& cmd, ReportOptions& options) {
+  cmd.add_option("--csv", options.csv, "Write the table as CSV");
+  cmd.add_option("--json", options.json, "Write the table as JSON");
+  cmd.add_option("--plot", options.plot, "Write an SVG plot of dPPL and KLD vs bytes/token");
 }
 
 }  // namespace
@@ -136,10 +218,20 @@ void add_compare(CLI::App& app) {
       ->required()
       ->take_all()
       ->expected(1, -1);
-  cmd->add_option("--csv", options->csv, "Write the table as CSV");
-  cmd->add_option("--json", options->json, "Write the table as JSON");
-  cmd->add_option("--plot", options->plot, "Write an SVG plot of dPPL and KLD vs bytes/token");
+  add_report_options(*cmd, options->report);
+  cmd->add_option("--save-tally", options->save_tally,
+                  "Also write the raw per-token results, for compare-merge");
   cmd->callback([options] { run_compare(*options); });
+}
+
+void add_compare_merge(CLI::App& app) {
+  auto options = std::make_shared<MergeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "compare-merge",
+      "One compare table from tally files of runs over consecutive window ranges (--save-tally)");
+  cmd->add_option("tallies", options->tallies, "Tally files")->required()->check(CLI::ExistingFile);
+  add_report_options(*cmd, options->report);
+  cmd->callback([options] { run_compare_merge(*options); });
 }
 
 }  // namespace quantmla::cli

@@ -37,6 +37,7 @@ struct KldRun {
   std::string model = kDefaultModel;
   std::string ids;
   int64_t ctx = 1024;
+  int64_t first_window = 0;
   int64_t max_windows = 0;
   std::string baseline = "bf16";
   TransformOption transform;
@@ -51,5 +52,6 @@ void add_eval_ppl(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_eval_kld(CLI::App& app);
 void add_compare(CLI::App& app);
+void add_compare_merge(CLI::App& app);
 
 }  // namespace quantmla::cli

@@ -40,6 +40,10 @@ void add_kld_run_options(CLI::App& cmd, KldRun& run) {
   cmd.add_option("--model", run.model, "Model directory")->capture_default_str();
   add_ids_option(cmd, run.ids);
   add_window_options(cmd, run.ctx, run.max_windows);
+  cmd.add_option("--first-window", run.first_window,
+                 "Start at window N (0-based), to split one evaluation across processes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--baseline", run.baseline, "Cache format of the reference distribution")
       ->capture_default_str();
   add_transform_options(cmd, run.transform);
@@ -54,6 +58,7 @@ std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>
   ProgressBar progress(progress_label);
   KldOptions options;
   options.ctx = run.ctx;
+  options.first_window = run.first_window;
   options.max_windows = run.max_windows;
   options.baseline = CacheFormat::parse(run.baseline);
   options.baseline_model = &original;

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_tokenize(app);
   quantmla::cli::add_eval_kld(app);
   quantmla::cli::add_compare(app);
+  quantmla::cli::add_compare_merge(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
