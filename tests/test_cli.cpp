@@ -157,6 +157,69 @@ TEST_F(CliTest, EvalKldAndCompareAgree) {
   EXPECT_NE(read_text_file(svg).find("<svg"), std::string::npos);
 }
 
+// One compare split by windows into two runs and merged gives the table of the whole run.
+TEST_F(CliTest, CompareMergeOfWindowRangesEqualsOneRun) {
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const std::string common = "compare --ids '" + ids +
+                             "' --ctx 64 --cache content=int4:g64,rope=int4:g64 "
+                             "--cache content=int2:g64,rope=bf16 ";
+  const fs::path whole = scratch_ / "whole.json", merged = scratch_ / "merged.json";
+  const fs::path first = scratch_ / "a.tly", second = scratch_ / "b.tly";
+  ASSERT_EQ(run_cli(common + "--max-windows 3 --json '" + whole.string() + "'").exit_code, 0);
+  ASSERT_EQ(run_cli(common + "--max-windows 2 --save-tally '" + first.string() + "'").exit_code, 0);
+  ASSERT_EQ(
+      run_cli(common + "--first-window 2 --max-windows 1 --save-tally '" + second.string() + "'")
+          .exit_code,
+      0);
+  // Given in either order.
+  const CliResult merge = run_cli("compare-merge '" + second.string() + "' '" + first.string() +
+                                  "' --json '" + merged.string() + "'");
+  ASSERT_EQ(merge.exit_code, 0) << merge.err;
+  const auto a = nlohmann::json::parse(read_text_file(whole));
+  const auto b = nlohmann::json::parse(read_text_file(merged));
+  EXPECT_EQ(b["tokens"], 3 * 63);
+  EXPECT_EQ(b["windows"], 3);
+  EXPECT_NEAR(a["ppl_baseline"].get<double>(), b["ppl_baseline"].get<double>(), 1e-9);
+  ASSERT_EQ(b["rows"].size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(a["rows"][r]["format"], b["rows"][r]["format"]);
+    // The per-token values are the same numbers: only sums in a different order differ.
+    EXPECT_NEAR(a["rows"][r]["kld_mean"].get<double>(), b["rows"][r]["kld_mean"].get<double>(),
+                1e-12);
+    EXPECT_EQ(a["rows"][r]["kld_p99"], b["rows"][r]["kld_p99"]);
+    EXPECT_EQ(a["rows"][r]["top1_agree"], b["rows"][r]["top1_agree"]);
+    EXPECT_NEAR(a["rows"][r]["ppl"].get<double>(), b["rows"][r]["ppl"].get<double>(), 1e-9);
+  }
+
+  // The same range twice leaves a gap after it: refused, naming the windows.
+  expect_failure(run_cli("compare-merge '" + first.string() + "' '" + first.string() + "'"),
+                 {"consecutive windows", "starts at window 0, expected 2"});
+  // A truncated tally file and one that is not a tally file.
+  const std::string bytes = read_text_file(first);
+  const fs::path truncated = scratch_ / "truncated.tly";
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() - 10);
+  expect_failure(run_cli("compare-merge '" + truncated.string() + "'"),
+                 {truncated.string(), "KLD values"});
+  expect_failure(run_cli("compare-merge '" + ids + "'"), {"not a QuantMLA tally file"});
+  expect_failure(run_cli(common + "--first-window 100000"), {"first window 100000", "outside"});
+}
+
+TEST_F(CliTest, ErrorModelTable) {
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const fs::path json = scratch_ / "errors.json";
+  const CliResult result =
+      run_cli("error-model --ids '" + ids +
+              "' --ctx 64 --max-windows 1 --format int4:g64 --json '" + json.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("rope / content at equal format"), std::string::npos) << result.out;
+  const auto doc = nlohmann::json::parse(read_text_file(json));
+  ASSERT_EQ(doc["rows"].size(), 2u * 6 + 2);
+  EXPECT_EQ(doc["rows"][13]["layer"], -1);
+  EXPECT_EQ(doc["rows"][13]["path"], "rope");
+  expect_failure(run_cli("error-model --ids '" + ids + "' --ctx 64 --format int4:g128"),
+                 {"g128", "64"});
+}
+
 TEST_F(CliTest, BadCacheSpec) {
   expect_failure(run_cli("eval-ppl --text data/wikitext2-test.raw --ctx 64 --cache content=int3"),
                  {"int3"});

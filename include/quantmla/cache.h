@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "quantmla/cache_format.h"
 
@@ -61,6 +62,12 @@ inline constexpr int64_t kPageTokens = 64;
 // format.record_bytes() bytes, encoded on write and decoded tile by tile inside attention.
 std::unique_ptr<MlaCache> make_cache(const CacheShape& shape, const CacheFormat& format,
                                      int64_t capacity);
+
+// A cache with a format per layer (formats.size() == shape.num_layers), e.g. to keep the first
+// layers wider, or to quantize a single layer. Throws InvalidArgument for a count mismatch.
+std::unique_ptr<MlaCache> make_layered_cache(const CacheShape& shape,
+                                             const std::vector<CacheFormat>& formats,
+                                             int64_t capacity);
 
 // Physical bytes of one sequence of `tokens` tokens in every layer: whole pages of records plus one
 // 4-byte block-table entry per page (f32: one unpaged array).

@@ -15,6 +15,15 @@ namespace quantmla {
 
 struct ModelWeights;  // src/model/weights.h
 
+// What forward() records for analysis tools (the error model), per layer, for the tokens run.
+struct AttentionTrace {
+  bool record_queries = false;
+  // Absorbed queries as attention saw them: [n, num_heads, kv_lora_rank + rope_dim].
+  std::vector<std::vector<float>> queries;
+  // Attention output per head, softmax(q k^T) v after W_UV: [n, num_heads, v_head_dim].
+  std::vector<std::vector<float>> outputs;
+};
+
 class Model {
  public:
   // Reads DIR/config.json and the safetensors weights; every tensor the config implies must be
@@ -37,8 +46,9 @@ class Model {
   // every position attend through the cache, commits them, and writes logits.
   // logits: [n, vocab] when all_logits, else [1, vocab] for the last token. Throws InvalidArgument
   // for an out-of-range token id or an empty input, CapacityError when the cache is full.
+  // trace, when given, receives every layer's attention outputs (and queries if it asks).
   void forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<float> logits,
-               bool all_logits = true) const;
+               bool all_logits = true, AttentionTrace* trace = nullptr) const;
 
   // Positions (cached + new) this model may run at; beyond it RoPE was never trained.
   int64_t max_positions() const { return config_.max_position_embeddings; }

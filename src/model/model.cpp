@@ -108,7 +108,7 @@ std::unique_ptr<MlaCache> Model::make_cache(int64_t capacity, const CacheFormat&
 }
 
 void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<float> logits,
-                    bool all_logits) const {
+                    bool all_logits, AttentionTrace* trace) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) throw InvalidArgument("forward: empty input, no tokens to run");
@@ -162,6 +162,10 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
 
   for (int64_t t = 0; t < n; ++t) {
     std::copy_n(weights_->embed.data() + tokens[t] * d, d, x.data() + t * d);
+  }
+  if (trace != nullptr) {
+    trace->outputs.resize(sz(c.num_layers));
+    trace->queries.resize(trace->record_queries ? sz(c.num_layers) : 0);
   }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -226,6 +230,10 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
         matmul_nt(attended.data() + hd * rank, heads * rank, attn.kv_b.weight.data() + w_uv, rank,
                   head_out.data() + hd * v_dim, heads * v_dim, n, v_dim, rank);
       }
+    }
+    if (trace != nullptr) {
+      trace->outputs[l] = head_out;
+      if (trace->record_queries) trace->queries[l] = q_absorbed;
     }
     linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
 

@@ -53,5 +53,6 @@ void add_tokenize(CLI::App& app);
 void add_eval_kld(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_compare_merge(CLI::App& app);
+void add_error_model(CLI::App& app);
 
 }  // namespace quantmla::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_eval_kld(app);
   quantmla::cli::add_compare(app);
   quantmla::cli::add_compare_merge(app);
+  quantmla::cli::add_error_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
