@@ -91,6 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{1, 16, 512, 64, 700},  // decode, long cache
                                          Case{130, 8, 512, 64, 0},   // prefill, 3 blocks
                                          Case{37, 4, 64, 32, 91},    // chunked prefill
+                                         Case{300, 2, 64, 32, 250},  // key spans across blocks
                                          Case{5, 3, 32, 8, 2},
                                          Case{3, 6, 64, 16, 40},      // decode kernel, 4 + 2 heads
                                          Case{2, 128, 512, 64, 300},  // production head count

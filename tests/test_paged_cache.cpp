@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "quantmla/attention.h"
@@ -74,8 +75,10 @@ TEST_P(PagedCacheFormats, AttentionMatchesReferenceOnDecodedRows) {
   const CacheFormat format = CacheFormat::parse(GetParam());
   std::mt19937 rng(std::random_device{}());
   const int64_t width = kShape.row_width();
-  for (const int64_t n_q : {int64_t{1}, int64_t{3}, int64_t{70}}) {
-    const int64_t pos0 = 150;
+  // 1 and 3 queries take the decode kernel, 70 the prefill one; 100 from position 230 make the
+  // prefill decode spans of several pages, the last one partial.
+  for (const auto [n_q, pos0] :
+       {std::pair<int64_t, int64_t>{1, 150}, {3, 150}, {70, 150}, {100, 230}}) {
     const int64_t keys = pos0 + n_q;
     const int64_t heads = 8;
     auto cache = make_cache(kShape, format, keys);

@@ -18,7 +18,9 @@ struct AttentionParams {
   // Keys held in a compressed format instead: when decode_keys is set, kv is not read and the
   // kernels obtain FP32 rows one tile at a time, inside their key loop:
   // decode_keys(decode_context, first, count, rows) writes keys [first, first + count) as
-  // [count, kv_lora_rank + rope_dim] into rows. Tiles start at multiples of kKeyTile.
+  // [count, kv_lora_rank + rope_dim] into rows. The decode kernel asks for tiles of up to kKeyTile
+  // keys, the tiled prefill for spans of several tiles (both starting at multiples of kKeyTile),
+  // the reference for one key at any position: the callback takes any first and count.
   void (*decode_keys)(const void* context, int64_t first, int64_t count, float* rows) = nullptr;
   const void* decode_context = nullptr;
   // out: [n_q, num_heads, kv_lora_rank]: sum_j p_h(t, j) c_j.
@@ -45,8 +47,9 @@ inline constexpr int64_t kKeyTile = 64;
 void attention_reference(const AttentionParams& params);
 
 // Fast path: up to 4 queries take an AVX2 kernel that reads each key once per group of heads;
-// more queries take blocks of BLAS GEMMs (over all visible FP32 keys at once, or tile by tile with
-// an online softmax when the keys come from decode_keys).
+// more queries take blocks of BLAS GEMMs (over all visible FP32 keys at once, or, when the keys
+// come from decode_keys, span by span with an online softmax, each span decoded once for all
+// queries).
 void attention_f32(const AttentionParams& params);
 
 }  // namespace quantmla

@@ -1,10 +1,12 @@
 // Paged storage of encoded (c, k_pe) records: pages of kPageTokens records per layer, found through
-// a block table, encoded when written and decoded one attention tile (= one page) at a time.
+// a block table, encoded when written and decoded page by page for the attention kernels.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cache/cache_common.h"
+#include "kernels/cpu/decode_rows.h"
 #include "quantmla/attention.h"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
@@ -17,7 +19,8 @@ using cache_detail::check_layer;
 using cache_detail::check_length;
 using cache_detail::check_write;
 
-static_assert(kKeyTile == kPageTokens, "attention tiles must not straddle cache pages");
+// The decode kernel's tiles are then single pages: one decode_rows call per path and tile.
+static_assert(kKeyTile == kPageTokens);
 
 class PagedCache final : public MlaCache {
  public:
@@ -74,13 +77,22 @@ class PagedCache final : public MlaCache {
     int64_t layer;
   };
 
-  // AttentionParams::decode_keys: rows [first, first + count) of one layer, decoded to FP32.
+  // AttentionParams::decode_keys: rows [first, first + count) of one layer, decoded to FP32, one
+  // page at a time (records are contiguous only within a page). The prefill kernel asks for spans
+  // of several pages.
   static void decode_tile(const void* context, int64_t first, int64_t count, float* rows) {
     const auto& [cache, layer] = *static_cast<const TileContext*>(context);
-    const int64_t width = cache->shape_.row_width();
-    for (int64_t t = 0; t < count; ++t) {
-      cache->decode_row(layer, first + t, rows + t * width,
-                        rows + t * width + cache->shape_.kv_lora_rank);
+    const CacheShape& shape = cache->shape_;
+    const int64_t width = shape.row_width();
+    for (int64_t pos = first, end = first + count; pos < end;) {
+      const int64_t n = std::min(end, (pos / kPageTokens + 1) * kPageTokens) - pos;
+      const uint8_t* rec = cache->record(layer, pos);
+      float* out = rows + (pos - first) * width;
+      cpu::decode_rows(cache->format_.content, rec, cache->record_bytes_, n, shape.kv_lora_rank,
+                       out, width);
+      cpu::decode_rows(cache->format_.rope, rec + cache->content_bytes_, cache->record_bytes_, n,
+                       shape.rope_dim, out + shape.kv_lora_rank, width);
+      pos += n;
     }
   }
 

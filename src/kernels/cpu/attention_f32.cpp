@@ -15,6 +15,9 @@ namespace quantmla {
 namespace {
 
 constexpr int64_t kQueryBlock = 64;
+// Keys decoded at once by the tiled prefill: wide enough that its GEMMs run near BLAS peak, small
+// enough (576 KiB at DeepSeek's row width) to stay in cache while every query block uses them.
+constexpr int64_t kKeySpan = 4 * kKeyTile;
 
 // Scaled, masked softmax of one row in place; returns the log-sum-exp.
 float softmax_row(float* row, int64_t visible, int64_t total, float scale) {
@@ -79,69 +82,81 @@ void attention_prefill_f32(const AttentionParams& p) {
   }
 }
 
-// Keys from decode_keys: for each block of queries, key tiles are decoded one at a time and folded
-// into the output with an online softmax (running max and sum per row), so no more than one tile
+// Keys from decode_keys: decoded once, span by span, and each span serves every block of queries
+// that sees it, as two GEMMs per block. The online softmax state (running max and sum per query
+// row and head) lives across spans, and the outputs accumulate in place in p.out, so only one span
 // of keys is ever held in FP32.
 void attention_prefill_tiled(const AttentionParams& p) {
   require_adjacent_heads(p);
+  if (p.n_q == 0) return;
   const int64_t key_width = p.kv_lora_rank + p.rope_dim;
   const int64_t rank = p.kv_lora_rank;
-  std::vector<float> tile_rows(static_cast<size_t>(kKeyTile * key_width));
-  std::vector<float> scores, running_max, running_sum;
-  for (int64_t block_begin = 0; block_begin < p.n_q; block_begin += kQueryBlock) {
-    const int64_t block_end = std::min(p.n_q, block_begin + kQueryBlock);
-    const int64_t rows = (block_end - block_begin) * p.num_heads;
-    const int64_t num_keys = p.q_pos0 + block_end;
-    scores.resize(static_cast<size_t>(rows * kKeyTile));
-    running_max.assign(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
-    running_sum.assign(static_cast<size_t>(rows), 0.0f);
-    const float* q_block = p.q + block_begin * p.q_row_stride;
-    float* out_block = p.out + block_begin * p.out_row_stride;
-    for (int64_t row = 0; row < rows; ++row) {
-      std::fill_n(out_block + row * p.out_head_stride, rank, 0.0f);
-    }
+  const int64_t heads = p.num_heads;
+  const int64_t all_rows = p.n_q * heads;  // row r: query r / heads, head r % heads
+  const int64_t num_keys = p.q_pos0 + p.n_q;
+  std::vector<float> span_keys(static_cast<size_t>(kKeySpan * key_width));
+  std::vector<float> scores(static_cast<size_t>(std::min(kQueryBlock, p.n_q) * heads * kKeySpan));
+  std::vector<float> running_max(static_cast<size_t>(all_rows),
+                                 -std::numeric_limits<float>::infinity());
+  std::vector<float> running_sum(static_cast<size_t>(all_rows), 0.0f);
+  for (int64_t row = 0; row < all_rows; ++row) {
+    std::fill_n(p.out + row * p.out_head_stride, rank, 0.0f);
+  }
 
-    for (int64_t tile = 0; tile < num_keys; tile += kKeyTile) {
-      const int64_t count = std::min(kKeyTile, num_keys - tile);
-      p.decode_keys(p.decode_context, tile, count, tile_rows.data());
-      cpu::matmul_nt(q_block, p.q_head_stride, tile_rows.data(), key_width, scores.data(), kKeyTile,
-                     rows, count, key_width);
+  for (int64_t span = 0; span < num_keys; span += kKeySpan) {
+    const int64_t span_count = std::min(kKeySpan, num_keys - span);
+    p.decode_keys(p.decode_context, span, span_count, span_keys.data());
+    // Query i sees keys [0, q_pos0 + i]: blocks before the one holding query span - q_pos0 see
+    // none of this span.
+    const int64_t first_block = std::max<int64_t>(0, span - p.q_pos0) / kQueryBlock * kQueryBlock;
+    for (int64_t block_begin = first_block; block_begin < p.n_q; block_begin += kQueryBlock) {
+      const int64_t block_end = std::min(p.n_q, block_begin + kQueryBlock);
+      const int64_t rows = (block_end - block_begin) * heads;
+      const int64_t row0 = block_begin * heads;
+      // Keys of the span that the block's last query sees: at least one.
+      const int64_t count = std::min(span_count, p.q_pos0 + block_end - span);
+      float* out_block = p.out + block_begin * p.out_row_stride;
+      cpu::matmul_nt(p.q + block_begin * p.q_row_stride, p.q_head_stride, span_keys.data(),
+                     key_width, scores.data(), kKeySpan, rows, count, key_width);
 #pragma omp parallel for schedule(static)
       for (int64_t row = 0; row < rows; ++row) {
-        const int64_t query = block_begin + row / p.num_heads;
-        const int64_t visible = std::clamp<int64_t>(p.q_pos0 + query + 1 - tile, 0, count);
-        float* s = scores.data() + row * kKeyTile;
-        float* out = out_block + row * p.out_head_stride;
-        if (visible == 0) {  // the whole tile lies after this query
+        const int64_t query = block_begin + row / heads;
+        const int64_t visible = std::clamp<int64_t>(p.q_pos0 + query + 1 - span, 0, count);
+        float* s = scores.data() + row * kKeySpan;
+        if (visible == 0) {  // the whole span lies after this query
           std::fill_n(s, count, 0.0f);
           continue;
         }
-        float tile_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < visible; ++j)
-          tile_max = std::max(tile_max, s[j] *= p.softmax_scale);
-        const float new_max = std::max(running_max[row], tile_max);
-        const float correction = std::exp(running_max[row] - new_max);
-        float tile_sum = 0.0f;
-        for (int64_t j = 0; j < visible; ++j) tile_sum += (s[j] = std::exp(s[j] - new_max));
+        float& row_max = running_max[static_cast<size_t>(row0 + row)];
+        float& row_sum = running_sum[static_cast<size_t>(row0 + row)];
+        float span_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          span_max = std::max(span_max, s[j] *= p.softmax_scale);
+        }
+        const float new_max = std::max(row_max, span_max);
+        const float correction = std::exp(row_max - new_max);  // 0 on the row's first span
+        float span_sum = 0.0f;
+        for (int64_t j = 0; j < visible; ++j) span_sum += (s[j] = std::exp(s[j] - new_max));
         std::fill(s + visible, s + count, 0.0f);
-        running_sum[row] = running_sum[row] * correction + tile_sum;
-        running_max[row] = new_max;
-        for (int64_t d = 0; d < rank; ++d) out[d] *= correction;
+        row_sum = row_sum * correction + span_sum;
+        row_max = new_max;
+        if (correction != 1.0f) {
+          float* out = out_block + row * p.out_head_stride;
+          for (int64_t d = 0; d < rank; ++d) out[d] *= correction;
+        }
       }
-      cpu::matmul_nn(scores.data(), kKeyTile, tile_rows.data(), key_width, out_block,
+      cpu::matmul_nn(scores.data(), kKeySpan, span_keys.data(), key_width, out_block,
                      p.out_head_stride, rows, rank, count, /*accumulate=*/true);
     }
+  }
 
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      float* out = out_block + row * p.out_head_stride;
-      const float inv_sum = 1.0f / running_sum[row];
-      for (int64_t d = 0; d < rank; ++d) out[d] *= inv_sum;
-      if (p.lse != nullptr) {
-        p.lse[(block_begin + row / p.num_heads) * p.num_heads + row % p.num_heads] =
-            running_max[row] + std::log(running_sum[row]);
-      }
-    }
+  for (int64_t row = 0; row < all_rows; ++row) {
+    float* out = p.out + row * p.out_head_stride;
+    const auto r = static_cast<size_t>(row);
+    const float inv_sum = 1.0f / running_sum[r];
+    for (int64_t d = 0; d < rank; ++d) out[d] *= inv_sum;
+    if (p.lse != nullptr) p.lse[row] = running_max[r] + std::log(running_sum[r]);
   }
 }
 
