@@ -33,6 +33,11 @@ TEST(CacheFormat, ParsesGoodSpecsAndRoundTrips) {
       {"content=bf16,rope=bf16", {bf16, bf16}, "content=bf16,rope=bf16"},
       {"content=fp8", {path(Codec::kFP8, 128), bf16}, "content=fp8,rope=bf16"},
       {"content=fp8:g128,rope=bf16", {path(Codec::kFP8, 128), bf16}, "content=fp8,rope=bf16"},
+      // A bare fp8 on the 64-wide RoPE path has one scale for the path.
+      {"rope=fp8", {bf16, path(Codec::kFP8, 64)}, "content=bf16,rope=fp8:g64"},
+      {"content=fp8:g64,rope=fp8:g64",
+       {path(Codec::kFP8, 64), path(Codec::kFP8, 64)},
+       "content=fp8:g64,rope=fp8:g64"},
       {"rope=f32", {bf16, path(Codec::kF32)}, "content=bf16,rope=f32"},
       {"content=q8_0,rope=q8_0",
        {path(Codec::kQ8_0, 32), path(Codec::kQ8_0, 32)},
@@ -104,7 +109,7 @@ TEST(CacheFormat, RejectsBadSpecsNamingTheBadToken) {
       {"content=int4:g48", "\"g48\""},
       {"content=int4:64", "\"64\""},
       {"content=int4:clip0.9", "\"clip0.9\""},
-      {"content=fp8:g64", "\"g64\""},
+      {"content=fp8:g32", "\"g32\""},
       {"content=q8_0:g64", "\"g64\""},
       {"content=bf16:g32", "\"g32\""},
       {"rope=f32:g64", "\"g64\""},
@@ -234,6 +239,7 @@ TEST(CacheFormat, RecordBytesForKvLoraRank512Rope64) {
       {"bf16", 1024 + 128},                                                       // 1152
       {"f32", 2048 + 256},                                                        // 2304
       {"content=fp8,rope=bf16", (512 + 4 * 4) + 128},                             // 656
+      {"content=fp8,rope=fp8", (512 + 4 * 4) + (64 + 4)},                         // 596
       {"content=q8_0,rope=q8_0", 34 * 16 + 34 * 2},                               // 612
       {"content=q4_0,rope=q4_0", 18 * 16 + 18 * 2},                               // 324
       {"content=int4:g64,rope=int4:g64", (256 + 4 * 8) + (32 + 4)},               // 324
@@ -258,7 +264,7 @@ TEST(CacheFormat, RecordBytesForKvLoraRank512Rope64) {
 
 TEST(CacheFormat, RecordBytesNamesThePathThatDoesNotFit) {
   try {
-    CacheFormat::parse("rope=fp8").record_bytes(kKvLoraRank, kRopeDim);
+    CacheFormat::parse("rope=fp8:g128").record_bytes(kKvLoraRank, kRopeDim);
     FAIL() << "accepted";
   } catch (const InvalidArgument& error) {
     const std::string message = error.what();

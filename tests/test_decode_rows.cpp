@@ -30,7 +30,8 @@ constexpr int64_t kRopeWidth = 64;
 
 // Every spelling the parser accepts, up to the clip ratio (one clip variant stands for all).
 std::vector<std::string> all_specs() {
-  std::vector<std::string> specs = {"f32", "bf16", "fp8", "q8_0", "q4_0", "int4:g64:clip0.9"};
+  std::vector<std::string> specs = {
+      "f32", "bf16", "fp8", "fp8:g64", "q8_0", "q4_0", "int4:g64:clip0.9"};
   for (const char* codec : {"int8", "int4", "int2"}) {
     for (const char* group : {"g32", "g64", "g128"}) {
       specs.push_back(std::string(codec) + ":" + group);

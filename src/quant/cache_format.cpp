@@ -64,6 +64,13 @@ const CodecInfo& info(Codec codec) {
   return kCodecs[index];
 }
 
+// fp8 keeps one scale per 128 channels, or per 64 where a path is that narrow (the RoPE key).
+constexpr int kFp8NarrowGroup = 64;
+bool fixed_group_allowed(const CodecInfo& codec_info, int group) {
+  return group == codec_info.fixed_group ||
+         (codec_info.codec == Codec::kFP8 && group == kFp8NarrowGroup);
+}
+
 // Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict) on `"literal" + std::string&&`.
 std::string quoted(std::string_view text) {
   std::string result(1, '"');
@@ -127,9 +134,12 @@ PathFormat parse_path(std::string_view text, const std::string& context) {
   if (codec_info->group_rule == GroupRule::kFixed) {
     format.group = codec_info->fixed_group;
     if (next < fields.size() && is_group_field(fields[next])) {
-      if (fields[next] != group_spelling(format.group)) {
+      if (codec_info->codec == Codec::kFP8 && fields[next] == group_spelling(kFp8NarrowGroup)) {
+        format.group = kFp8NarrowGroup;
+      } else if (fields[next] != group_spelling(format.group)) {
         throw error("group " + quoted(fields[next]) + " not allowed for " + name + " (fixed at " +
-                    group_spelling(format.group) + ")");
+                    group_spelling(format.group) +
+                    (codec_info->codec == Codec::kFP8 ? " or g64" : "") + ")");
       }
       ++next;
     }
@@ -206,7 +216,7 @@ void check_path_width(const PathFormat& format, int64_t width) {
       }
       break;
     case GroupRule::kFixed:
-      if (format.group != codec_info.fixed_group) {
+      if (!fixed_group_allowed(codec_info, format.group)) {
         throw error("group " + group() + " (" + std::string(codec_info.name) + " needs " +
                     std::to_string(codec_info.fixed_group) + ")");
       }
@@ -244,7 +254,10 @@ int64_t PathFormat::encoded_bytes(int64_t width) const {
 std::string PathFormat::to_string() const {
   const CodecInfo& codec_info = info(codec);
   std::string text(codec_info.name);
-  if (codec_info.group_rule == GroupRule::kChosen) {
+  if (codec_info.group_rule == GroupRule::kFixed && group != codec_info.fixed_group) {
+    text += ':';
+    text += group_spelling(group);  // fp8:g64
+  } else if (codec_info.group_rule == GroupRule::kChosen) {
     text += ':';
     text += group_spelling(group);
     if (clip != 1.0f) {
@@ -302,7 +315,13 @@ CacheFormat CacheFormat::parse(std::string_view spec) {
     }
     if (*seen) throw error("duplicate key " + quoted(key));
     *seen = true;
-    *target = parse_path(trim(item.substr(equals + 1)), context);
+    const std::string_view path_text = trim(item.substr(equals + 1));
+    *target = parse_path(path_text, context);
+    // A bare "fp8" on the 64-wide RoPE path scales the whole path at once.
+    if (target == &format.rope && target->codec == Codec::kFP8 &&
+        path_text.find(":g") == std::string_view::npos) {
+      target->group = kFp8NarrowGroup;
+    }
   }
   return format;
 }

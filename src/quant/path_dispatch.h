@@ -13,7 +13,7 @@
 namespace quantmla {
 
 // Tags, one per decodable format; Record<kWidth> is the layout of one encoded vector (records.h),
-// left undefined for widths the format cannot encode (fp8 at 64 channels).
+// left undefined for widths the format cannot encode.
 struct F32Path {
   template <int kWidth>
   using Record = F32Record<kWidth>;
@@ -22,10 +22,11 @@ struct Bf16Path {
   template <int kWidth>
   using Record = Bf16Record<kWidth>;
 };
+template <int kGroupSize>
 struct Fp8Path {
-  static constexpr int kGroup = kFp8Group;
+  static constexpr int kGroup = kGroupSize;
   template <int kWidth>
-  using Record = Fp8Record<kWidth>;
+  using Record = Fp8Record<kGroup, kWidth>;
 };
 template <int kCodeBits, int kGroupSize>
 struct UniformIntPath {
@@ -61,7 +62,9 @@ decltype(auto) visit_path_format(const PathFormat& format, Visitor&& visitor) {
     case key(Codec::kBF16, 0):
       return visitor(Bf16Path{});
     case key(Codec::kFP8, kFp8Group):
-      return visitor(Fp8Path{});
+      return visitor(Fp8Path<kFp8Group>{});
+    case key(Codec::kFP8, kFp8Group / 2):
+      return visitor(Fp8Path<kFp8Group / 2>{});
     case key(Codec::kInt8, 32):
       return visitor(UniformIntPath<8, 32>{});
     case key(Codec::kInt8, 64):

@@ -24,11 +24,11 @@ struct Bf16Record {
   uint16_t values[kWidth];  // the top half of the FP32 bits, rounded to nearest even
 };
 
-// e4m3 codes of every channel, then one FP32 scale per 128 channels.
-template <int kWidth>
-requires(kWidth % kFp8Group == 0) struct Fp8Record {
+// e4m3 codes of every channel, then one FP32 scale per kGroup (128, or 64 on the RoPE path).
+template <int kGroup, int kWidth>
+requires(kWidth % kGroup == 0) struct Fp8Record {
   uint8_t codes[kWidth];
-  float scales[kWidth / kFp8Group];
+  float scales[kWidth / kGroup];
 };
 
 // int8 / int4 / int2: every code first (lowest channel in the lowest bits of a byte), then per
@@ -67,8 +67,8 @@ static_assert(sizeof(Q8_0Block) == 34 && sizeof(Q4_0Block) == 18);
 
 static_assert(sizeof(F32Record<512>) == 2048 && sizeof(F32Record<64>) == 256);
 static_assert(sizeof(Bf16Record<512>) == 1024 && sizeof(Bf16Record<64>) == 128);
-// fp8 has no RoPE record: 64 channels are not a multiple of its 128-channel group.
-static_assert(sizeof(Fp8Record<512>) == 512 + 4 * 4);
+static_assert(sizeof(Fp8Record<kFp8Group, 512>) == 512 + 4 * 4);
+static_assert(sizeof(Fp8Record<kFp8Group / 2, 64>) == 64 + 1 * 4);
 
 static_assert(sizeof(UniformIntRecord<8, 32, 512>) == 512 + 16 * 4);
 static_assert(sizeof(UniformIntRecord<8, 64, 512>) == 512 + 8 * 4);

@@ -136,12 +136,13 @@ __attribute__((target("avx2,f16c"))) inline __m256 e4m3_to_f32x8(__m256i codes) 
   return _mm256_or_ps(value, _mm256_castsi256_ps(sign));
 }
 
-__attribute__((target("avx2,f16c"))) inline void decode_row(Fp8Path, const uint8_t* record,
+template <int kGroup>
+__attribute__((target("avx2,f16c"))) inline void decode_row(Fp8Path<kGroup>, const uint8_t* record,
                                                             int64_t width, float* out) {
   const uint8_t* scales = record + width;  // Fp8Record::scales
-  for (int64_t start = 0; start < width; start += Fp8Path::kGroup, scales += sizeof(float)) {
+  for (int64_t start = 0; start < width; start += kGroup, scales += sizeof(float)) {
     const __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(load_u32(scales))));
-    for (int64_t i = start; i < start + Fp8Path::kGroup; i += 8) {
+    for (int64_t i = start; i < start + kGroup; i += 8) {
       const __m256i codes =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(record + i)));
       _mm256_storeu_ps(out + i, _mm256_mul_ps(e4m3_to_f32x8(codes), scale));
