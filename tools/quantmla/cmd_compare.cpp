@@ -39,6 +39,18 @@ std::string format_name(const CacheFormat& format, const TransformOption& transf
   return transform.name + "(seed " + std::to_string(transform.seed) + ") " + format.to_string();
 }
 
+// A row's name shortened for the plot, where the long names would crowd the panels:
+// "hadamard(seed 0) content=int2:g64,rope=int4:g64" becomes "hadamard int2:g64 / int4:g64"
+// (content / rope). A name not built by format_name is kept as it is.
+std::string plot_label(const std::string& name, const CacheFormat& format) {
+  const std::string spelled = format.to_string();
+  const std::string label = format.content.to_string() + " / " + format.rope.to_string();
+  if (name == spelled) return label;
+  if (!name.ends_with(" " + spelled)) return name;
+  const std::string transform = name.substr(0, name.size() - spelled.size() - 1);
+  return transform.substr(0, transform.find('(')) + " " + label;
+}
+
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw IoError("cannot write " + path);
@@ -117,10 +129,15 @@ void report(const TallyFile& measured, const ReportOptions& options) {
                         "KLD mean (nats, log scale)",
                         {},
                         /*log_y=*/true};
+    // Dropping the seed can make two rows' labels equal; those keep their full names.
+    std::map<std::string, int> uses;
+    for (const Row& row : rows) ++uses[plot_label(row.name, row.result.format)];
     for (const Row& row : rows) {
       const auto bytes = static_cast<double>(row.bytes_per_token);
-      ppl_panel.points.push_back({bytes, row.delta_ppl_percent, row.name});
-      kld_panel.points.push_back({bytes, row.result.kld_mean, row.name});
+      std::string label = plot_label(row.name, row.result.format);
+      if (uses[label] > 1) label = row.name;
+      ppl_panel.points.push_back({bytes, row.delta_ppl_percent, label});
+      kld_panel.points.push_back({bytes, row.result.kld_mean, std::move(label)});
     }
     write_file(options.plot,
                render_svg("Cache formats on " + measured.model + ", ctx " +
