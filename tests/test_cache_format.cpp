@@ -221,7 +221,8 @@ TEST(PathFormat, EncodedBytesRejectsPartialGroupsAndBadFormats) {
   // Hand-built formats that no spec could produce.
   EXPECT_THROW(path(Codec::kInt4, 0).encoded_bytes(64), InvalidArgument);
   EXPECT_THROW(path(Codec::kInt4, 48).encoded_bytes(96), InvalidArgument);
-  EXPECT_THROW(path(Codec::kFP8, 64).encoded_bytes(128), InvalidArgument);
+  EXPECT_THROW(path(Codec::kFP8, 32).encoded_bytes(128), InvalidArgument);
+  EXPECT_EQ(path(Codec::kFP8, 64).encoded_bytes(128), 128 + 2 * 4);
   EXPECT_THROW(path(Codec::kBF16, 32).encoded_bytes(64), InvalidArgument);
   EXPECT_THROW(path(Codec::kInt4, 64, 0.0f).encoded_bytes(64), InvalidArgument);
   EXPECT_THROW(path(Codec::kInt4, 64, 1.5f).encoded_bytes(64), InvalidArgument);

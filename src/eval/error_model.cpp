@@ -22,14 +22,6 @@ struct Sums {
   double kld = 0, logit_sq = 0, positions = 0, logits = 0;
 };
 
-void log_softmax(const float* logits, int64_t vocab, double* out) {
-  const float max_logit = *std::max_element(logits, logits + vocab);
-  double sum = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(logits[v]) - max_logit);
-  const double log_sum = std::log(sum) + max_logit;
-  for (int64_t v = 0; v < vocab; ++v) out[v] = logits[v] - log_sum;
-}
-
 // ||a - b||^2 and ||b||^2 added to err and norm.
 void add_difference(std::span<const float> a, std::span<const float> b, double& err, double& norm) {
   for (size_t i = 0; i < a.size(); ++i) {

@@ -11,9 +11,7 @@
 #include "quantmla/eval.h"
 
 namespace quantmla {
-namespace {
 
-// log softmax of one row, in double.
 void log_softmax(const float* logits, int64_t vocab, double* out) {
   const float max_logit = *std::max_element(logits, logits + vocab);
   double sum = 0.0;
@@ -21,8 +19,6 @@ void log_softmax(const float* logits, int64_t vocab, double* out) {
   const double log_sum = std::log(sum) + max_logit;
   for (int64_t v = 0; v < vocab; ++v) out[v] = logits[v] - log_sum;
 }
-
-}  // namespace
 
 KldResult summarize_kld(const CacheFormat& format, KldTally tally) {
   if (tally.tokens == 0 || tally.klds.size() != static_cast<size_t>(tally.tokens)) {
