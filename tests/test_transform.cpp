@@ -116,6 +116,71 @@ TEST(Transform, FoldedRandomOrthogonalWithScalesKeepsLogits) {
   }
 }
 
+RopeTransform random_rope_transform(int64_t pairs, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> log_scale(std::log(0.5f), std::log(2.0f));
+  std::uniform_real_distribution<float> angle(-3.14159265f, 3.14159265f);
+  RopeTransform transform;
+  for (int64_t i = 0; i < pairs; ++i) {
+    transform.scales.push_back(std::exp(log_scale(rng)));
+    transform.angles.push_back(angle(rng));
+  }
+  return transform;
+}
+
+// Per-pair scales and angles on the RoPE path (and, for mla-tiny, a content transform on top)
+// leave the logits unchanged, on q_lora (V3, MoE) and q_proj (V2) models alike, while the cache
+// holds M k_pe.
+TEST(Transform, FoldedRopeTransformKeepsLogitsAndTransformsTheCache) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (const auto& dir : {bundled_model(), shared_dir() / "models/mla-tiny-moe",
+                          shared_dir() / "models/mla-tiny-v2-4k"}) {
+    const Model original = Model::load(dir);
+    Model folded = Model::load(dir);
+    const int64_t pairs = original.config().qk_rope_head_dim / 2;
+    std::vector<RopeTransform> transforms;
+    for (int64_t layer = 0; layer < original.config().num_layers; ++layer) {
+      transforms.push_back(random_rope_transform(pairs, rng));
+      fold_rope_transform(folded, layer, transforms.back());
+    }
+    const bool with_content = dir == bundled_model();
+    if (with_content) fold_random_hadamard(folded, 3);
+    const std::vector<int32_t> ids = reference_prompt(48);
+    std::unique_ptr<MlaCache> original_cache, folded_cache;
+    const float diff = max_abs_diff(logits_of(original, ids, &original_cache),
+                                    logits_of(folded, ids, &folded_cache));
+    EXPECT_LE(diff, 1e-4f) << dir;
+
+    const int64_t layer = original.config().num_layers - 1;
+    const int64_t r = original.config().kv_lora_rank;
+    std::vector<float> c(r), k_pe(2 * pairs), c_folded(r), k_pe_folded(2 * pairs);
+    original_cache->read_row(layer, 20, c.data(), k_pe.data());
+    folded_cache->read_row(layer, 20, c_folded.data(), k_pe_folded.data());
+    for (int64_t i = 0; i < pairs; ++i) {
+      const float scale = transforms[layer].scales[i], angle = transforms[layer].angles[i];
+      const float a = k_pe[2 * i], b = k_pe[2 * i + 1];
+      const float even = scale * (std::cos(angle) * a - std::sin(angle) * b);
+      const float odd = scale * (std::sin(angle) * a + std::cos(angle) * b);
+      EXPECT_NEAR(k_pe_folded[2 * i], even, 1e-3f * (1.0f + std::abs(even))) << dir << " " << i;
+      EXPECT_NEAR(k_pe_folded[2 * i + 1], odd, 1e-3f * (1.0f + std::abs(odd))) << dir << " " << i;
+    }
+  }
+}
+
+TEST(Transform, BadRopeTransformIsRefused) {
+  Model model = Model::load(shared_dir() / "models/mla-tiny-moe");
+  const int64_t pairs = model.config().qk_rope_head_dim / 2;
+  RopeTransform good{std::vector<float>(pairs, 1.0f), std::vector<float>(pairs, 0.0f)};
+  RopeTransform short_one{std::vector<float>(pairs - 1, 1.0f), std::vector<float>(pairs - 1, 0.0f)};
+  EXPECT_THROW(fold_rope_transform(model, 0, short_one), ShapeError);
+  RopeTransform zero_scale = good;
+  zero_scale.scales[3] = 0.0f;
+  EXPECT_THROW(fold_rope_transform(model, 0, zero_scale), InvalidArgument);
+  RopeTransform nan_angle = good;
+  nan_angle.angles[1] = std::nanf("");
+  EXPECT_THROW(fold_rope_transform(model, 0, nan_angle), InvalidArgument);
+  EXPECT_THROW(fold_rope_transform(model, model.config().num_layers, good), InvalidArgument);
+}
+
 TEST(Transform, WrongSizeIsAShapeError) {
   Model model = Model::load(shared_dir() / "models/mla-tiny-moe");
   EXPECT_THROW(fold_content_transform(model, 0, random_hadamard(128, 0)), ShapeError);

@@ -24,6 +24,20 @@ ContentTransform random_hadamard(int64_t n, uint64_t seed);
 // transform's size is not kv_lora_rank.
 void fold_content_transform(Model& model, int64_t layer, const ContentTransform& transform);
 
+// RoPE path: M = (+)_i s_i Rot(phi_i), one 2x2 block per frequency pair i, i.e. rows (2i, 2i+1)
+// of k_pe in the checkpoint's interleaved layout. Each block commutes with RoPE_t, so the cache
+// stores k_pe' = M RoPE_t(k) and q_pe' = M^-T q_pe keeps every attention logit exact.
+struct RopeTransform {
+  std::vector<float> scales;  // [rope_dim / 2], s_i > 0
+  std::vector<float> angles;  // [rope_dim / 2], phi_i in radians
+};
+
+// Folds `transform` into `layer`: kv_a_proj rows [r, r + d_r) <- M rows, every head's q_pe rows
+// (q_b_proj, or q_proj without q_lora_rank) <- M^-T rows. Throws ShapeError when the transform
+// does not have rope_dim / 2 pairs and InvalidArgument for a scale that is not positive and
+// finite.
+void fold_rope_transform(Model& model, int64_t layer, const RopeTransform& transform);
+
 // The QuaRot-style baseline: an independent random Hadamard rotation per layer (seed + layer).
 void fold_random_hadamard(Model& model, uint64_t seed);
 
