@@ -16,6 +16,7 @@ struct CacheShape {
   int64_t kv_lora_rank = 0;  // width of c
   int64_t rope_dim = 0;      // width of k_pe
   int64_t row_width() const { return kv_lora_rank + rope_dim; }
+  bool operator==(const CacheShape&) const = default;
 };
 
 // Queries for one layer, in the layout of AttentionParams::q.

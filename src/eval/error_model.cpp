@@ -18,7 +18,8 @@ namespace {
 struct Sums {
   double cache_err = 0, cache_norm = 0;
   double score_sq = 0, score_count = 0, score_max = 0, score_rows = 0;
-  double attn_err = 0, attn_norm = 0;
+  double attn_err = 0, attn_norm = 0;  // single-layer rows: summed squares at the layer
+  double attn_rel_sum = 0;             // every-layer rows: sum over windows of the layer mean
   double kld = 0, logit_sq = 0, positions = 0, logits = 0;
 };
 
@@ -56,7 +57,8 @@ std::vector<Injection> measure_error_model(const Model& model, std::span<const i
   std::vector<Sums> sums(sz(injections));
   std::vector<int32_t> window;
   std::vector<float> ref_logits(sz(ctx * vocab)), logits(sz(ctx * vocab));
-  std::vector<double> ref_logp(sz(ctx * vocab)), logp(sz(vocab));
+  // The exact run's log-probabilities and probabilities, once per window for every injection.
+  std::vector<double> ref_logp(sz(ctx * vocab)), ref_p(sz(ctx * vocab)), logp(sz(vocab));
   std::vector<std::vector<float>> rows(sz(layers), std::vector<float>(sz(ctx * width)));
   std::vector<float> errors(sz(ctx * shape.kv_lora_rank)), decoded(sz(shape.kv_lora_rank));
   std::vector<uint8_t> encoded(sz(format.encoded_bytes(shape.kv_lora_rank)));
@@ -73,14 +75,19 @@ std::vector<Injection> measure_error_model(const Model& model, std::span<const i
       double err = 0, norm = 0;
       add_difference(trace.outputs[l], ref.outputs[l], err, norm);
       // Every-layer rows average the per-layer relative errors.
-      s.attn_err += layer >= 0 ? err : std::sqrt(err / norm) / static_cast<double>(layers);
-      s.attn_norm += layer >= 0 ? norm : 0.0;
+      if (layer >= 0) {
+        s.attn_err += err;
+        s.attn_norm += norm;
+      } else {
+        s.attn_rel_sum += std::sqrt(err / norm) / static_cast<double>(layers);
+      }
     }
     for (int64_t t = 0; t + 1 < ctx; ++t) {
       log_softmax(logits.data() + t * vocab, vocab, logp.data());
       const double* p_logp = ref_logp.data() + t * vocab;
+      const double* p = ref_p.data() + t * vocab;
       double kld = 0;
-      for (int64_t v = 0; v < vocab; ++v) kld += std::exp(p_logp[v]) * (p_logp[v] - logp[v]);
+      for (int64_t v = 0; v < vocab; ++v) kld += p[v] * (p_logp[v] - logp[v]);
       s.kld += std::max(kld, 0.0);
       s.positions += 1;
       for (int64_t v = 0; v < vocab; ++v) {
@@ -99,6 +106,7 @@ std::vector<Injection> measure_error_model(const Model& model, std::span<const i
     model.forward(window, *ref_cache, ref_logits, true, &ref);
     for (int64_t t = 0; t < ctx; ++t) {
       log_softmax(ref_logits.data() + t * vocab, vocab, ref_logp.data() + t * vocab);
+      for (int64_t v = t * vocab; v < (t + 1) * vocab; ++v) ref_p[v] = std::exp(ref_logp[v]);
       for (int64_t l = 0; l < layers; ++l) {
         float* row = rows[l].data() + t * width;
         ref_cache->read_row(l, t, row, row + shape.kv_lora_rank);
@@ -166,7 +174,7 @@ std::vector<Injection> measure_error_model(const Model& model, std::span<const i
       r.score_max_error = s.score_max / s.score_rows;
       r.attention_rel_error = std::sqrt(s.attn_err / s.attn_norm);
     } else {
-      r.attention_rel_error = s.attn_err / static_cast<double>(windows);
+      r.attention_rel_error = s.attn_rel_sum / static_cast<double>(windows);
       for (int64_t l = 0; l < layers; ++l) {
         const Injection& one = results[sz(2 * l + i % 2)];
         r.cache_rel_error += one.cache_rel_error / static_cast<double>(layers);

@@ -121,8 +121,7 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
   }
   const CacheShape expected = cache_shape();
   const CacheShape& actual = cache.shape();
-  if (actual.num_layers != expected.num_layers || actual.kv_lora_rank != expected.kv_lora_rank ||
-      actual.rope_dim != expected.rope_dim) {
+  if (actual != expected) {
     throw ShapeError(
         "cache shape (layers " + std::to_string(actual.num_layers) + ", rank " +
         std::to_string(actual.kv_lora_rank) + ", rope " + std::to_string(actual.rope_dim) +

@@ -179,9 +179,7 @@ void run_compare_merge(const MergeOptions& options) {
       merged.baseline = file.baseline;
       merged.shape = file.shape;
     } else if (file.ctx != merged.ctx || file.baseline != merged.baseline ||
-               file.shape.num_layers != merged.shape.num_layers ||
-               file.shape.kv_lora_rank != merged.shape.kv_lora_rank ||
-               file.shape.rope_dim != merged.shape.rope_dim) {
+               file.shape != merged.shape) {
       throw InvalidArgument("tally file " + path + " (ctx " + std::to_string(file.ctx) +
                             ", baseline " + file.baseline + ") was not measured like " +
                             options.tallies.front() + " (ctx " + std::to_string(merged.ctx) +

@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 
+#include "quant/codec_kernels.h"
 #include "quant/path_dispatch.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
@@ -36,12 +37,6 @@ void check_rows(const PathFormat& format, int64_t record_stride_bytes, int64_t c
   if (count > 1 && out_stride < width) {
     throw error("output stride " + std::to_string(out_stride) + " is below the width");
   }
-}
-
-uint32_t load_u32(const uint8_t* bytes) {
-  uint32_t value;
-  std::memcpy(&value, bytes, sizeof(value));
-  return value;
 }
 
 // --- AVX2 + F16C ------------------------------------------------------------------------------
@@ -90,9 +85,7 @@ __attribute__((target("avx2,f16c"))) inline __m256i codes_8_15(__m128i bytes) {
 
 // Broadcast of the FP16 value at `bytes`, widened exactly.
 __attribute__((target("avx2,f16c"))) inline __m256 broadcast_f16(const uint8_t* bytes) {
-  uint16_t bits;
-  std::memcpy(&bits, bytes, sizeof(bits));
-  return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+  return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(load_le16(bytes))));
 }
 
 __attribute__((target("avx2,f16c"))) inline void decode_row(F32Path, const uint8_t* record,
@@ -141,7 +134,8 @@ __attribute__((target("avx2,f16c"))) inline void decode_row(Fp8Path<kGroup>, con
                                                             int64_t width, float* out) {
   const uint8_t* scales = record + width;  // Fp8Record::scales
   for (int64_t start = 0; start < width; start += kGroup, scales += sizeof(float)) {
-    const __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(load_u32(scales))));
+    const __m256 scale =
+        _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(load_le32(scales))));
     for (int64_t i = start; i < start + kGroup; i += 8) {
       const __m256i codes =
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(record + i)));
@@ -157,7 +151,7 @@ __attribute__((target("avx2,f16c"))) inline void decode_row(UniformIntPath<kBits
   const uint8_t* codes = record;                          // UniformIntRecord::codes
   const uint8_t* scale_min = record + width * kBits / 8;  // UniformIntRecord::scale_min
   for (int64_t start = 0; start < width; start += kGroup, scale_min += 4) {
-    const __m128 pair = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(scale_min))));
+    const __m128 pair = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_le32(scale_min))));
     const __m256 scale = _mm256_broadcastss_ps(pair);
     const __m256 minimum = _mm256_broadcastss_ps(_mm_movehdup_ps(pair));
     for (int64_t i = start; i < start + kGroup; i += 32) {
