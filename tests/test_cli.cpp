@@ -9,6 +9,8 @@
 
 #include "cli_runner.h"
 #include "quantmla/io.h"
+#include "quantmla/model.h"
+#include "quantmla/model_io.h"
 #include "quantmla/safetensors.h"
 
 namespace quantmla {
@@ -63,7 +65,8 @@ void expect_failure(const CliResult& result, std::initializer_list<std::string> 
 }
 
 TEST_F(CliTest, HelpEverywhere) {
-  for (const char* command : {"", "info ", "generate ", "eval-ppl ", "tokenize "}) {
+  for (const char* command :
+       {"", "info ", "generate ", "eval-ppl ", "tokenize ", "eval-kld ", "compare "}) {
     const CliResult result = run_cli(std::string(command) + "--help");
     EXPECT_EQ(result.exit_code, 0) << command;
     EXPECT_NE(result.out.find("--"), std::string::npos) << command;
@@ -220,6 +223,51 @@ TEST_F(CliTest, ErrorModelTable) {
                  {"g128", "64"});
 }
 
+// A model saved with a recorded cache spec runs with it unless --cache says otherwise, and says so.
+TEST_F(CliTest, RecordedCacheSpecIsTheDefault) {
+  const fs::path model = scratch_ / "calibrated";
+  SaveModelOptions options;
+  options.quantmla_json = R"({"cache": "content=int4:g64,rope=int4:g64"})";
+  save_model_dir(Model::load(testing::bundled_model()), testing::bundled_model(), model, options);
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const std::string common =
+      "--model '" + model.string() + "' --ids '" + ids + "' --ctx 64 --max-windows 1 ";
+  const std::string announced = "cache content=int4:g64,rope=int4:g64 (recorded in " +
+                                (model / "config.json").string() + " by quantmla calibrate)";
+
+  const CliResult recorded = run_cli("eval-ppl " + common + "--json");
+  ASSERT_EQ(recorded.exit_code, 0) << recorded.err;
+  EXPECT_NE(recorded.err.find(announced), std::string::npos) << recorded.err;
+  EXPECT_EQ(nlohmann::json::parse(recorded.out)["cache"], "content=int4:g64,rope=int4:g64");
+
+  const CliResult exact = run_cli("eval-ppl " + common + "--cache f32 --json");
+  ASSERT_EQ(exact.exit_code, 0) << exact.err;
+  EXPECT_EQ(exact.err.find("recorded in"), std::string::npos) << exact.err;
+  EXPECT_EQ(nlohmann::json::parse(exact.out)["cache"], CacheFormat::f32().to_string());
+
+  const CliResult kld = run_cli("eval-kld " + common + "--baseline-model models/mla-tiny --json");
+  ASSERT_EQ(kld.exit_code, 0) << kld.err;
+  EXPECT_NE(kld.err.find(announced), std::string::npos) << kld.err;
+  const auto k = nlohmann::json::parse(kld.out);
+  EXPECT_EQ(k["cache"], "content=int4:g64,rope=int4:g64");
+  EXPECT_EQ(k["baseline_model"], "models/mla-tiny");
+  EXPECT_GT(k["kld_mean"].get<double>(), 0.0);
+
+  const fs::path table = scratch_ / "t.json";
+  const CliResult compare = run_cli("compare " + common + "--json '" + table.string() + "'");
+  ASSERT_EQ(compare.exit_code, 0) << compare.err;
+  const auto rows = nlohmann::json::parse(read_text_file(table))["rows"];
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["format"], "content=int4:g64,rope=int4:g64");
+  // Its own baseline (the default) and the bundled model it was saved from have the same weights.
+  EXPECT_DOUBLE_EQ(rows[0]["kld_mean"].get<double>(), k["kld_mean"].get<double>());
+
+  // Without a recorded spec, the commands that have no default format still ask for one.
+  const std::string bundled = "--ids '" + ids + "' --ctx 64 --max-windows 1";
+  expect_failure(run_cli("eval-kld " + bundled), {"eval-kld needs --cache", "config.json"});
+  expect_failure(run_cli("compare " + bundled), {"compare needs --cache", "config.json"});
+}
+
 TEST_F(CliTest, BadCacheSpec) {
   expect_failure(run_cli("eval-ppl --text data/wikitext2-test.raw --ctx 64 --cache content=int3"),
                  {"int3"});
@@ -289,6 +337,60 @@ TEST_F(CliTest, TokenIdBeyondVocabulary) {
 TEST_F(CliTest, EmptyPrompt) { expect_failure(run_cli("generate --prompt ''"), {"empty prompt"}); }
 
 TEST_F(CliTest, EvalPplNeedsInput) { expect_failure(run_cli("eval-ppl --ctx 128"), {"--text"}); }
+
+}  // namespace
+}  // namespace quantmla
+
+namespace quantmla {
+namespace {
+
+TEST_F(CliTest, CalibrateWritesAModelTheToolsUse) {
+  // A small calibration text keeps tokenization and the run short.
+  const fs::path text = scratch_ / "calib.txt";
+  {
+    std::ofstream out(text);
+    out << read_text_file(testing::source_dir() / "data/calib.txt").substr(0, 30000);
+  }
+  const fs::path model = scratch_ / "calibrated";
+  const std::string args = "calibrate --data '" + text.string() + "' --out '" + model.string() +
+                           "' --cache content=int2:g64,rope=int4:g64 --layers 0 --samples 2 "
+                           "--held-out 1 --seq 64 --steps 2 --rope-keys 16 --threads 2";
+  const CliResult run = run_cli(args);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("    0 | "), std::string::npos) << run.out;         // the per-layer report
+  EXPECT_NE(run.err.find("layer 0 content"), std::string::npos) << run.err;  // progress
+  const auto config = nlohmann::json::parse(read_text_file(model / "config.json"));
+  const std::string recorded = config["quantmla"]["cache"];
+  EXPECT_EQ(recorded.rfind("content=int2:g64", 0), 0u) << recorded;
+  EXPECT_EQ(config["quantmla"]["calibration"]["samples"], 2);
+  EXPECT_EQ(config["model_type"], "deepseek_v3");
+  EXPECT_TRUE(fs::exists(model / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(model / "tokenizer.json"));
+
+  const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
+  const CliResult ppl = run_cli("eval-ppl --model '" + model.string() + "' --ids '" + ids +
+                                "' --ctx 64 --max-windows 1 --json");
+  ASSERT_EQ(ppl.exit_code, 0) << ppl.err;
+  EXPECT_EQ(nlohmann::json::parse(ppl.out)["cache"], recorded);
+
+  // Nothing is overwritten without --force, and that is said before any work starts.
+  expect_failure(run_cli(args), {"output directory", "exists; pass --force"});
+  expect_failure(run_cli("calibrate --out '" + (scratch_ / "x").string() + "' --paths values"),
+                 {"unknown path 'values'"});
+  expect_failure(
+      run_cli("calibrate --out '" + (scratch_ / "x").string() + "' --cache content=bf16,rope=bf16"),
+      {"nothing to calibrate"});
+  // A checkpoint in the half-split RoPE layout is refused, not silently misread.
+  const fs::path half_split = scratch_ / "half-split";
+  fs::create_directories(half_split);
+  auto half_config =
+      nlohmann::json::parse(read_text_file(testing::bundled_model() / "config.json"));
+  half_config["rope_interleave"] = false;
+  std::ofstream(half_split / "config.json") << half_config.dump();
+  expect_failure(run_cli("calibrate --model '" + half_split.string() + "' --out '" +
+                         (scratch_ / "y").string() + "'"),
+                 {"rope_interleave is false"});
+}
 
 }  // namespace
 }  // namespace quantmla

@@ -310,5 +310,31 @@ TEST(Config, RejectsInconsistentValues) {
   expect_invalid(negative_q, {"q_lora_rank", "-1"});
 }
 
+// The cache spec `quantmla calibrate` records, read back for the tools' default.
+TEST(Config, ReadsRecordedCacheSpec) {
+  EXPECT_EQ(parse(minimal_config("deepseek_v3")).quantmla_cache, "");
+  EXPECT_EQ(parse(minimal_config("deepseek_v3")).quantmla_json, "");
+  json config = minimal_config("deepseek_v3");
+  config["quantmla"] = {{"cache", "content=int4:g64,rope=int4:g64"}, {"version", 1}};
+  const ModelConfig parsed = parse(config);
+  EXPECT_EQ(parsed.quantmla_cache, "content=int4:g64,rope=int4:g64");
+  EXPECT_EQ(json::parse(parsed.quantmla_json), config["quantmla"]);
+  config["quantmla"] = json::object();
+  EXPECT_EQ(parse(config).quantmla_cache, "");
+}
+
+TEST(Config, RejectsBadRecordedCacheSpec) {
+  json config = minimal_config("deepseek_v3");
+  config["quantmla"] = {{"cache", "content=int9"}};
+  expect_contains(error_message<FormatError>([&] { parse(config); }),
+                  {"test.json", "quantmla.cache", "content=int9"});
+  config["quantmla"] = {{"cache", 4}};
+  expect_contains(error_message<FormatError>([&] { parse(config); }),
+                  {"test.json", "quantmla.cache", "4", "a string"});
+  config["quantmla"] = "content=int4:g64";
+  expect_contains(error_message<FormatError>([&] { parse(config); }),
+                  {"test.json", "quantmla", "an object"});
+}
+
 }  // namespace
 }  // namespace quantmla

@@ -56,6 +56,10 @@ struct ModelConfig {
   // "float16", "float32", or "" when absent.
   std::string torch_dtype;
   RopeConfig rope;
+  // The cache spec `quantmla calibrate` recorded under the "quantmla" key ("" when absent), which
+  // the tools use when no --cache is given; already checked by CacheFormat::parse.
+  std::string quantmla_cache;
+  std::string quantmla_json;  // the whole "quantmla" object, serialized ("" when absent)
 
   // Parses and validates (positive sizes, known model_type, consistent MoE settings). Throws
   // FormatError for malformed JSON, InvalidArgument for unknown model_type or inconsistent values;

@@ -18,10 +18,15 @@ struct ModelWeights;  // src/model/weights.h
 // What forward() records for analysis tools (the error model), per layer, for the tokens run.
 struct AttentionTrace {
   bool record_queries = false;
+  bool record_cache_rows = false;
   // Absorbed queries as attention saw them: [n, num_heads, kv_lora_rank + rope_dim].
   std::vector<std::vector<float>> queries;
   // Attention output per head, softmax(q k^T) v after W_UV: [n, num_heads, v_head_dim].
   std::vector<std::vector<float>> outputs;
+  // Cache rows before quantization, as the cache was asked to store them (record_cache_rows):
+  // content latents [n, kv_lora_rank] and RoPE keys after RoPE [n, rope_dim].
+  std::vector<std::vector<float>> latents;
+  std::vector<std::vector<float>> rope_keys;
 };
 
 class Model {
@@ -55,6 +60,7 @@ class Model {
 
   // Weights, for the transforms that fold into them (src/calib). Not for the hot path.
   ModelWeights& mutable_weights() { return *weights_; }
+  const ModelWeights& weights() const { return *weights_; }
 
  private:
   Model() = default;

@@ -86,6 +86,14 @@ std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t>
   const int64_t scored = ctx - 1;
 
   const Model& baseline_model = options.baseline_model ? *options.baseline_model : model;
+  // The distributions are compared token by token, over the same windows.
+  if (baseline_model.config().vocab_size != vocab || baseline_model.max_positions() < ctx) {
+    throw InvalidArgument("baseline model (vocabulary " +
+                          std::to_string(baseline_model.config().vocab_size) + ", " +
+                          std::to_string(baseline_model.max_positions()) +
+                          " positions) cannot score the model's windows (vocabulary " +
+                          std::to_string(vocab) + ", ctx " + std::to_string(ctx) + ")");
+  }
   auto baseline_cache = baseline_model.make_cache(ctx, options.baseline);
   std::vector<std::unique_ptr<MlaCache>> caches;
   for (const CacheFormat& format : formats) caches.push_back(model.make_cache(ctx, format));

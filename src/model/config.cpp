@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "quantmla/cache_format.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
@@ -190,6 +191,14 @@ void read_rope_object(const ConfigReader& rope_object, bool type_required, RopeC
 
 RopeConfig read_rope(const ConfigReader& config, int64_t max_position_embeddings) {
   RopeConfig rope;
+  // DeepSeek checkpoints rotate interleaved pairs (2i, 2i + 1); transformers names that layout
+  // rope_interleave: true. The half-split layout would pass every shape check and silently
+  // misplace every RoPE dimension (and every calibrated pair), so it is refused.
+  if (!config.optional_bool("rope_interleave", true)) {
+    throw InvalidArgument(config.source() +
+                          ": rope_interleave is false (half-split RoPE layout); quantmla runs and "
+                          "calibrates only DeepSeek's interleaved pairs (2i, 2i+1)");
+  }
   rope.theta = config.optional_double("rope_theta", rope.theta);
   // Newer transformers write `rope_parameters` (with rope_theta inside); older ones `rope_scaling`.
   if (const auto parameters = config.optional_object("rope_parameters")) {
@@ -202,6 +211,23 @@ RopeConfig read_rope(const ConfigReader& config, int64_t max_position_embeddings
     rope.original_max_position_embeddings = max_position_embeddings;
   }
   return rope;
+}
+
+// The "quantmla" object that `quantmla calibrate` writes. A spec the tools could not run is
+// refused here, where the file can be named, rather than when a tool first parses it.
+void read_quantmla(const json& root, const ConfigReader& reader, ModelConfig& config) {
+  const auto quantmla = reader.optional_object("quantmla");
+  if (!quantmla) return;
+  config.quantmla_json = root.at("quantmla").dump();
+  const std::optional<std::string> cache = quantmla->optional_string("cache");
+  if (!cache) return;
+  try {
+    CacheFormat::parse(*cache);
+  } catch (const InvalidArgument& error) {
+    throw FormatError(reader.source() + ": key \"quantmla.cache\" is \"" + *cache +
+                      "\", not a cache format: " + error.what());
+  }
+  config.quantmla_cache = *cache;
 }
 
 template <typename Number>
@@ -367,6 +393,7 @@ ModelConfig ModelConfig::from_json(const std::string& json_text, const std::stri
   config.torch_dtype =
       reader.optional_string("dtype").value_or(reader.optional_string("torch_dtype").value_or(""));
   config.rope = read_rope(reader, config.max_position_embeddings);
+  read_quantmla(root, reader, config);
 
   validate(config, source);
   return config;

@@ -165,6 +165,8 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
   if (trace != nullptr) {
     trace->outputs.resize(sz(c.num_layers));
     trace->queries.resize(trace->record_queries ? sz(c.num_layers) : 0);
+    trace->latents.resize(trace->record_cache_rows ? sz(c.num_layers) : 0);
+    trace->rope_keys.resize(trace->record_cache_rows ? sz(c.num_layers) : 0);
   }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -233,6 +235,10 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     if (trace != nullptr) {
       trace->outputs[l] = head_out;
       if (trace->record_queries) trace->queries[l] = q_absorbed;
+      if (trace->record_cache_rows) {
+        trace->latents[l] = latent;
+        trace->rope_keys[l] = k_pe;
+      }
     }
     linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
 

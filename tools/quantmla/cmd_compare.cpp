@@ -147,8 +147,17 @@ void report(const TallyFile& measured, const ReportOptions& options) {
 }
 
 void run_compare(const CompareOptions& options) {
+  std::vector<std::string> specs = options.caches;
+  if (specs.empty()) {
+    const std::string recorded = cache_spec_or_recorded(options.run.model, "", "");
+    if (recorded.empty()) {
+      throw InvalidArgument("compare needs --cache SPEC (repeat for several): " +
+                            options.run.model + "/config.json records no cache spec");
+    }
+    specs.push_back(recorded);
+  }
   std::vector<CacheFormat> formats;
-  for (const std::string& spec : options.caches) formats.push_back(CacheFormat::parse(spec));
+  for (const std::string& spec : specs) formats.push_back(CacheFormat::parse(spec));
   std::vector<KldResult> results = run_kld(options.run, formats, "compare");
   const ModelConfig config =
       ModelConfig::from_file(std::filesystem::path(options.run.model) / "config.json");
@@ -229,8 +238,9 @@ void add_compare(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "compare", "Several cache formats on the same windows: bytes, PPL, KLD, top-1 table");
   add_kld_run_options(*cmd, options->run);
-  cmd->add_option("--cache", options->caches, "A cache format (repeat for several)")
-      ->required()
+  cmd->add_option("--cache", options->caches,
+                  "A cache format (repeat for several; default: the spec quantmla calibrate "
+                  "recorded in the model's config.json)")
       ->take_all()
       ->expected(1, -1);
   add_report_options(*cmd, options->report);

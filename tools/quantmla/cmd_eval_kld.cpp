@@ -4,6 +4,7 @@
 #include <string>
 
 #include "commands.h"
+#include "quantmla/error.h"
 #include "quantmla/eval.h"
 
 namespace quantmla::cli {
@@ -11,19 +12,32 @@ namespace {
 
 struct EvalKldOptions {
   KldRun run;
-  std::string cache;
+  std::string cache;  // "" = recorded in the model's config.json
   bool json = false;
 };
 
 void run_eval_kld(const EvalKldOptions& options) {
-  const KldResult r = run_kld(options.run, {CacheFormat::parse(options.cache)}, "eval-kld").front();
+  const std::string spec = cache_spec_or_recorded(options.run.model, options.cache, "");
+  if (spec.empty()) {
+    throw InvalidArgument("eval-kld needs --cache SPEC: " + options.run.model +
+                          "/config.json records no cache spec");
+  }
+  const KldResult r = run_kld(options.run, {CacheFormat::parse(spec)}, "eval-kld").front();
   const std::string baseline = CacheFormat::parse(options.run.baseline).to_string();
+  const std::string& baseline_model =
+      options.run.baseline_model.empty() ? options.run.model : options.run.baseline_model;
   if (options.json) {
-    const nlohmann::json out = {{"cache", r.format.to_string()}, {"baseline", baseline},
-                                {"kld_mean", r.kld_mean},        {"kld_p99", r.kld_p99},
-                                {"top1_agree", r.top1_agree},    {"ppl", r.ppl},
-                                {"ppl_bf16", r.ppl_baseline},    {"tokens", r.tokens},
-                                {"windows", r.windows},          {"ctx", options.run.ctx}};
+    const nlohmann::json out = {{"cache", r.format.to_string()},
+                                {"baseline", baseline},
+                                {"kld_mean", r.kld_mean},
+                                {"kld_p99", r.kld_p99},
+                                {"top1_agree", r.top1_agree},
+                                {"ppl", r.ppl},
+                                {"ppl_bf16", r.ppl_baseline},
+                                {"tokens", r.tokens},
+                                {"windows", r.windows},
+                                {"ctx", options.run.ctx},
+                                {"baseline_model", baseline_model}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf(
@@ -41,9 +55,12 @@ void add_eval_kld(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval-kld", "KL divergence of next-token distributions: a cache format vs the BF16 cache");
   add_kld_run_options(*cmd, options->run);
-  cmd->add_option("--cache", options->cache, "Cache format under test")->required();
+  cmd->add_option("--cache", options->cache,
+                  "Cache format under test (default: the spec quantmla calibrate recorded in the "
+                  "model's config.json)");
   cmd->add_flag("--json", options->json,
-                "One JSON object: kld_mean, kld_p99, top1_agree, ppl, ppl_bf16, tokens");
+                "One JSON object: kld_mean, kld_p99, top1_agree, ppl, ppl_bf16, tokens, "
+                "baseline_model");
   cmd->callback([options] { run_eval_kld(*options); });
 }
 

@@ -18,7 +18,7 @@ struct EvalPplOptions {
   std::string ids;
   int64_t ctx = 1024;
   int64_t max_windows = 0;
-  std::string cache = "f32";
+  std::string cache;  // "" = recorded in the model's config.json, else f32
   bool json = false;
   TransformOption transform;
 };
@@ -36,7 +36,8 @@ void run_eval_ppl(const EvalPplOptions& options) {
   PerplexityOptions ppl_options;
   ppl_options.ctx = options.ctx;
   ppl_options.max_windows = options.max_windows;
-  ppl_options.cache = CacheFormat::parse(options.cache);
+  ppl_options.cache =
+      CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
   ppl_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   const PerplexityResult result = evaluate_perplexity(model, ids, ppl_options);
   if (options.json) {
@@ -69,8 +70,8 @@ void add_eval_ppl(CLI::App& app) {
   ids->excludes(text);
   add_window_options(*cmd, options->ctx, options->max_windows);
   cmd->add_option("--cache", options->cache,
-                  "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact)")
-      ->capture_default_str();
+                  "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact); default: the "
+                  "spec quantmla calibrate recorded in the model's config.json, else f32");
   add_transform_options(*cmd, options->transform);
   cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");
   cmd->callback([options, cmd] {

@@ -17,7 +17,7 @@ struct GenerateCliOptions {
   float temperature = 0.0f;
   float top_p = 1.0f;
   uint64_t seed = 0;
-  std::string cache = "f32";
+  std::string cache;  // "" = recorded in the model's config.json, else f32
 };
 
 // Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence.
@@ -45,7 +45,8 @@ void run_generate(const GenerateCliOptions& options) {
   GenerateOptions generate_options;
   generate_options.max_tokens = options.max_tokens;
   generate_options.sampling = {options.temperature, options.top_p, options.seed};
-  generate_options.cache = CacheFormat::parse(options.cache);
+  generate_options.cache =
+      CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
 
   std::printf("%s", options.prompt.c_str());
   std::string pending;
@@ -77,8 +78,9 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass, in (0, 1]")
       ->capture_default_str();
   cmd->add_option("--seed", options->seed, "Random seed for sampling")->capture_default_str();
-  cmd->add_option("--cache", options->cache, "Cache format, e.g. content=int4:g64,rope=int4:g64")
-      ->capture_default_str();
+  cmd->add_option("--cache", options->cache,
+                  "Cache format, e.g. content=int4:g64,rope=int4:g64; default: the spec quantmla "
+                  "calibrate recorded in the model's config.json, else f32");
   cmd->callback([options] { run_generate(*options); });
 }
 

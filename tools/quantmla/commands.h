@@ -31,10 +31,17 @@ void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);
 // --ids FILE (required, must exist).
 void add_ids_option(CLI::App& cmd, std::string& ids);
 
+// The cache spec a command runs with: `given` when the user passed one; else the spec `quantmla
+// calibrate` recorded in MODEL_DIR/config.json, announced on stderr; else `fallback`.
+std::string cache_spec_or_recorded(const std::string& model_dir, const std::string& given,
+                                   const std::string& fallback);
+
 // What eval-kld and compare share: the model (with its transform), the ids, the windows and the
-// baseline format. run_kld() measures `formats` against the untransformed model's baseline cache.
+// baseline. run_kld() measures `formats` against the baseline cache of `baseline_model`, by default
+// the model under test as loaded (without --transform).
 struct KldRun {
   std::string model = kDefaultModel;
+  std::string baseline_model;  // "" = `model`
   std::string ids;
   int64_t ctx = 1024;
   int64_t first_window = 0;
@@ -54,5 +61,6 @@ void add_eval_kld(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_compare_merge(CLI::App& app);
 void add_error_model(CLI::App& app);
+void add_calibrate(CLI::App& app);
 
 }  // namespace quantmla::cli

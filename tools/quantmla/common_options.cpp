@@ -1,9 +1,25 @@
+#include <cstdio>
+#include <filesystem>
+
 #include "commands.h"
 #include "progress.h"
+#include "quantmla/config.h"
 #include "quantmla/io.h"
 #include "quantmla/transform.h"
 
 namespace quantmla::cli {
+
+std::string cache_spec_or_recorded(const std::string& model_dir, const std::string& given,
+                                   const std::string& fallback) {
+  if (!given.empty()) return given;
+  const std::filesystem::path config_file = std::filesystem::path(model_dir) / "config.json";
+  const std::string recorded = ModelConfig::from_file(config_file).quantmla_cache;
+  if (recorded.empty()) return fallback;
+  // Said out loud: the run's figures belong to a format the user did not type.
+  std::fprintf(stderr, "cache %s (recorded in %s by quantmla calibrate)\n",
+               CacheFormat::parse(recorded).to_string().c_str(), config_file.string().c_str());
+  return recorded;
+}
 
 void add_transform_options(CLI::App& cmd, TransformOption& option) {
   cmd.add_option("--transform", option.name,
@@ -46,14 +62,19 @@ void add_kld_run_options(CLI::App& cmd, KldRun& run) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--baseline", run.baseline, "Cache format of the reference distribution")
       ->capture_default_str();
+  cmd.add_option("--baseline-model", run.baseline_model,
+                 "Model whose --baseline cache gives the reference distribution, e.g. the "
+                 "original of a saved calibrated model (default: --model, without --transform)")
+      ->check(CLI::ExistingDirectory);
   add_transform_options(cmd, run.transform);
 }
 
 std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>& formats,
                                const char* progress_label) {
   const Model model = load_transformed(run.model, run.transform);
-  // The reference distribution comes from the untransformed model with the baseline cache.
-  const Model original = Model::load(run.model);
+  // The reference distribution: the baseline model (by default this one without its --transform)
+  // with the baseline cache.
+  const Model original = Model::load(run.baseline_model.empty() ? run.model : run.baseline_model);
   const std::vector<int32_t> ids = read_ids_file(run.ids);
   ProgressBar progress(progress_label);
   KldOptions options;

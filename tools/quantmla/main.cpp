@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_compare(app);
   quantmla::cli::add_compare_merge(app);
   quantmla::cli::add_error_model(app);
+  quantmla::cli::add_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

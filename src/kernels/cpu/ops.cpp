@@ -32,6 +32,14 @@ void matmul_nn(const float* a, int64_t lda, const float* b, int64_t ldb, float* 
               b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
 }
 
+void matmul_tn(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+               int64_t m, int64_t n, int64_t k, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda),
+              b, static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<blasint>(ldc));
+}
+
 void rms_norm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t width,
               float eps, float* y, int64_t y_stride) {
   for (int64_t row = 0; row < rows; ++row) {

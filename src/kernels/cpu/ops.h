@@ -12,6 +12,10 @@ void matmul_nt(const float* a, int64_t lda, const float* b, int64_t ldb, float* 
 void matmul_nn(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                int64_t m, int64_t n, int64_t k, bool accumulate = false);
 
+// c[m, n] = a[k, m]^T * b[k, n]  (+ c when accumulate).
+void matmul_tn(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+               int64_t m, int64_t n, int64_t k, bool accumulate = false);
+
 // y = weight * x / sqrt(mean(x^2) + eps), per row of `width` values; y may alias x.
 void rms_norm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t width,
               float eps, float* y, int64_t y_stride);

@@ -1,0 +1,335 @@
+#include "quantmla/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "calib/content_learn.h"
+#include "calib/layer_data.h"
+#include "calib/rope_search.h"
+#include "quantmla/error.h"
+#include "quantmla/transform.h"
+
+namespace quantmla {
+namespace {
+
+using calib::ContentObjective;
+using calib::ContentTarget;
+using calib::ContentWindows;
+using calib::LayerGeometry;
+using calib::LayerWindow;
+using calib::RopeObjective;
+
+bool is_quantized(const PathFormat& format) {
+  return format.codec != Codec::kF32 && format.codec != Codec::kBF16;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Windows of BOS + (seq - 1) text tokens, from non-overlapping chunks chosen by seed.
+std::vector<std::vector<int32_t>> pick_windows(const ModelConfig& config,
+                                               std::span<const int32_t> tokens,
+                                               const CalibrationOptions& options) {
+  const int64_t body = options.seq - 1;
+  const int64_t chunks = static_cast<int64_t>(tokens.size()) / body;
+  const int64_t wanted = options.samples + options.held_out;
+  if (chunks < wanted) {
+    throw InvalidArgument("calibration text has " + std::to_string(tokens.size()) +
+                          " tokens: room for " + std::to_string(chunks) + " windows of " +
+                          std::to_string(options.seq) + ", need " + std::to_string(wanted) +
+                          " (--samples " + std::to_string(options.samples) + " + " +
+                          std::to_string(options.held_out) + " held back)");
+  }
+  std::vector<int64_t> order(static_cast<size_t>(chunks));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(options.seed);
+  for (int64_t i = 0; i < wanted; ++i) {  // partial Fisher-Yates: the first `wanted` are chosen
+    std::uniform_int_distribution<int64_t> pick(i, chunks - 1);
+    std::swap(order[i], order[pick(rng)]);
+  }
+  std::vector<std::vector<int32_t>> windows;
+  for (int64_t i = 0; i < wanted; ++i) {
+    std::vector<int32_t> window{static_cast<int32_t>(config.bos_token_id)};
+    const auto first = tokens.begin() + order[i] * body;
+    window.insert(window.end(), first, first + body);
+    windows.push_back(std::move(window));
+  }
+  return windows;
+}
+
+std::vector<float> quantized_rope_keys(const PathFormat& format, const RopeTransform& transform,
+                                       const LayerWindow& window, int64_t rope_dim) {
+  std::vector<float> keys(window.rope_keys.size());
+  calib::quantize_rope_keys(format, transform, window.rope_keys.data(), window.length, rope_dim,
+                            keys.data());
+  return keys;
+}
+
+// Attention-output error of the held-back windows with exact content and the RoPE keys stored
+// through `transform`: what the RoPE path alone costs downstream.
+double rope_output_loss(const PathFormat& format, const RopeTransform& transform,
+                        const LayerGeometry& geometry, std::span<const LayerWindow> windows) {
+  double loss = 0.0, signal = 0.0;
+  for (const LayerWindow& window : windows) {
+    const std::vector<float> keys =
+        quantized_rope_keys(format, transform, window, geometry.rope_dim);
+    // The target holds the exact outputs; its rope keys are the quantized ones attention reads.
+    ContentTarget target =
+        calib::make_content_target(ContentObjective::kOutput, window, geometry, keys.data());
+    loss += calib::content_loss(ContentObjective::kOutput, window, geometry, target,
+                                window.latents.data(), nullptr);
+    signal += target.signal;
+  }
+  return loss / signal;
+}
+
+// Clipping ratios tried per path: RoPE keys are few and peaky (scales already trade range for
+// resolution), content groups are many and near-Gaussian after the rotation.
+constexpr float kRopeClips[] = {1.0f, 0.95f, 0.9f};
+constexpr float kContentClips[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
+
+// Only uniform-int formats clip; without a search the spec's own ratio is used.
+template <size_t N>
+std::vector<float> clip_candidates(const PathFormat& format, bool search, const float (&grid)[N]) {
+  const bool clips =
+      format.codec == Codec::kInt8 || format.codec == Codec::kInt4 || format.codec == Codec::kInt2;
+  if (!search || !clips) return {format.clip};
+  return std::vector<float>(grid, grid + N);
+}
+
+RopeObjective parse_rope_objective(const std::string& name) {
+  if (name == "attention") return RopeObjective::kAttention;
+  if (name == "uniform") return RopeObjective::kUniform;
+  return RopeObjective::kMse;
+}
+
+RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat& format,
+                             const LayerGeometry& geometry, std::span<const LayerWindow> train,
+                             std::span<const LayerWindow> held_out, int64_t layer,
+                             RopeLayerReport& report, const CalibrationProgress& progress) {
+  std::vector<RopeObjective> objectives;
+  if (options.rope_objective == "auto") {
+    objectives = {RopeObjective::kAttention, RopeObjective::kUniform};
+  } else {
+    objectives = {parse_rope_objective(options.rope_objective)};
+  }
+  const std::string stage = "layer " + std::to_string(layer) + " rope " + format.to_string();
+  const RopeTransform identity = calib::identity_rope_transform(geometry.rope_dim);
+  RopeTransform best = identity;
+  RopeObjective best_objective = objectives.front();
+  report.output_before = rope_output_loss(format, identity, geometry, held_out);
+  report.output_after = report.output_before;
+  report.objective = "none (no candidate beat the identity)";
+  for (size_t k = 0; k < objectives.size(); ++k) {
+    const calib::RopeProblem problem =
+        calib::build_rope_problem(train, geometry, objectives[k], options.rope_keys_per_window);
+    const RopeTransform found =
+        calib::search_rope_transform(problem, format, [&](int64_t done, int64_t total) {
+          if (progress) {
+            progress(stage, static_cast<int64_t>(k) * total + done,
+                     static_cast<int64_t>(objectives.size()) * total);
+          }
+        });
+    // Candidates compete on the function they serve: the held-back attention output.
+    const double output = rope_output_loss(format, found, geometry, held_out);
+    if (output < report.output_after) {
+      report.objective = calib::to_string(objectives[k]);
+      report.output_after = output;
+      best = found;
+      best_objective = objectives[k];
+    }
+  }
+  const calib::RopeProblem held =
+      calib::build_rope_problem(held_out, geometry, best_objective, options.rope_keys_per_window);
+  report.qk_before = calib::rope_loss(held, format, identity);
+  report.qk_after = calib::rope_loss(held, format, best);
+  report.calibrated = true;
+  report.scales = best.scales;
+  report.angles = best.angles;
+  return best;
+}
+
+}  // namespace
+
+void CalibrationOptions::validate(const ModelConfig& config) const {
+  const bool content_work = content && is_quantized(cache.content);
+  const bool rope_work = rope && is_quantized(cache.rope);
+  if (!content_work && !rope_work) {
+    throw InvalidArgument("nothing to calibrate: cache " + cache.to_string() + " with paths" +
+                          std::string(content ? " content" : "") +
+                          std::string(rope ? " rope" : "") +
+                          " (a calibrated path needs an int8/int4/int2/fp8/q8_0/q4_0 format)");
+  }
+  if (rope_objective != "auto" && rope_objective != "attention" && rope_objective != "uniform" &&
+      rope_objective != "mse") {
+    throw InvalidArgument("unknown RoPE objective '" + rope_objective +
+                          "' (auto, attention, uniform, mse)");
+  }
+  if (content_objective != "output" && content_objective != "mse") {
+    throw InvalidArgument("unknown content objective '" + content_objective + "' (output, mse)");
+  }
+  if (seq < 2 || seq > config.max_position_embeddings) {
+    throw InvalidArgument("calibration window of " + std::to_string(seq) + " tokens outside [2, " +
+                          std::to_string(config.max_position_embeddings) + "]");
+  }
+  if (samples < 1 || held_out < 1) {
+    throw InvalidArgument("calibration needs at least one training and one held-back window (" +
+                          std::to_string(samples) + ", " + std::to_string(held_out) + ")");
+  }
+  for (int64_t layer : layers) {
+    if (layer < 0 || layer >= config.num_layers) {
+      throw InvalidArgument("layer " + std::to_string(layer) + " outside [0, " +
+                            std::to_string(config.num_layers) + ")");
+    }
+  }
+}
+
+CalibrationReport calibrate(Model& model, std::span<const int32_t> tokens,
+                            const CalibrationOptions& options,
+                            const CalibrationProgress& progress) {
+  const ModelConfig& config = model.config();
+  options.validate(config);
+  const auto start = std::chrono::steady_clock::now();
+  CalibrationReport report;
+
+  const std::vector<std::vector<int32_t>> windows = pick_windows(config, tokens, options);
+  report.windows = static_cast<int64_t>(windows.size());
+  std::vector<std::vector<LayerWindow>> captured =
+      calib::capture_windows(model, windows, [&](int64_t done, int64_t total) {
+        if (progress) progress("capture", done, total);
+      });
+  report.capture_seconds = seconds_since(start);
+
+  std::vector<int64_t> layers = options.layers;
+  if (layers.empty()) {
+    layers.resize(static_cast<size_t>(config.num_layers));
+    std::iota(layers.begin(), layers.end(), 0);
+  }
+  const ContentObjective content_objective =
+      options.content_objective == "mse" ? ContentObjective::kMse : ContentObjective::kOutput;
+  const int64_t count = static_cast<int64_t>(layers.size());
+  std::vector<LayerGeometry> geometry;
+  for (int64_t layer : layers) geometry.push_back(calib::layer_geometry(model, layer));
+  const auto train_of = [&](int64_t k) {
+    return std::span<const LayerWindow>(captured[layers[k]]).first(options.samples);
+  };
+  const auto held_of = [&](int64_t k) {
+    return std::span<const LayerWindow>(captured[layers[k]]).subspan(options.samples);
+  };
+  report.cache = options.cache;
+  report.layers.resize(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) report.layers[k].layer = layers[k];
+  const auto timed = [&](int64_t k, auto&& work) {
+    const auto layer_start = std::chrono::steady_clock::now();
+    work();
+    report.layers[k].seconds += seconds_since(layer_start);
+  };
+
+  // RoPE path, every layer, for each clipping ratio; the ratio with the lowest total held-back
+  // output error is kept (the format carries one ratio per path).
+  std::vector<RopeTransform> rope(static_cast<size_t>(count),
+                                  calib::identity_rope_transform(config.qk_rope_head_dim));
+  if (options.rope && is_quantized(options.cache.rope)) {
+    const std::vector<float> clips =
+        clip_candidates(options.cache.rope, options.search_clip, kRopeClips);
+    double best_total = std::numeric_limits<double>::infinity();
+    for (float clip : clips) {
+      PathFormat format = options.cache.rope;
+      format.clip = clip;
+      std::vector<RopeTransform> found(static_cast<size_t>(count));
+      std::vector<RopeLayerReport> reports(static_cast<size_t>(count));
+      double total = 0.0;
+      for (int64_t k = 0; k < count; ++k) {
+        timed(k, [&] {
+          found[k] = calibrate_rope(options, format, geometry[k], train_of(k), held_of(k),
+                                    layers[k], reports[k], progress);
+        });
+        total += reports[k].output_after;
+      }
+      if (total < best_total) {
+        best_total = total;
+        report.cache.rope = format;
+        rope = std::move(found);
+        for (int64_t k = 0; k < count; ++k) report.layers[k].rope = std::move(reports[k]);
+      }
+    }
+  }
+
+  // Content path, with the RoPE path in its final quantized state: the clipping ratio is chosen
+  // on the start transforms (all layers), then each layer's rotation is trained.
+  if (options.content && is_quantized(options.cache.content)) {
+    std::vector<std::vector<ContentTarget>> train_targets(count), held_targets(count);
+    std::vector<ContentTransform> starts;
+    for (int64_t k = 0; k < count; ++k) {
+      timed(k, [&] {
+        const auto targets_for = [&](std::span<const LayerWindow> set) {
+          std::vector<ContentTarget> targets;
+          for (const LayerWindow& window : set) {
+            const std::vector<float> keys =
+                quantized_rope_keys(report.cache.rope, rope[k], window, geometry[k].rope_dim);
+            targets.push_back(
+                calib::make_content_target(content_objective, window, geometry[k], keys.data()));
+          }
+          return targets;
+        };
+        train_targets[k] = targets_for(train_of(k));
+        held_targets[k] = targets_for(held_of(k));
+      });
+      starts.push_back(random_hadamard(geometry[k].rank, options.seed + layers[k]));
+    }
+    const std::vector<float> clips =
+        clip_candidates(options.cache.content, options.search_clip, kContentClips);
+    double best_total = std::numeric_limits<double>::infinity();
+    for (size_t c = 0; c < clips.size(); ++c) {
+      PathFormat format = options.cache.content;
+      format.clip = clips[c];
+      double total = 0.0;
+      for (int64_t k = 0; k < count; ++k) {
+        timed(k, [&] {
+          total += calib::content_transform_loss(content_objective, format, geometry[k], starts[k],
+                                                 ContentWindows{held_of(k), held_targets[k]});
+        });
+      }
+      if (total < best_total) {
+        best_total = total;
+        report.cache.content = format;
+      }
+      if (progress) progress("content clip", static_cast<int64_t>(c) + 1, clips.size());
+    }
+    calib::ContentLearnOptions learn;
+    learn.objective = content_objective;
+    learn.steps = options.content_steps;
+    learn.batch = options.content_batch;
+    learn.learning_rate = options.content_learning_rate;
+    for (int64_t k = 0; k < count; ++k) {
+      timed(k, [&] {
+        const std::string stage = "layer " + std::to_string(layers[k]) + " content";
+        const calib::ContentLearnResult learned = calib::learn_content_transform(
+            report.cache.content, geometry[k], starts[k],
+            ContentWindows{train_of(k), train_targets[k]},
+            ContentWindows{held_of(k), held_targets[k]}, learn, [&](int64_t done, int64_t total) {
+              if (progress) progress(stage, done, total);
+            });
+        ContentLayerReport& content = report.layers[k].content;
+        content.calibrated = true;
+        content.loss_identity = learned.loss_identity;
+        content.loss_start = learned.loss_start;
+        content.loss_final = learned.loss_final;
+        content.delta_exponent_query = learned.delta_exponent_query;
+        content.delta_exponent_value = learned.delta_exponent_value;
+        fold_content_transform(model, layers[k], learned.transform);
+      });
+    }
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    if (report.layers[k].rope.calibrated) fold_rope_transform(model, layers[k], rope[k]);
+  }
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+}  // namespace quantmla
