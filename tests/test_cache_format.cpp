@@ -6,8 +6,10 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "error_matchers.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
 
@@ -17,7 +19,9 @@ namespace {
 constexpr int64_t kKvLoraRank = 512;
 constexpr int64_t kRopeDim = 64;
 
-PathFormat path(Codec codec, int group = 0, float clip = 1.0f) { return {codec, group, clip}; }
+PathFormat path(Codec codec, int group = 0, float clip = 1.0f, std::vector<int> pairs = {}) {
+  return {codec, group, clip, std::move(pairs)};
+}
 
 struct GoodSpec {
   std::string spec;
@@ -62,6 +66,19 @@ TEST(CacheFormat, ParsesGoodSpecsAndRoundTrips) {
       {"content=int4:g64:clip1e-3",
        {path(Codec::kInt4, 64, 1e-3f), bf16},
        "content=int4:g64:clip0.001,rope=bf16"},
+      // Kept BF16 pairs: any order in, ascending out; clip and pairs in either order, clip first.
+      {"content=int4:g64,rope=int4:g64:bf16pairs=21+5",
+       {path(Codec::kInt4, 64), path(Codec::kInt4, 64, 1.0f, {5, 21})},
+       "content=int4:g64,rope=int4:g64:bf16pairs=5+21"},
+      {"rope=int4:g64:bf16pairs=5+21:clip0.9",
+       {bf16, path(Codec::kInt4, 64, 0.9f, {5, 21})},
+       "content=bf16,rope=int4:g64:clip0.9:bf16pairs=5+21"},
+      {"rope=int2:g32:clip0.5:bf16pairs=0",
+       {bf16, path(Codec::kInt2, 32, 0.5f, {0})},
+       "content=bf16,rope=int2:g32:clip0.5:bf16pairs=0"},
+      {"content=int8:g128:bf16pairs=255+0+100",
+       {path(Codec::kInt8, 128, 1.0f, {0, 100, 255}), bf16},
+       "content=int8:g128:bf16pairs=0+100+255,rope=bf16"},
   };
   for (const GoodSpec& good : specs) {
     SCOPED_TRACE(good.spec);
@@ -138,6 +155,22 @@ TEST(CacheFormat, RejectsBadSpecsNamingTheBadToken) {
       {"fp8", "\"fp8\""},
       {"f32x", "\"f32x\""},
       {"f32,bf16", "\"f32\""},
+      {"rope=int4:g64:bf16pairs=", "empty pair list in \"bf16pairs=\""},
+      {"rope=int4:g64:bf16pairs=5+x", "bad pair index \"x\""},
+      {"rope=int4:g64:bf16pairs=5++6", "bad pair index \"\""},
+      {"rope=int4:g64:bf16pairs=-1", "bad pair index \"-1\""},
+      {"rope=int4:g64:bf16pairs=1.5", "bad pair index \"1.5\""},
+      {"rope=int4:g64:bf16pairs=99999999999", "bad pair index \"99999999999\""},
+      {"rope=int4:g64:bf16pairs=5+21+5", "duplicate pair index 5"},
+      {"rope=int4:g64:bf16pairs", "\"bf16pairs\""},
+      {"rope=int4:g64:bf16pairs5", "\"bf16pairs5\""},
+      {"rope=int4:g64:bf16pairs=1:bf16pairs=2", "second pair list \"bf16pairs=2\""},
+      {"rope=int4:g64:clip0.9:clip0.8", "second clip \"clip0.8\""},
+      {"rope=int4:g64:bf16pairs=1:extra", "\":extra\""},
+      {"rope=int4:bf16pairs=1", "\"bf16pairs=1\""},
+      {"rope=bf16:bf16pairs=5", "\"bf16pairs=5\" not allowed for bf16"},
+      {"rope=fp8:bf16pairs=5", "\"bf16pairs=5\" not allowed for fp8"},
+      {"rope=q4_0:bf16pairs=5", "\"bf16pairs=5\" not allowed for q4_0"},
   };
   for (const BadSpec& bad : specs) {
     SCOPED_TRACE("spec \"" + bad.spec + "\"");
@@ -174,6 +207,66 @@ TEST(PathFormat, ParseNamesTheText) {
   }
   EXPECT_THROW(PathFormat::parse(""), InvalidArgument);
   EXPECT_THROW(PathFormat::parse("int4:g64 "), InvalidArgument);
+}
+
+TEST(PathFormat, KeptPairsTakeFourBytesEach) {
+  EXPECT_EQ(PathFormat::parse("int4:g64:bf16pairs=5+21").encoded_bytes(64), 44);  // 36 + 2 x 4
+  EXPECT_EQ(PathFormat::parse("int4:g64:bf16pairs=5+21").encoded_bytes(512), 288 + 8);
+  EXPECT_EQ(PathFormat::parse("int2:g32:clip0.9:bf16pairs=0+1+31").encoded_bytes(64), 24 + 12);
+  // Every pair of a width may be kept (the codes stay, unused).
+  std::vector<int> every_pair(16);
+  for (int i = 0; i < 16; ++i) every_pair[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(path(Codec::kInt8, 32, 1.0f, every_pair).encoded_bytes(32), 32 + 4 + 16 * 4);
+}
+
+TEST(PathFormat, EqualityIncludesKeptPairs) {
+  EXPECT_EQ(PathFormat::parse("int4:g64:bf16pairs=21+5"), path(Codec::kInt4, 64, 1.0f, {5, 21}));
+  EXPECT_NE(PathFormat::parse("int4:g64:bf16pairs=5"), PathFormat::parse("int4:g64:bf16pairs=6"));
+  EXPECT_NE(PathFormat::parse("int4:g64:bf16pairs=5"), PathFormat::parse("int4:g64"));
+  EXPECT_NE(CacheFormat::parse("rope=int4:g64:bf16pairs=5"), CacheFormat::parse("rope=int4:g64"));
+}
+
+// The parser cannot know the width; encoded_bytes (and so every codec and cache) checks it.
+TEST(PathFormat, KeptPairsMustFitTheWidth) {
+  using testing::error_message;
+  using testing::expect_contains;
+  const PathFormat pair_32 = PathFormat::parse("int4:g64:bf16pairs=5+32");
+  EXPECT_EQ(pair_32.encoded_bytes(128), 64 + 2 * 4 + 2 * 4);
+  expect_contains(error_message<InvalidArgument>([&] { pair_32.encoded_bytes(64); }),
+                  {"int4:g64:bf16pairs=5+32", "pair index 32", "channels 64, 65", "width 64"});
+  expect_contains(error_message<InvalidArgument>(
+                      [] { PathFormat::parse("int8:g32:bf16pairs=2147483647").encoded_bytes(64); }),
+                  {"pair index 2147483647", "channels 4294967294, 4294967295", "width 64"});
+  expect_contains(error_message<InvalidArgument>([] {
+                    CacheFormat::parse("rope=int4:g64:bf16pairs=40").record_bytes(512, 64);
+                  }),
+                  {"rope path", "rope_dim 64", "pair index 40", "width 64"});
+  EXPECT_EQ(CacheFormat::parse("content=int4:g64:bf16pairs=40").record_bytes(512, 64),
+            288 + 4 + 128);
+
+  std::vector<int> too_many(33);
+  for (int i = 0; i < 33; ++i) too_many[static_cast<size_t>(i)] = i;
+  expect_contains(error_message<InvalidArgument>(
+                      [&] { path(Codec::kInt4, 32, 1.0f, too_many).encoded_bytes(64); }),
+                  {"33 kept pairs", "width 64 has only 32 pairs"});
+  // Hand-built formats that no spec could produce.
+  expect_contains(error_message<InvalidArgument>([] {
+                    path(Codec::kInt4, 64, 1.0f, {21, 5}).encoded_bytes(64);
+                  }),
+                  {"not ascending and unique: 5 after 21"});
+  expect_contains(error_message<InvalidArgument>([] {
+                    path(Codec::kInt4, 64, 1.0f, {5, 5}).encoded_bytes(64);
+                  }),
+                  {"5 after 5"});
+  expect_contains(
+      error_message<InvalidArgument>([] { path(Codec::kInt4, 64, 1.0f, {-1}).encoded_bytes(64); }),
+      {"negative pair index -1"});
+  for (const PathFormat& format :
+       {path(Codec::kBF16, 0, 1.0f, {1}), path(Codec::kFP8, 128, 1.0f, {1}),
+        path(Codec::kQ8_0, 32, 1.0f, {1}), path(Codec::kF32, 0, 1.0f, {1})}) {
+    expect_contains(error_message<InvalidArgument>([&] { format.encoded_bytes(128); }),
+                    {format.to_string(), "only int8, int4 and int2 keep BF16 pairs"});
+  }
 }
 
 TEST(PathFormat, BitsPerCode) {
@@ -237,18 +330,21 @@ struct RecordSize {
 TEST(CacheFormat, RecordBytesForKvLoraRank512Rope64) {
   // content: 512 values, rope: 64 values; scales counted, no padding.
   const std::vector<RecordSize> sizes = {
-      {"bf16", 1024 + 128},                                                       // 1152
-      {"f32", 2048 + 256},                                                        // 2304
-      {"content=fp8,rope=bf16", (512 + 4 * 4) + 128},                             // 656
-      {"content=fp8,rope=fp8", (512 + 4 * 4) + (64 + 4)},                         // 596
-      {"content=q8_0,rope=q8_0", 34 * 16 + 34 * 2},                               // 612
-      {"content=q4_0,rope=q4_0", 18 * 16 + 18 * 2},                               // 324
-      {"content=int4:g64,rope=int4:g64", (256 + 4 * 8) + (32 + 4)},               // 324
-      {"content=int2:g64,rope=int4:g64", (128 + 4 * 8) + (32 + 4)},               // 196
-      {"content=int8:g64,rope=int8:g64", (512 + 4 * 8) + (64 + 4)},               // 612
-      {"content=int4:g64,rope=bf16", (256 + 4 * 8) + 128},                        // 416
-      {"content=int4:g32,rope=int4:g32:clip0.9", (256 + 4 * 16) + (32 + 4 * 2)},  // 360
-      {"content=int2:g128,rope=int8:g32", (128 + 4 * 4) + (64 + 4 * 2)},          // 216
+      {"bf16", 1024 + 128},                                                                 // 1152
+      {"f32", 2048 + 256},                                                                  // 2304
+      {"content=fp8,rope=bf16", (512 + 4 * 4) + 128},                                       // 656
+      {"content=fp8,rope=fp8", (512 + 4 * 4) + (64 + 4)},                                   // 596
+      {"content=q8_0,rope=q8_0", 34 * 16 + 34 * 2},                                         // 612
+      {"content=q4_0,rope=q4_0", 18 * 16 + 18 * 2},                                         // 324
+      {"content=int4:g64,rope=int4:g64", (256 + 4 * 8) + (32 + 4)},                         // 324
+      {"content=int2:g64,rope=int4:g64", (128 + 4 * 8) + (32 + 4)},                         // 196
+      {"content=int8:g64,rope=int8:g64", (512 + 4 * 8) + (64 + 4)},                         // 612
+      {"content=int4:g64,rope=bf16", (256 + 4 * 8) + 128},                                  // 416
+      {"content=int4:g32,rope=int4:g32:clip0.9", (256 + 4 * 16) + (32 + 4 * 2)},            // 360
+      {"content=int2:g128,rope=int8:g32", (128 + 4 * 4) + (64 + 4 * 2)},                    // 216
+      {"content=int4:g64,rope=int4:g64:bf16pairs=5+21", (256 + 4 * 8) + (32 + 4 + 2 * 4)},  // 332
+      {"content=int2:g64:bf16pairs=7,rope=int4:g32:clip0.9:bf16pairs=0+1+31",
+       (128 + 4 * 8 + 4) + (32 + 4 * 2 + 3 * 4)},  // 216
   };
   for (const RecordSize& size : sizes) {
     SCOPED_TRACE(size.spec);
@@ -261,6 +357,9 @@ TEST(CacheFormat, RecordBytesForKvLoraRank512Rope64) {
   EXPECT_EQ(CacheFormat::parse("content=int4:g64,rope=int4:g64").record_bytes(512, 64), 324);
   EXPECT_EQ(CacheFormat::parse("content=int2:g64,rope=int4:g64").record_bytes(512, 64), 196);
   EXPECT_EQ(CacheFormat::parse("content=int8:g64,rope=int8:g64").record_bytes(512, 64), 612);
+  EXPECT_EQ(
+      CacheFormat::parse("content=int4:g64,rope=int4:g64:bf16pairs=5+21").record_bytes(512, 64),
+      332);
 }
 
 TEST(CacheFormat, RecordBytesNamesThePathThatDoesNotFit) {

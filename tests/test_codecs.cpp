@@ -368,6 +368,184 @@ TEST(IntCodec, ConstantGroupStoresZeroScaleAndItsValueAsMin) {
   }
 }
 
+// ---- int8 / int4 / int2 with kept BF16 pairs ----
+
+bool is_kept(const PathFormat& format, int64_t channel) {
+  return std::binary_search(format.bf16_pairs.begin(), format.bf16_pairs.end(),
+                            static_cast<int>(channel / 2));
+}
+
+PathFormat without_pairs(PathFormat format) {
+  format.bf16_pairs.clear();
+  return format;
+}
+
+// What the base encoder must see, written independently for NaN-free inputs: every kept channel
+// replaced by the lowest other value of its group, 0 in a group of kept channels only.
+std::vector<float> hide_kept(const PathFormat& format, std::vector<float> values) {
+  const auto width = static_cast<int64_t>(values.size());
+  for (int64_t start = 0; start < width; start += format.group) {
+    std::vector<float> others;
+    for (int64_t channel = start; channel < start + format.group; ++channel) {
+      if (!is_kept(format, channel)) others.push_back(values[static_cast<size_t>(channel)]);
+    }
+    const float lowest = others.empty() ? 0.0f : *std::min_element(others.begin(), others.end());
+    for (int64_t channel = start; channel < start + format.group; ++channel) {
+      if (is_kept(format, channel)) values[static_cast<size_t>(channel)] = lowest;
+    }
+  }
+  return values;
+}
+
+float to_bf16(float value) { return bf16_to_f32(f32_to_bf16(value)); }
+
+// 1 to 3 distinct pairs of `width`, sometimes two in one group.
+std::vector<int> random_pairs(int64_t width, std::mt19937& rng) {
+  const int count = std::uniform_int_distribution<int>(1, 3)(rng);
+  std::uniform_int_distribution<int> pair(0, static_cast<int>(width / 2) - 1);
+  std::vector<int> pairs;
+  while (static_cast<int>(pairs.size()) < count) {
+    const int candidate = pair(rng);
+    if (std::find(pairs.begin(), pairs.end(), candidate) == pairs.end()) pairs.push_back(candidate);
+  }
+  std::sort(pairs.begin(), pairs.end());
+  return pairs;
+}
+
+// The kept pairs hold outliers of magnitude ~1000 among values ~1: they come back as their BF16
+// roundings, and the other channels keep the error bound of a group whose range leaves the kept
+// channels out (see IntErrorStaysWithinHalfAStepAndMatchesTheReference), with a step hundreds of
+// times finer than the same values get without kept pairs.
+TEST_F(CodecTest, KeptPairsAreBf16AndLeaveTheOthersTheRangeWithoutThem) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> outlier(1000.0f, 2000.0f);
+  for (const Codec codec : kIntCodecs) {
+    for (const int group : kIntGroups) {
+      for (const int64_t width : {int64_t{64}, int64_t{512}}) {
+        if (width % group != 0) continue;
+        for (int trial = 0; trial < 20; ++trial) {
+          const PathFormat format{codec, group, trial % 4 == 3 ? 0.8f : 1.0f,
+                                  random_pairs(width, rng_)};
+          const PathFormat base = without_pairs(format);
+          SCOPED_TRACE(format.to_string() + " width " + std::to_string(width));
+          const float top = static_cast<float>((1 << format.bits()) - 1);
+          std::vector<float> values(static_cast<size_t>(width));
+          for (float& value : values) value = normal(rng_);
+          for (const int pair : format.bf16_pairs) {
+            values[2 * pair] = outlier(rng_);
+            values[2 * pair + 1] = -outlier(rng_);
+          }
+
+          const std::vector<uint8_t> bytes = encode(format, values);
+          const int64_t base_bytes = base.encoded_bytes(width);
+          ASSERT_EQ(static_cast<int64_t>(bytes.size()),
+                    base_bytes + 4 * static_cast<int64_t>(format.bf16_pairs.size()));
+          const std::vector<uint8_t> expected_base =
+              reference_int_encoding(base, hide_kept(format, values));
+          ASSERT_TRUE(std::equal(expected_base.begin(), expected_base.end(), bytes.begin()));
+          for (size_t k = 0; k < format.bf16_pairs.size(); ++k) {
+            const size_t offset = static_cast<size_t>(base_bytes) + 4 * k;
+            const size_t channel = 2 * static_cast<size_t>(format.bf16_pairs[k]);
+            ASSERT_EQ(load_le16(bytes, offset), f32_to_bf16(values[channel])) << "pair " << k;
+            ASSERT_EQ(load_le16(bytes, offset + 2), f32_to_bf16(values[channel + 1]))
+                << "pair " << k;
+          }
+
+          const std::vector<float> decoded = decode(format, bytes, width);
+          const std::vector<uint8_t> plain = encode(base, values);
+          for (int64_t start = 0; start < width; start += group) {
+            std::vector<float> others;
+            for (int64_t channel = start; channel < start + group; ++channel) {
+              if (!is_kept(format, channel)) others.push_back(values[channel]);
+            }
+            const auto [low, high] = std::minmax_element(others.begin(), others.end());
+            const size_t offset =
+                static_cast<size_t>(width * format.bits() / 8 + 4 * (start / group));
+            const float scale16 = f16_to_f32(load_le16(bytes, offset));
+            const float min16 = f16_to_f32(load_le16(bytes, offset + 2));
+            if (static_cast<int64_t>(others.size()) < group) {
+              EXPECT_LT(100 * scale16, f16_to_f32(load_le16(plain, offset))) << "group " << start;
+            }
+            // Clipped formats saturate beyond the clipped range; the bound is for clip 1.
+            const double exact_scale = (static_cast<double>(*high) - *low) / top;
+            const double bound = 0.5 * scale16 + std::abs(min16 - *low) +
+                                 top * std::abs(scale16 - exact_scale) +
+                                 8 * kFloatEpsilon * (std::abs(*low) + std::abs(*high));
+            for (int64_t channel = start; channel < start + group; ++channel) {
+              const float value = values[channel];
+              if (is_kept(format, channel)) {
+                ASSERT_EQ(decoded[channel], to_bf16(value)) << "kept channel " << channel;
+                continue;
+              }
+              if (format.clip == 1.0f) {
+                ASSERT_LE(std::abs(decoded[channel] - value), bound)
+                    << "channel " << channel << " value " << value;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(IntCodec, GroupOfKeptChannelsOnlyStoresAZeroRange) {
+  std::vector<int> first_group(16);
+  for (int i = 0; i < 16; ++i) first_group[static_cast<size_t>(i)] = i;
+  for (const Codec codec : kIntCodecs) {
+    const PathFormat format{codec, 32, 1.0f, first_group};
+    const PathFormat base = without_pairs(format);
+    SCOPED_TRACE(format.to_string());
+    std::vector<float> values(64);
+    for (int channel = 0; channel < 64; ++channel) {
+      values[channel] = channel < 32 ? 1000.0f + 3.3f * channel : std::sin(0.3f * channel);
+    }
+    const std::vector<uint8_t> bytes = encode(format, values);
+    const size_t codes_size = 64 * format.bits() / 8;
+    for (size_t i = 0; i < codes_size / 2; ++i) EXPECT_EQ(bytes[i], 0) << "byte " << i;
+    EXPECT_EQ(load_le16(bytes, codes_size), 0);      // scale
+    EXPECT_EQ(load_le16(bytes, codes_size + 2), 0);  // min
+    const std::vector<float> decoded = decode(format, bytes, 64);
+    const std::vector<float> second(values.begin() + 32, values.end());
+    const std::vector<float> second_alone = decode(base, encode(base, second), 32);
+    for (int channel = 0; channel < 64; ++channel) {
+      EXPECT_EQ(decoded[channel],
+                channel < 32 ? to_bf16(values[channel]) : second_alone[channel - 32])
+          << "channel " << channel;
+    }
+  }
+}
+
+// Non-finite values in kept channels come back as they were (NaN stays NaN) and do not reach the
+// group's scale and min.
+TEST(IntCodec, KeptPairsKeepNonFiniteValuesOutOfTheGroup) {
+  for (const Codec codec : kIntCodecs) {
+    const PathFormat format{codec, 64, 1.0f, {5, 21}};
+    SCOPED_TRACE(format.to_string());
+    std::vector<float> values(64);
+    for (int channel = 0; channel < 64; ++channel) values[channel] = 0.25f * (channel % 9) - 1.0f;
+    values[10] = std::numeric_limits<float>::quiet_NaN();
+    values[11] = std::numeric_limits<float>::infinity();
+    values[42] = -std::numeric_limits<float>::infinity();
+    values[43] = -0.0f;
+    const std::vector<uint8_t> bytes = encode(format, values);
+    const size_t scale_offset = 64 * format.bits() / 8;
+    EXPECT_EQ(f16_to_f32(load_le16(bytes, scale_offset)),
+              round_to_f16(2.0f / static_cast<float>((1 << format.bits()) - 1)));
+    EXPECT_EQ(f16_to_f32(load_le16(bytes, scale_offset + 2)), -1.0f);
+    const std::vector<float> decoded = decode(format, bytes, 64);
+    EXPECT_TRUE(std::isnan(decoded[10]));
+    EXPECT_EQ(decoded[11], std::numeric_limits<float>::infinity());
+    EXPECT_EQ(decoded[42], -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(std::bit_cast<uint32_t>(decoded[43]), std::bit_cast<uint32_t>(-0.0f));
+    for (int channel = 0; channel < 64; ++channel) {
+      if (channel == 10 || channel == 11 || channel == 42 || channel == 43) continue;
+      EXPECT_TRUE(std::isfinite(decoded[channel])) << "channel " << channel;
+      EXPECT_LE(std::abs(decoded[channel] - values[channel]), 1.0f) << "channel " << channel;
+    }
+  }
+}
+
 // ---- q8_0 / q4_0 ----
 
 // ggml's reference q8_0 rounding, written from its description: roundf of x / d.
@@ -659,6 +837,7 @@ std::vector<PathFormat> all_formats() {
     for (const int group : kIntGroups) {
       formats.push_back({codec, group, 1.0f});
       formats.push_back({codec, group, 0.8f});
+      formats.push_back({codec, group, 1.0f, {0, 5, 31}});
     }
   }
   return formats;
@@ -716,6 +895,10 @@ TEST(Codecs, RejectWidthsThatAreNotWholeGroups) {
   EXPECT_THROW(encode_path(fp8, values.data(), 64, bytes.data()), InvalidArgument);
   const PathFormat bad_group{Codec::kInt2, 0, 1.0f};
   EXPECT_THROW(encode_path(bad_group, values.data(), 64, bytes.data()), InvalidArgument);
+  const PathFormat pair_beyond{Codec::kInt4, 32, 1.0f, {32}};  // channels 64, 65
+  EXPECT_THROW(encode_path(pair_beyond, values.data(), 64, bytes.data()), InvalidArgument);
+  EXPECT_THROW(decode_path(pair_beyond, bytes.data(), 64, values.data()), InvalidArgument);
+  EXPECT_EQ(values, std::vector<float>(96, 1.0f));
   EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](uint8_t byte) { return byte == 0; }));
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <ostream>
@@ -28,20 +29,31 @@ namespace {
 constexpr int64_t kContentWidth = 512;
 constexpr int64_t kRopeWidth = 64;
 
-// Every spelling the parser accepts, up to the clip ratio (one clip variant stands for all).
+// Every spelling the parser accepts, up to the clip ratio (one clip variant stands for all) and
+// the choice of kept BF16 pairs (1 to 3, inside the 64 RoPE channels, two in one group).
 std::vector<std::string> all_specs() {
-  std::vector<std::string> specs = {
-      "f32", "bf16", "fp8", "fp8:g64", "q8_0", "q4_0", "int4:g64:clip0.9"};
+  std::vector<std::string> specs = {"f32",
+                                    "bf16",
+                                    "fp8",
+                                    "fp8:g64",
+                                    "q8_0",
+                                    "q4_0",
+                                    "int4:g64:clip0.9",
+                                    "int4:g64:clip0.9:bf16pairs=5+21"};
   for (const char* codec : {"int8", "int4", "int2"}) {
     for (const char* group : {"g32", "g64", "g128"}) {
       specs.push_back(std::string(codec) + ":" + group);
+      for (const char* pairs : {"bf16pairs=31", "bf16pairs=5+21", "bf16pairs=0+1+17"}) {
+        specs.push_back(std::string(codec) + ":" + group + ":" + pairs);
+      }
     }
   }
   return specs;
 }
 
 bool encodable(const PathFormat& format, int64_t width) {
-  return format.group == 0 || width % format.group == 0;
+  const bool pairs_fit = format.bf16_pairs.empty() || 2 * format.bf16_pairs.back() + 1 < width;
+  return (format.group == 0 || width % format.group == 0) && pairs_fit;
 }
 
 struct Case {
@@ -126,15 +138,26 @@ class DecodeRows : public ::testing::TestWithParam<Case> {
         for (float& value : row) value *= boost;
         break;
       }
-      default:
+      default: {
         // The ggml quantizers convert x / d to int, which NaN and inf would make undefined.
         if (format_.codec == Codec::kQ8_0 || format_.codec == Codec::kQ4_0) break;
-        for (const float special :
-             {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-              -std::numeric_limits<float>::infinity(), -0.0f,
-              std::numeric_limits<float>::denorm_min(), 3e38f}) {
+        const float specials[] = {
+            std::numeric_limits<float>::quiet_NaN(),  std::numeric_limits<float>::infinity(),
+            -std::numeric_limits<float>::infinity(),  -0.0f,
+            std::numeric_limits<float>::denorm_min(), 3e38f};
+        for (const float special : specials) {
           row[std::uniform_int_distribution<size_t>(0, row.size() - 1)(rng_)] = special;
         }
+        // And some in kept channels, which a random position rarely hits.
+        std::uniform_int_distribution<size_t> pick(0, std::size(specials) - 1);
+        for (const int pair : format_.bf16_pairs) {
+          row[static_cast<size_t>(2 * pair + pair % 2)] = specials[pick(rng_)];
+        }
+      }
+    }
+    // Kept channels with magnitudes far beyond the rest, as the RoPE key's high-energy pairs.
+    if (kind == 1 || kind == 3) {
+      for (const int pair : format_.bf16_pairs) row[static_cast<size_t>(2 * pair)] *= 1000.0f;
     }
     return row;
   }
@@ -218,6 +241,8 @@ TEST(DecodeRowsErrors, NamesTheBadValues) {
   std::vector<uint8_t> records(4096);
   std::vector<float> out(4096);
   const PathFormat int4 = PathFormat::parse("int4:g64");
+  const PathFormat two_pairs = PathFormat::parse("int4:g64:bf16pairs=5+21");
+  const PathFormat pairs_g32 = PathFormat::parse("int4:g32:bf16pairs=5+21");
   using testing::error_message;
   using testing::expect_contains;
   for (const auto decode : {cpu::decode_rows, cpu::decode_rows_reference}) {
@@ -238,20 +263,47 @@ TEST(DecodeRowsErrors, NamesTheBadValues) {
           decode(PathFormat{Codec::kInt4, 48}, records.data(), 36, 1, 96, out.data(), 96);
         }),
         {"group 48"});
+    // Kept pairs count in the record: 36 + 2 x 4 bytes.
+    expect_contains(error_message<InvalidArgument>(
+                        [&] { decode(two_pairs, records.data(), 43, 2, 64, out.data(), 64); }),
+                    {"record stride 43", "44 bytes"});
+    expect_contains(error_message<InvalidArgument>(
+                        [&] { decode(pairs_g32, records.data(), 28, 1, 32, out.data(), 32); }),
+                    {"pair index 21", "width 32"});
   }
 }
 
-// sizeof(Record<kWidth>) of the format's layout, or nothing where the format has none.
-template <int kWidth>
-std::optional<size_t> record_size(const PathFormat& format) {
+// sizeof(Record<kWidth>) of the format's layout, or KeptPairsRecord<kWidth, kPairs> for kPairs
+// kept pairs, or nothing where the format has none.
+template <int kWidth, int kPairs>
+std::optional<size_t> record_size_with(const PathFormat& format) {
   return visit_path_format(format, [](auto path) -> std::optional<size_t> {
     using Path = decltype(path);
-    if constexpr (requires { typename Path::template Record<kWidth>; }) {
+    if constexpr (kPairs == 0 && requires { typename Path::template Record<kWidth>; }) {
       return sizeof(typename Path::template Record<kWidth>);
+    } else if constexpr (requires { typename Path::template KeptPairsRecord<kWidth, kPairs>; }) {
+      return sizeof(typename Path::template KeptPairsRecord<kWidth, kPairs>);
     } else {
       return std::nullopt;
     }
   });
+}
+
+template <int kWidth>
+std::optional<size_t> record_size(const PathFormat& format) {
+  switch (format.bf16_pairs.size()) {
+    case 0:
+      return record_size_with<kWidth, 0>(format);
+    case 1:
+      return record_size_with<kWidth, 1>(format);
+    case 2:
+      return record_size_with<kWidth, 2>(format);
+    case 3:
+      return record_size_with<kWidth, 3>(format);
+    default:
+      ADD_FAILURE() << "no record size for " << format.bf16_pairs.size() << " kept pairs";
+      return std::nullopt;
+  }
 }
 
 // A record type exists exactly for the widths the codec can encode, and spans encoded_bytes.

@@ -2,13 +2,16 @@
 // records against the scalar reference on the same decoded rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "quantmla/attention.h"
 #include "quantmla/cache.h"
+#include "quantmla/dtype.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
@@ -123,13 +126,53 @@ TEST_P(PagedCacheFormats, AttentionMatchesReferenceOnDecodedRows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, PagedCacheFormats,
-                         ::testing::Values("bf16", "content=fp8,rope=bf16",
-                                           "content=int8:g64,rope=int8:g32",
-                                           "content=int4:g64,rope=int4:g64",
-                                           "content=int4:g128:clip0.9,rope=int4:g32",
-                                           "content=int2:g64,rope=int4:g64",
-                                           "content=q8_0,rope=q8_0", "content=q4_0,rope=q4_0"));
+INSTANTIATE_TEST_SUITE_P(
+    Formats, PagedCacheFormats,
+    ::testing::Values("bf16", "content=fp8,rope=bf16", "content=int8:g64,rope=int8:g32",
+                      "content=int4:g64,rope=int4:g64", "content=int4:g128:clip0.9,rope=int4:g32",
+                      "content=int2:g64,rope=int4:g64", "content=q8_0,rope=q8_0",
+                      "content=q4_0,rope=q4_0", "content=int4:g64,rope=int4:g64:bf16pairs=5+21",
+                      "content=int2:g32:bf16pairs=3+100+255,"
+                      "rope=int8:g32:clip0.9:bf16pairs=0+1+31"));
+
+// RoPE pairs kept in BF16 come back as their BF16 roundings however large, and leave the other
+// RoPE channels the int4 step of their own range.
+TEST(PagedCache, KeptRopePairsReadBackAsBf16) {
+  const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64:bf16pairs=5+21");
+  constexpr int64_t kTokens = kPageTokens + 6;
+  const int64_t kept[] = {10, 11, 42, 43};
+  std::mt19937 rng(std::random_device{}());
+  auto cache = make_cache(kShape, format, kTokens);
+  const auto c = random_rows(kTokens, kShape.kv_lora_rank, rng);
+  auto k_pe = random_rows(kTokens, kShape.rope_dim, rng);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (const int64_t channel : kept) k_pe[static_cast<size_t>(t * 64 + channel)] *= 1000.0f;
+  }
+  cache->write(2, 0, kTokens, c.data(), k_pe.data());
+  cache->set_length(kTokens);
+  std::vector<float> got_c(512), got_pe(64);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    cache->read_row(2, t, got_c.data(), got_pe.data());
+    const float* row = k_pe.data() + t * 64;
+    float low = INFINITY, high = -INFINITY;
+    for (int64_t channel = 0; channel < 64; ++channel) {
+      if (std::find(std::begin(kept), std::end(kept), channel) != std::end(kept)) continue;
+      low = std::min(low, row[channel]);
+      high = std::max(high, row[channel]);
+    }
+    const float half_step = 0.5f * (high - low) / 15.0f;
+    for (int64_t channel = 0; channel < 64; ++channel) {
+      if (std::find(std::begin(kept), std::end(kept), channel) != std::end(kept)) {
+        ASSERT_EQ(got_pe[channel], bf16_to_f32(f32_to_bf16(row[channel]))) << t << " " << channel;
+      } else {
+        // FP16 scale and min add a few parts in 2^11 of the range.
+        ASSERT_LE(std::abs(got_pe[channel] - row[channel]),
+                  1.01f * half_step + 1e-3f * (high - low))
+            << "token " << t << " channel " << channel;
+      }
+    }
+  }
+}
 
 TEST(PagedCache, FullCacheAndGapsAreErrors) {
   auto cache = make_cache(kShape, CacheFormat::parse("content=int4:g64,rope=int4:g64"), 10);
@@ -148,6 +191,9 @@ TEST(PagedCache, PhysicalBytesCountPagesAndBlockTable) {
   // 100 tokens -> 2 pages of 64 records of 324 bytes per layer, plus 2 block-table entries.
   EXPECT_EQ(cache_physical_bytes(kShape, int4, 100), 3 * 2 * 64 * 324 + 2 * 4);
   EXPECT_EQ(cache_physical_bytes(kShape, CacheFormat::f32(), 100), 3 * 100 * 576 * 4);
+  // Two kept RoPE pairs: 8 more bytes per record.
+  const CacheFormat kept = CacheFormat::parse("content=int4:g64,rope=int4:g64:bf16pairs=5+21");
+  EXPECT_EQ(cache_physical_bytes(kShape, kept, 100), 3 * 2 * 64 * 332 + 2 * 4);
 }
 
 }  // namespace

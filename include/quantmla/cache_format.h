@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace quantmla {
 
@@ -23,13 +24,20 @@ struct PathFormat {
   Codec codec = Codec::kBF16;
   int group = 0;      // channels per scale: int* 32|64|128, fp8 128, q8_0/q4_0 32, 0 for f32/bf16
   float clip = 1.0f;  // int* only: the group's [min, max] is scaled by this ratio, in (0, 1]
+  // int* only: frequency pairs i (channels 2i and 2i + 1) stored in BF16 after the base record,
+  // sorted and unique. On the RoPE key one or two high-energy pairs would otherwise set their
+  // group's range and cost the other pairs most of their resolution (DESIGN §9). The "= {}" spares
+  // aggregate initializations that leave it out ({codec, group, clip}) GCC's
+  // -Wmissing-field-initializers.
+  std::vector<int> bf16_pairs = {};
 
   // Bits per code (32, 16, 8, 4, 2).
   int bits() const;
-  // Bytes of one encoded vector of `width` values, scales included. Throws InvalidArgument when
-  // width is not a multiple of the group.
+  // Bytes of one encoded vector of `width` values, scales and kept BF16 pairs included. Throws
+  // InvalidArgument when width is not a multiple of the group or a kept pair lies beyond it.
   int64_t encoded_bytes(int64_t width) const;
-  // Canonical spelling: "f32", "bf16", "fp8", "int4:g64", "int4:g64:clip0.9", "q4_0".
+  // Canonical spelling: "f32", "bf16", "fp8", "int4:g64", "int4:g64:clip0.9", "q4_0",
+  // "int4:g64:clip0.9:bf16pairs=5+21" (clip before pairs, pairs ascending).
   std::string to_string() const;
   // Parses one path's spelling (the part after "content=" / "rope="). Throws InvalidArgument
   // naming the text and what is accepted.
@@ -60,6 +68,10 @@ struct CacheFormat {
 //   scale = (max' - min') / (2^b - 1) with max' = clip * max, min' = clip * min; scale and min are
 //   rounded to FP16 first and the codes computed with the rounded values:
 //   q = clamp(round_half_even((x - min) / scale), 0, 2^b - 1); value = scale * q + min.
+//   With bf16_pairs, the kept channels play no part in their group's min and max (the encoder
+//   quantizes them as the lowest other value of the group, or 0 in a group of kept channels only)
+//   and their codes are ignored on decoding; after the {scale, min} pairs come, per kept pair in
+//   ascending order, the BF16 values (round to nearest even, NaN kept) of channels 2i and 2i + 1.
 // - fp8: all e4m3 codes, then one FP32 scale per group (absmax / 448; 1 when the group is zero).
 // - q8_0 / q4_0: consecutive llama.cpp blocks (ggml's quantize_row_q8_0 / q4_0 rounding; q4_0
 //   packs element j in the low nibble and j + 16 in the high nibble of byte j).

@@ -27,9 +27,12 @@ struct CalibrationOptions {
   int64_t rope_keys_per_window = 128;        // sampled key positions per window
   int64_t content_steps = 40;                // Riemannian SGD steps per layer
   int64_t content_batch = 2;                 // windows per step
-  float content_learning_rate = 0.1f;
+  float content_learning_rate = 0.5f;
   std::vector<int64_t> layers;  // layers to calibrate; empty = all
-  // Search each int path's clipping ratio (one per path, all layers); off: keep the spec's.
+  // RoPE frequency pairs to keep in BF16 (the format's bf16pairs, chosen here by the QK loss
+  // they remove, one choice for all layers); 0 = as the spec says.
+  int64_t rope_bf16_pairs = 0;
+  // Search the content path's clipping ratio (int codecs; one for all layers); off: the spec's.
   bool search_clip = true;
 
   // Throws InvalidArgument for settings it cannot work with (nothing to calibrate, unknown

@@ -87,18 +87,45 @@ double rope_output_loss(const PathFormat& format, const RopeTransform& transform
   return loss / signal;
 }
 
-// Clipping ratios tried per path: RoPE keys are few and peaky (scales already trade range for
-// resolution), content groups are many and near-Gaussian after the rotation.
-constexpr float kRopeClips[] = {1.0f, 0.95f, 0.9f};
+// Content clipping ratios tried (one per path: the format has one). The RoPE path gets none: its
+// per-pair scales already trade range for resolution, and a search over 1.0 / 0.95 / 0.9 on top
+// of them kept 1.0 on mla-tiny while tripling the RoPE search time.
 constexpr float kContentClips[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
 
-// Only uniform-int formats clip; without a search the spec's own ratio is used.
-template <size_t N>
-std::vector<float> clip_candidates(const PathFormat& format, bool search, const float (&grid)[N]) {
-  const bool clips =
-      format.codec == Codec::kInt8 || format.codec == Codec::kInt4 || format.codec == Codec::kInt2;
-  if (!search || !clips) return {format.clip};
-  return std::vector<float>(grid, grid + N);
+// Greedily, the pairs whose keeping in BF16 lowers the summed QK loss of every layer the most
+// (identity transform): one model-wide choice, since the format is one for all layers.
+std::vector<int> choose_bf16_pairs(const std::vector<calib::RopeProblem>& problems,
+                                   const PathFormat& base, int64_t count,
+                                   const CalibrationProgress& progress) {
+  const int64_t pairs = problems.front().rope_dim / 2;
+  if (count > pairs) {
+    throw InvalidArgument("cannot keep " + std::to_string(count) +
+                          " RoPE pairs in BF16: the key has " + std::to_string(pairs));
+  }
+  const RopeTransform identity = calib::identity_rope_transform(problems.front().rope_dim);
+  PathFormat format = base;
+  for (int64_t round = 0; round < count; ++round) {
+    int best_pair = -1;
+    double best_loss = std::numeric_limits<double>::infinity();
+    for (int pair = 0; pair < pairs; ++pair) {
+      if (std::find(format.bf16_pairs.begin(), format.bf16_pairs.end(), pair) !=
+          format.bf16_pairs.end()) {
+        continue;
+      }
+      PathFormat candidate = format;
+      candidate.bf16_pairs.push_back(pair);
+      std::sort(candidate.bf16_pairs.begin(), candidate.bf16_pairs.end());
+      double loss = 0.0;
+      for (const calib::RopeProblem& problem : problems) {
+        loss += calib::rope_loss(problem, candidate, identity);
+      }
+      if (loss < best_loss) best_loss = loss, best_pair = pair;
+      if (progress) progress("rope bf16 pairs", round * pairs + pair + 1, count * pairs);
+    }
+    format.bf16_pairs.push_back(best_pair);
+    std::sort(format.bf16_pairs.begin(), format.bf16_pairs.end());
+  }
+  return format.bf16_pairs;
 }
 
 RopeObjective parse_rope_objective(const std::string& name) {
@@ -117,7 +144,7 @@ RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat
   } else {
     objectives = {parse_rope_objective(options.rope_objective)};
   }
-  const std::string stage = "layer " + std::to_string(layer) + " rope " + format.to_string();
+  const std::string stage = "layer " + std::to_string(layer) + " rope";
   const RopeTransform identity = calib::identity_rope_transform(geometry.rope_dim);
   RopeTransform best = identity;
   RopeObjective best_objective = objectives.front();
@@ -229,33 +256,26 @@ CalibrationReport calibrate(Model& model, std::span<const int32_t> tokens,
     report.layers[k].seconds += seconds_since(layer_start);
   };
 
-  // RoPE path, every layer, for each clipping ratio; the ratio with the lowest total held-back
-  // output error is kept (the format carries one ratio per path).
+  // RoPE path, every layer (with the BF16 pairs chosen first when asked for).
   std::vector<RopeTransform> rope(static_cast<size_t>(count),
                                   calib::identity_rope_transform(config.qk_rope_head_dim));
   if (options.rope && is_quantized(options.cache.rope)) {
-    const std::vector<float> clips =
-        clip_candidates(options.cache.rope, options.search_clip, kRopeClips);
-    double best_total = std::numeric_limits<double>::infinity();
-    for (float clip : clips) {
-      PathFormat format = options.cache.rope;
-      format.clip = clip;
-      std::vector<RopeTransform> found(static_cast<size_t>(count));
-      std::vector<RopeLayerReport> reports(static_cast<size_t>(count));
-      double total = 0.0;
+    if (options.rope_bf16_pairs > 0) {
+      std::vector<calib::RopeProblem> problems;
       for (int64_t k = 0; k < count; ++k) {
         timed(k, [&] {
-          found[k] = calibrate_rope(options, format, geometry[k], train_of(k), held_of(k),
-                                    layers[k], reports[k], progress);
+          problems.push_back(calib::build_rope_problem(
+              train_of(k), geometry[k], RopeObjective::kAttention, options.rope_keys_per_window));
         });
-        total += reports[k].output_after;
       }
-      if (total < best_total) {
-        best_total = total;
-        report.cache.rope = format;
-        rope = std::move(found);
-        for (int64_t k = 0; k < count; ++k) report.layers[k].rope = std::move(reports[k]);
-      }
+      report.cache.rope.bf16_pairs =
+          choose_bf16_pairs(problems, report.cache.rope, options.rope_bf16_pairs, progress);
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      timed(k, [&] {
+        rope[k] = calibrate_rope(options, report.cache.rope, geometry[k], train_of(k), held_of(k),
+                                 layers[k], report.layers[k].rope, progress);
+      });
     }
   }
 
@@ -281,8 +301,13 @@ CalibrationReport calibrate(Model& model, std::span<const int32_t> tokens,
       });
       starts.push_back(random_hadamard(geometry[k].rank, options.seed + layers[k]));
     }
+    const bool clips_int = options.cache.content.codec == Codec::kInt8 ||
+                           options.cache.content.codec == Codec::kInt4 ||
+                           options.cache.content.codec == Codec::kInt2;
     const std::vector<float> clips =
-        clip_candidates(options.cache.content, options.search_clip, kContentClips);
+        options.search_clip && clips_int
+            ? std::vector<float>(std::begin(kContentClips), std::end(kContentClips))
+            : std::vector<float>{options.cache.content.clip};
     double best_total = std::numeric_limits<double>::infinity();
     for (size_t c = 0; c < clips.size(); ++c) {
       PathFormat format = options.cache.content;

@@ -40,7 +40,7 @@ struct ContentLearnOptions {
   ContentObjective objective = ContentObjective::kOutput;
   int64_t steps = 40;          // Riemannian SGD steps (0: keep the start rotation)
   int64_t batch = 2;           // windows per step
-  float learning_rate = 0.1f;  // Frobenius norm of each step's rotation generator at the start
+  float learning_rate = 0.5f;  // Frobenius norm of each step's rotation generator at the start
   float momentum = 0.8f;
   int64_t evaluate_every = 10;  // held-out evaluations keep the best rotation seen
 };

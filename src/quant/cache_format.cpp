@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "quant/format_checks.h"
+#include "quant/records.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
@@ -55,6 +56,8 @@ constexpr std::array<int, 3> kChoosableGroups = {32, 64, 128};
 constexpr std::string_view kAcceptedCodecs = "f32, bf16, fp8, int8, int4, int2, q8_0, q4_0";
 constexpr std::string_view kAcceptedGroups = "g32, g64, g128";
 constexpr std::string_view kClipPrefix = "clip";
+constexpr std::string_view kPairsKey = "bf16pairs";
+constexpr std::string_view kPairsExample = "e.g. \"bf16pairs=5+21\"";
 
 const CodecInfo& info(Codec codec) {
   const auto index = static_cast<size_t>(codec);
@@ -110,6 +113,51 @@ std::string group_spelling(int group) {
   return spelling;
 }
 
+// "clipR" with R in (0, 1].
+template <typename Error>
+float parse_clip(std::string_view field, const Error& error) {
+  const std::string_view digits = field.substr(kClipPrefix.size());
+  float clip = 0.0f;
+  const auto [end, status] = std::from_chars(digits.data(), digits.data() + digits.size(), clip);
+  if (status != std::errc() || end != digits.data() + digits.size() ||
+      !(clip > 0.0f && clip <= 1.0f)) {
+    throw error("bad clip " + quoted(field) +
+                " (accepted: clipR with R in (0, 1], e.g. \"clip0.9\")");
+  }
+  return clip;
+}
+
+// "bf16pairs=I+J+..." with non-negative pair indices in any order, returned sorted. The width
+// they must fit is checked later, by check_path_width, where it is known.
+template <typename Error>
+std::vector<int> parse_pairs(std::string_view field, const Error& error) {
+  if (field.size() == kPairsKey.size() || field[kPairsKey.size()] != '=') {
+    throw error("bad " + quoted(field) + " (accepted: " + std::string(kPairsKey) +
+                "=I+J with pair indices I, J, " + std::string(kPairsExample) + ")");
+  }
+  const std::string_view list = field.substr(kPairsKey.size() + 1);
+  if (list.empty()) {
+    throw error("empty pair list in " + quoted(field) + " (" + std::string(kPairsExample) + ")");
+  }
+  std::vector<int> pairs;
+  for (const std::string_view index : split(list, '+')) {
+    int pair = -1;
+    const auto [end, status] = std::from_chars(index.data(), index.data() + index.size(), pair);
+    if (status != std::errc() || end != index.data() + index.size() || pair < 0) {
+      throw error("bad pair index " + quoted(index) + " in " + quoted(field) +
+                  " (accepted: non-negative integers joined by '+', " + std::string(kPairsExample) +
+                  ")");
+    }
+    pairs.push_back(pair);
+  }
+  std::sort(pairs.begin(), pairs.end());
+  const auto repeated = std::adjacent_find(pairs.begin(), pairs.end());
+  if (repeated != pairs.end()) {
+    throw error("duplicate pair index " + std::to_string(*repeated) + " in " + quoted(field));
+  }
+  return pairs;
+}
+
 // `context` names the whole text being parsed and starts every error message.
 PathFormat parse_path(std::string_view text, const std::string& context) {
   const auto error = [&](const std::string& what) {
@@ -156,18 +204,22 @@ PathFormat parse_path(std::string_view text, const std::string& context) {
     }
     format.group = *group;
     ++next;
-    if (next < fields.size() && fields[next].starts_with(kClipPrefix)) {
-      const std::string_view digits = fields[next].substr(kClipPrefix.size());
-      float clip = 0.0f;
-      const auto [end, status] =
-          std::from_chars(digits.data(), digits.data() + digits.size(), clip);
-      if (status != std::errc() || end != digits.data() + digits.size() ||
-          !(clip > 0.0f && clip <= 1.0f)) {
-        throw error("bad clip " + quoted(fields[next]) +
-                    " (accepted: clipR with R in (0, 1], e.g. \"clip0.9\")");
+    // The clip ratio and the kept pairs may come in either order, each at most once.
+    bool seen_clip = false;
+    bool seen_pairs = false;
+    for (; next < fields.size(); ++next) {
+      const std::string_view field = fields[next];
+      if (field.starts_with(kClipPrefix)) {
+        if (seen_clip) throw error("second clip " + quoted(field) + " in " + quoted(text));
+        seen_clip = true;
+        format.clip = parse_clip(field, error);
+      } else if (field.starts_with(kPairsKey)) {
+        if (seen_pairs) throw error("second pair list " + quoted(field) + " in " + quoted(text));
+        seen_pairs = true;
+        format.bf16_pairs = parse_pairs(field, error);
+      } else {
+        break;
       }
-      format.clip = clip;
-      ++next;
     }
   }
 
@@ -176,6 +228,10 @@ PathFormat parse_path(std::string_view text, const std::string& context) {
     if (field.starts_with(kClipPrefix)) {
       throw error("clip " + quoted(field) + " not allowed for " + name +
                   " (only int8, int4 and int2 take a clip ratio)");
+    }
+    if (field.starts_with(kPairsKey)) {
+      throw error(quoted(field) + " not allowed for " + name +
+                  " (only int8, int4 and int2 keep BF16 pairs)");
     }
     if (codec_info->group_rule == GroupRule::kNone && is_group_field(field)) {
       throw error("group " + quoted(field) + " not allowed for " + name +
@@ -240,15 +296,43 @@ void check_path_width(const PathFormat& format, int64_t width) {
   if (format.group != 0 && width % format.group != 0) {
     throw error("width " + std::to_string(width) + " is not a multiple of the group " + group());
   }
+  const std::vector<int>& pairs = format.bf16_pairs;
+  if (pairs.empty()) return;
+  if (codec_info.group_rule != GroupRule::kChosen) {
+    throw error("BF16 pairs given, but only int8, int4 and int2 keep BF16 pairs");
+  }
+  const auto width_text = [&] { return std::to_string(width); };
+  if (static_cast<int64_t>(pairs.size()) > width / 2) {
+    throw error(std::to_string(pairs.size()) + " kept pairs, but width " + width_text() +
+                " has only " + std::to_string(width / 2) + " pairs");
+  }
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const int pair = pairs[k];
+    if (pair < 0) throw error("negative pair index " + std::to_string(pair));
+    if (k > 0 && pair <= pairs[k - 1]) {
+      throw error("pair indices not ascending and unique: " + std::to_string(pair) + " after " +
+                  std::to_string(pairs[k - 1]));
+    }
+    const int64_t first_channel = 2 * static_cast<int64_t>(pair);  // no int overflow at INT_MAX
+    if (first_channel + 1 >= width) {
+      throw error("pair index " + std::to_string(pair) + " (channels " +
+                  std::to_string(first_channel) + ", " + std::to_string(first_channel + 1) +
+                  ") beyond width " + width_text());
+    }
+  }
+}
+
+int64_t kept_pairs_offset(const PathFormat& format, int64_t width) {
+  check_path_width(format, width);
+  const CodecInfo& codec_info = info(format.codec);
+  const int64_t groups = format.group == 0 ? 0 : width / format.group;
+  return width * codec_info.bits / 8 + groups * codec_info.scale_bytes_per_group;
 }
 
 int PathFormat::bits() const { return info(codec).bits; }
 
 int64_t PathFormat::encoded_bytes(int64_t width) const {
-  check_path_width(*this, width);
-  const CodecInfo& codec_info = info(codec);
-  const int64_t groups = group == 0 ? 0 : width / group;
-  return width * codec_info.bits / 8 + groups * codec_info.scale_bytes_per_group;
+  return kept_pairs_offset(*this, width) + static_cast<int64_t>(bf16_pairs.size()) * kBf16PairBytes;
 }
 
 std::string PathFormat::to_string() const {
@@ -265,6 +349,17 @@ std::string PathFormat::to_string() const {
       text += kClipPrefix;
       text += shortest_decimal(clip);
     }
+  }
+  // Spelled for any codec, so that check_path_width's message shows a hand-built misuse.
+  for (size_t k = 0; k < bf16_pairs.size(); ++k) {
+    if (k == 0) {
+      text += ':';
+      text += kPairsKey;
+      text += '=';
+    } else {
+      text += '+';
+    }
+    text += std::to_string(bf16_pairs[k]);
   }
   return text;
 }

@@ -1,9 +1,11 @@
-// encode_path / decode_path: checks the format and width, then hands the vector to its codec.
+// encode_path / decode_path: checks the format and width, then hands the vector to its codec (and
+// the kept BF16 pairs of a uniform-int path to quant/kept_pairs.h).
 #include <bit>
 #include <cstdint>
 
 #include "quant/codec_kernels.h"
 #include "quant/format_checks.h"
+#include "quant/kept_pairs.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/dtype.h"
 
@@ -25,6 +27,9 @@ void encode_path(const PathFormat& format, const float* values, int64_t width, u
     case Codec::kInt8:
     case Codec::kInt4:
     case Codec::kInt2:
+      if (!format.bf16_pairs.empty()) {
+        return encode_uniform_int_kept_pairs(format, values, width, out);
+      }
       return encode_uniform_int(format.bits(), format.group, format.clip, values, width, out);
     case Codec::kQ8_0:
       return encode_q8_0(values, width, out);
@@ -47,7 +52,11 @@ void decode_path(const PathFormat& format, const uint8_t* in, int64_t width, flo
     case Codec::kInt8:
     case Codec::kInt4:
     case Codec::kInt2:
-      return decode_uniform_int(format.bits(), format.group, in, width, values);
+      decode_uniform_int(format.bits(), format.group, in, width, values);
+      if (!format.bf16_pairs.empty()) {
+        restore_kept_pairs(format.bf16_pairs, in + kept_pairs_offset(format, width), values);
+      }
+      return;
     case Codec::kQ8_0:
       return decode_q8_0(in, width, values);
     case Codec::kQ4_0:

@@ -34,6 +34,9 @@ struct UniformIntPath {
   static constexpr int kGroup = kGroupSize;
   template <int kWidth>
   using Record = UniformIntRecord<kBits, kGroup, kWidth>;
+  // The layout with kPairs frequency pairs kept in BF16 (PathFormat::bf16_pairs).
+  template <int kWidth, int kPairs>
+  using KeptPairsRecord = UniformIntKeptPairsRecord<kBits, kGroup, kWidth, kPairs>;
 };
 struct Q8_0Path {
   template <int kWidth>
@@ -51,8 +54,10 @@ constexpr int64_t key(Codec codec, int64_t group) {
 }  // namespace path_dispatch_detail
 
 // Calls visitor(Tag{}) with the tag of `format` (the clip ratio plays no part in the layout) and
-// returns its result. Throws InvalidArgument for a codec/group pair without a layout; callers
-// that want check_path_width's fuller message call it first.
+// returns its result. The tag describes the base record only: kept BF16 pairs (bf16_pairs) follow
+// it at kept_pairs_offset, and visitors that decode handle them (see decode_rows). Throws
+// InvalidArgument for a codec/group pair without a layout; callers that want check_path_width's
+// fuller message call it first.
 template <typename Visitor>
 decltype(auto) visit_path_format(const PathFormat& format, Visitor&& visitor) {
   using path_dispatch_detail::key;

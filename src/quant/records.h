@@ -40,6 +40,18 @@ requires((kBits == 8 || kBits == 4 || kBits == 2) && kWidth % kGroup == 0) struc
   uint16_t scale_min[kWidth / kGroup][2];
 };
 
+// A uniform-int record that keeps kPairs frequency pairs in BF16 (PathFormat::bf16_pairs): the
+// base record unchanged, the kept channels' codes included (stored but ignored: 4 bits per kept
+// channel at int4, paid so that the SIMD decoder runs unchanged and patches the kept channels
+// after), then per kept pair, ascending, the BF16 values of channels 2i and 2i + 1.
+inline constexpr int kBf16PairBytes = 4;
+template <int kBits, int kGroup, int kWidth, int kPairs>
+requires(kWidth % kGroup == 0 && kPairs >= 1 &&
+         2 * kPairs <= kWidth) struct UniformIntKeptPairsRecord {
+  UniformIntRecord<kBits, kGroup, kWidth> base;
+  uint16_t pairs[kPairs][2];
+};
+
 // ggml's block_q8_0: value j = d * qs[j].
 struct Q8_0Block {
   uint16_t d;  // FP16
@@ -90,6 +102,12 @@ static_assert(sizeof(UniformIntRecord<2, 64, 64>) == 16 + 1 * 4);
 // 8).
 using Int2Rope = UniformIntRecord<2, 32, 64>;
 static_assert(offsetof(Int2Rope, scale_min) == Int2Rope::kCodeBytes);
+// The production RoPE format with the two highest-energy pairs kept ("int4:g64:bf16pairs=I+J"):
+// 36 bytes of base record, then 2 x 4 bytes of BF16 pairs.
+using Int4RopeTwoPairs = UniformIntKeptPairsRecord<4, 64, 64, 2>;
+static_assert(sizeof(Int4RopeTwoPairs) == 44);  // 36 + 2 x kBf16PairBytes
+static_assert(offsetof(Int4RopeTwoPairs, pairs) == sizeof(UniformIntRecord<4, 64, 64>));
+static_assert(sizeof(UniformIntKeptPairsRecord<2, 32, 64, 3>) == 24 + 3 * kBf16PairBytes);
 
 static_assert(sizeof(Q8_0Record<512>) == 16 * 34 && sizeof(Q8_0Record<64>) == 2 * 34);
 static_assert(sizeof(Q4_0Record<512>) == 16 * 18 && sizeof(Q4_0Record<64>) == 2 * 18);

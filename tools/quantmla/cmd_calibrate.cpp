@@ -115,6 +115,7 @@ nlohmann::json report_json(const CalibrateOptions& options, const CalibrationRep
             {"content_learning_rate", c.content_learning_rate},
             {"requested_cache", c.cache.to_string()},
             {"clip_search", c.search_clip},
+            {"rope_bf16_pairs", c.rope_bf16_pairs},
             {"seconds", report.seconds}}},
           {"layers", layers}};
 }
@@ -198,9 +199,14 @@ void add_calibrate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rope-keys", c.rope_keys_per_window, "Sampled RoPE keys per window")
       ->capture_default_str();
+  cmd->add_option("--rope-bf16-pairs", c.rope_bf16_pairs,
+                  "Keep this many RoPE frequency pairs in BF16 (+4 bytes per pair per token per "
+                  "layer), chosen by calibration")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--layers", c.layers, "Calibrate only these layers (default: all)");
   cmd->add_flag("--no-clip-search{false}", c.search_clip,
-                "Keep the spec's clipping ratios instead of searching one per int path");
+                "Keep the spec's content clipping ratio instead of searching one");
   cmd->add_flag("--force", options->force, "Replace an existing output directory");
   cmd->add_flag("--json", options->json, "Print the recorded settings and report as JSON");
   cmd->callback([options] { run_calibrate(*options); });

@@ -13,6 +13,8 @@
 #include <string>
 
 #include "quant/codec_kernels.h"
+#include "quant/format_checks.h"
+#include "quant/kept_pairs.h"
 #include "quant/path_dispatch.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
@@ -226,6 +228,15 @@ void decode_rows(const PathFormat& format, const uint8_t* first_record, int64_t 
   visit_path_format(format, [&](auto path) {
     decode_rows_avx2(path, first_record, record_stride_bytes, count, width, out, out_stride);
   });
+  // Kept BF16 pairs: the base record decoded above, their channels now overwritten as decode_path
+  // does. A few scalar stores per row; the base kernels stay one per layout.
+  if (!format.bf16_pairs.empty()) {
+    const int64_t offset = kept_pairs_offset(format, width);
+    for (int64_t row = 0; row < count; ++row) {
+      restore_kept_pairs(format.bf16_pairs, first_record + row * record_stride_bytes + offset,
+                         out + row * out_stride);
+    }
+  }
 }
 
 void decode_rows_reference(const PathFormat& format, const uint8_t* first_record,
