@@ -7,6 +7,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quantmla/cache_format.h"
@@ -46,6 +47,8 @@ struct RopeLayerReport {
   std::string objective;                       // the objective whose transform was kept
   double qk_before = 0, qk_after = 0;          // positional QK loss, identity vs learned
   double output_before = 0, output_after = 0;  // attention-output error, exact content
+  // Held-back attention-output error of each objective's search result, to compare weightings.
+  std::vector<std::pair<std::string, double>> output_by_objective;
   std::vector<float> scales, angles;
 };
 struct ContentLayerReport {

@@ -163,6 +163,7 @@ RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat
         });
     // Candidates compete on the function they serve: the held-back attention output.
     const double output = rope_output_loss(format, found, geometry, held_out);
+    report.output_by_objective.emplace_back(calib::to_string(objectives[k]), output);
     if (output < report.output_after) {
       report.objective = calib::to_string(objectives[k]);
       report.output_after = output;
@@ -339,13 +340,7 @@ CalibrationReport calibrate(Model& model, std::span<const int32_t> tokens,
             ContentWindows{held_of(k), held_targets[k]}, learn, [&](int64_t done, int64_t total) {
               if (progress) progress(stage, done, total);
             });
-        ContentLayerReport& content = report.layers[k].content;
-        content.calibrated = true;
-        content.loss_identity = learned.loss_identity;
-        content.loss_start = learned.loss_start;
-        content.loss_final = learned.loss_final;
-        content.delta_exponent_query = learned.delta_exponent_query;
-        content.delta_exponent_value = learned.delta_exponent_value;
+        report.layers[k].content = learned.report;
         fold_content_transform(model, layers[k], learned.transform);
       });
     }

@@ -186,8 +186,10 @@ ContentLearnResult learn_content_transform(const PathFormat& format, const Layer
   ContentTransform identity{std::vector<float>(static_cast<size_t>(r * r)),
                             std::vector<float>(static_cast<size_t>(r), 1.0f)};
   for (int64_t i = 0; i < r; ++i) identity.rotation[i * r + i] = 1.0f;
-  result.loss_identity = held_loss(identity);
-  result.loss_start = held_loss(start);
+  ContentLayerReport& report = result.report;
+  report.calibrated = true;
+  report.loss_identity = held_loss(identity);
+  report.loss_start = held_loss(start);
 
   // delta: a coordinate search over the two exponents, for the given rotation.
   const auto search_delta = [&](ContentTransform& transform, double& loss, float& a, float& b) {
@@ -209,14 +211,15 @@ ContentLearnResult learn_content_transform(const PathFormat& format, const Layer
   };
 
   ContentTransform best = start;
-  double best_loss = result.loss_start;
+  double best_loss = report.loss_start;
   float a = 0.0f, b = 0.0f;
   search_delta(best, best_loss, a, b);
 
   // Riemannian SGD with momentum on R (delta fixed), Cayley retraction, cosine-decayed step.
   ContentTransform current = best;
   std::vector<float> momentum(static_cast<size_t>(r * r)), grad(static_cast<size_t>(r * r));
-  std::vector<float> skew(static_cast<size_t>(r * r)), quantized, step_error, grad_latents;
+  std::vector<float> skew(static_cast<size_t>(r * r)), g_rt(static_cast<size_t>(r * r));
+  std::vector<float> quantized, step_error, grad_latents;
   const int64_t windows = static_cast<int64_t>(train.windows.size());
   for (int64_t step = 0; step < options.steps && windows > 0; ++step) {
     std::fill(grad.begin(), grad.end(), 0.0f);
@@ -234,7 +237,6 @@ ContentLearnResult learn_content_transform(const PathFormat& format, const Layer
                         grad.data());
     }
     // Riemannian direction W = G R^T - R G^T (skew); moving along -W R lowers the loss.
-    std::vector<float> g_rt(static_cast<size_t>(r * r));
     cpu::matmul_nt(grad.data(), r, current.rotation.data(), r, g_rt.data(), r, r, r, r);
     double norm = 0.0;
     for (int64_t i = 0; i < r; ++i) {
@@ -264,9 +266,9 @@ ContentLearnResult learn_content_transform(const PathFormat& format, const Layer
   }
   if (options.steps > 0) search_delta(best, best_loss, a, b);
   result.transform = std::move(best);
-  result.loss_final = best_loss;
-  result.delta_exponent_query = a;
-  result.delta_exponent_value = b;
+  report.loss_final = best_loss;
+  report.delta_exponent_query = a;
+  report.delta_exponent_value = b;
   return result;
 }
 

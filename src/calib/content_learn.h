@@ -11,6 +11,7 @@
 #include "calib/content_objective.h"
 #include "calib/layer_data.h"
 #include "quantmla/cache_format.h"
+#include "quantmla/calibrate.h"
 #include "quantmla/transform.h"
 
 namespace quantmla::calib {
@@ -47,10 +48,7 @@ struct ContentLearnOptions {
 
 struct ContentLearnResult {
   ContentTransform transform;
-  double loss_identity = 0.0;  // held-out relative loss with A = I (round to nearest)
-  double loss_start = 0.0;     // with the start rotation and delta = 1
-  double loss_final = 0.0;     // with the returned transform
-  float delta_exponent_query = 0.0f, delta_exponent_value = 0.0f;
+  ContentLayerReport report;  // held-back losses: identity, start, returned transform
 };
 
 // One layer's windows with their targets.

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -85,6 +86,9 @@ nlohmann::json report_json(const CalibrateOptions& options, const CalibrationRep
                        {"qk_loss_after", layer.rope.qk_after},
                        {"output_error_before", layer.rope.output_before},
                        {"output_error_after", layer.rope.output_after},
+                       {"output_error_by_objective", nlohmann::json(std::map<std::string, double>(
+                                                         layer.rope.output_by_objective.begin(),
+                                                         layer.rope.output_by_objective.end()))},
                        {"scales", layer.rope.scales},
                        {"angles", layer.rope.angles}};
     }
