@@ -70,19 +70,18 @@ std::vector<float> quantized_rope_keys(const PathFormat& format, const RopeTrans
 }
 
 // Attention-output error of the held-back windows with exact content and the RoPE keys stored
-// through `transform`: what the RoPE path alone costs downstream.
+// through `transform`: what the RoPE path alone costs downstream. `targets` hold each window's
+// exact outputs (computed once per layer); only the keys attention reads are replaced here.
 double rope_output_loss(const PathFormat& format, const RopeTransform& transform,
-                        const LayerGeometry& geometry, std::span<const LayerWindow> windows) {
+                        const LayerGeometry& geometry, std::span<const LayerWindow> windows,
+                        std::vector<ContentTarget>& targets) {
   double loss = 0.0, signal = 0.0;
-  for (const LayerWindow& window : windows) {
-    const std::vector<float> keys =
-        quantized_rope_keys(format, transform, window, geometry.rope_dim);
-    // The target holds the exact outputs; its rope keys are the quantized ones attention reads.
-    ContentTarget target =
-        calib::make_content_target(ContentObjective::kOutput, window, geometry, keys.data());
-    loss += calib::content_loss(ContentObjective::kOutput, window, geometry, target,
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const LayerWindow& window = windows[w];
+    targets[w].rope_keys = quantized_rope_keys(format, transform, window, geometry.rope_dim);
+    loss += calib::content_loss(ContentObjective::kOutput, window, geometry, targets[w],
                                 window.latents.data(), nullptr);
-    signal += target.signal;
+    signal += targets[w].signal;
   }
   return loss / signal;
 }
@@ -148,7 +147,12 @@ RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat
   const RopeTransform identity = calib::identity_rope_transform(geometry.rope_dim);
   RopeTransform best = identity;
   RopeObjective best_objective = objectives.front();
-  report.output_before = rope_output_loss(format, identity, geometry, held_out);
+  std::vector<ContentTarget> held_targets;
+  for (const LayerWindow& window : held_out) {
+    held_targets.push_back(calib::make_content_target(ContentObjective::kOutput, window, geometry,
+                                                      window.rope_keys.data()));
+  }
+  report.output_before = rope_output_loss(format, identity, geometry, held_out, held_targets);
   report.output_after = report.output_before;
   report.objective = "none (no candidate beat the identity)";
   for (size_t k = 0; k < objectives.size(); ++k) {
@@ -162,7 +166,7 @@ RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat
           }
         });
     // Candidates compete on the function they serve: the held-back attention output.
-    const double output = rope_output_loss(format, found, geometry, held_out);
+    const double output = rope_output_loss(format, found, geometry, held_out, held_targets);
     report.output_by_objective.emplace_back(calib::to_string(objectives[k]), output);
     if (output < report.output_after) {
       report.objective = calib::to_string(objectives[k]);
