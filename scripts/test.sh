@@ -1,6 +1,22 @@
 #!/usr/bin/env bash
-# Builds what changed and runs the whole test suite (unit, reference-logit and CLI tests).
+# Builds what changed and runs the whole test suite (unit, reference-logit and CLI tests). Where
+# nvcc is installed (CI included) it also builds the CUDA kernels (build-cuda/, sm_90a) and runs
+# their tests: the host-side ones always, the GPU ones only where a CUDA device is present (ctest
+# reports them skipped otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+
+nvcc=$(command -v nvcc || true)
+[ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc" ]; then
+  generator=()
+  command -v ninja >/dev/null && [ ! -f build-cuda/CMakeCache.txt ] && generator=(-G Ninja)
+  cmake -S . -B build-cuda "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DQUANTMLA_CUDA=ON \
+    -DQUANTMLA_KERNELS_ONLY=ON -DCMAKE_CUDA_COMPILER="$nvcc" >/dev/null
+  cmake --build build-cuda -j "$(nproc)"
+  ctest --test-dir build-cuda --output-on-failure
+else
+  echo "test.sh: no nvcc, CUDA kernels not built"
+fi

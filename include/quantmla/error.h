@@ -35,6 +35,12 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// The CUDA runtime reported an error (the message names the call and CUDA's error string).
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A fixed-capacity resource (a cache) has no room left.
 class CapacityError : public Error {
  public:

@@ -133,12 +133,4 @@ std::unique_ptr<MlaCache> make_cache(const CacheShape& shape, const CacheFormat&
   return std::make_unique<PagedCache>(shape, format, capacity);
 }
 
-int64_t cache_physical_bytes(const CacheShape& shape, const CacheFormat& format, int64_t tokens) {
-  const int64_t record = format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
-  if (is_f32(format)) return shape.num_layers * tokens * record;  // one unpaged array
-  const int64_t pages = (tokens + kPageTokens - 1) / kPageTokens;
-  const int64_t page_bytes = kPageTokens * record;
-  return shape.num_layers * pages * page_bytes + pages * static_cast<int64_t>(sizeof(int32_t));
-}
-
 }  // namespace quantmla

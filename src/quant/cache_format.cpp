@@ -11,6 +11,7 @@
 
 #include "quant/format_checks.h"
 #include "quant/records.h"
+#include "quantmla/cache.h"
 #include "quantmla/error.h"
 
 namespace quantmla {
@@ -428,6 +429,16 @@ std::string CacheFormat::to_string() const {
 int64_t CacheFormat::record_bytes(int64_t kv_lora_rank, int64_t rope_dim) const {
   return path_bytes(content, kv_lora_rank, "content", "kv_lora_rank", *this) +
          path_bytes(rope, rope_dim, "rope", "rope_dim", *this);
+}
+
+// Here rather than beside the paged cache so that tools without the engine (the GPU benchmark)
+// count bytes the same way.
+int64_t cache_physical_bytes(const CacheShape& shape, const CacheFormat& format, int64_t tokens) {
+  const int64_t record = format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
+  if (format == CacheFormat::f32()) return shape.num_layers * tokens * record;  // one unpaged array
+  const int64_t pages = (tokens + kPageTokens - 1) / kPageTokens;
+  const int64_t page_bytes = kPageTokens * record;
+  return shape.num_layers * pages * page_bytes + pages * static_cast<int64_t>(sizeof(int32_t));
 }
 
 }  // namespace quantmla

@@ -1,0 +1,406 @@
+// GPU decode benchmark: measures the device's copy bandwidth, then times the decode kernel of each
+// cache format over a grid of batch x context x heads (s_q = 1) on a pool filled by the
+// quantize-on-write kernel with random rows; prints a table and writes JSON.
+//
+// Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
+// kernels), L2 flushed before each repeat by a 256 MB memset, median of the repeats after one
+// warm-up call. "cache MB" counts the
+// records of every visible token (the bytes the kernel must read); GB/s is that over the time;
+// TFLOP/s counts 2 x heads x tokens x (576 + 512). Physical cache memory for one 128K-token
+// sequence of a DeepSeek-V3-shaped model (61 layers) comes from cache_physical_bytes, pages and
+// block table included.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_array.h"
+#include "quantmla/cache.h"
+#include "quantmla/cache_format.h"
+#include "quantmla/gpu_mla.h"
+
+namespace {
+
+using namespace quantmla;
+using gpu::DeviceArray;
+using gpu::kKeyDim;
+using gpu::kLatentDim;
+using gpu::kRopeDim;
+
+// Hash-based uniform in [-1, 1): random rows without a generator state per thread.
+__device__ float hash_uniform(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// Rows like the fixture's: a few large content channels, one high-energy RoPE pair.
+__global__ void random_rows(float* c, float* k_pe, int64_t tokens, uint64_t seed) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= tokens * kKeyDim) return;
+  const int64_t token = i / kKeyDim;
+  const int d = static_cast<int>(i % kKeyDim);
+  const float u = hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
+  if (d < kLatentDim) {
+    c[token * kLatentDim + d] = 1.7f * u * (d % 37 == 0 ? 6.0f : 1.0f);
+  } else {
+    const int r = d - kLatentDim;
+    k_pe[token * kRopeDim + r] = 3.4f * u * (r / 2 == 21 ? 4.0f : 1.0f);
+  }
+}
+
+__global__ void random_bf16(uint16_t* out, int64_t n, uint64_t seed) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float v = 1.7f * hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
+  out[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+}
+
+// Token t of the fill: sequence t / tokens_per_seq, position t % tokens_per_seq.
+__global__ void fill_positions(int32_t* ids, int32_t* positions, int64_t first, int64_t count,
+                               int64_t tokens_per_seq) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  ids[i] = static_cast<int32_t>((first + i) / tokens_per_seq);
+  positions[i] = static_cast<int32_t>((first + i) % tokens_per_seq);
+}
+
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+struct Event {
+  cudaEvent_t event;
+  Event() { QUANTMLA_CUDA_CHECK(cudaEventCreate(&event)); }
+  ~Event() { cudaEventDestroy(event); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device-to-device copy of a large buffer, counting bytes read plus written.
+double copy_bandwidth_gbps() {
+  const size_t bytes = size_t{2} << 30;
+  DeviceArray<uint8_t> a(bytes), b(bytes);
+  a.fill_bytes(1);
+  Event start, stop;
+  std::vector<double> times;
+  for (int r = 0; r < 12; ++r) {
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event));
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event));
+    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
+    float ms = 0;
+    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
+    if (r >= 2) times.push_back(ms);
+  }
+  return 2.0 * static_cast<double>(bytes) / (median(times) * 1e-3) / 1e9;
+}
+
+struct FormatRun {
+  std::string name;
+  std::string spec;
+  bool heavy;  // also timed at H = 128 (the compute-bound shapes)
+};
+
+struct Row {
+  std::string format;
+  int batch, context, heads;
+  double ms, cache_mb, gbps, tflops;
+  int repeats, blocks;
+};
+
+std::string iso_date() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d", std::gmtime(&now));
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  std::string only;    // "FORMAT,B,CTX,H": one shape, e.g. for ncu
+  int heads_only = 0;  // 16 or 128: that half of the grid only
+  double max_seconds = 420.0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--max-seconds") && i + 1 < argc) {
+      max_seconds = std::stod(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
+      heads_only = std::stoi(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--json FILE] [--max-seconds S] [--quick] [--heads 16|128] "
+                   "[--only FORMAT,B,CTX,H]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (!gpu::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  try {
+    const auto started = std::chrono::steady_clock::now();
+    const auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    };
+    cudaDeviceProp prop{};
+    QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0;
+    QUANTMLA_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    QUANTMLA_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    const double copy_gbps = copy_bandwidth_gbps();
+    std::printf("%s, %d SMs, L2 %d MB, driver %d, runtime %d; copy bandwidth %.0f GB/s\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, driver, runtime,
+                copy_gbps);
+
+    const std::vector<FormatRun> formats = {
+        {"bf16/bf16", "content=bf16,rope=bf16", true},
+        {"fp8/bf16", "content=fp8,rope=bf16", false},
+        {"int4g64/int4", "content=int4:g64,rope=int4:g64", true},
+        {"int4g128/int4", "content=int4:g128,rope=int4:g64", false},
+        {"int4g64/int4+2bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21", false},
+        {"int2g64/int4", "content=int2:g64,rope=int4:g64", true},
+        {"int2g128/int4", "content=int2:g128,rope=int4:g64", false},
+        {"int2g64/int4+2bf16", "content=int2:g64,rope=int4:g64:bf16pairs=0+21", false},
+    };
+    const std::vector<int> batches =
+        quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 64, 128};
+    const std::vector<int> contexts =
+        quick ? std::vector<int>{4096, 32768} : std::vector<int>{4096, 32768, 131072};
+    const std::vector<int> head_counts = {16, 128};
+    const int max_batch = batches.back();
+    const int max_context = contexts.back();
+    const int max_pages = max_context / kPageTokens;
+    const int64_t total_pages = static_cast<int64_t>(max_batch) * max_pages;
+
+    // One shuffled block table for every format: sequence b owns row b.
+    std::vector<int32_t> table(static_cast<size_t>(total_pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937_64(42));
+    DeviceArray<int32_t> d_table(table);
+    DeviceArray<uint8_t> flush(size_t{256} << 20);
+    DeviceArray<uint16_t> d_q(static_cast<size_t>(max_batch) * 128 * kKeyDim);
+    random_bf16<<<blocks_for(d_q.size(), 256), 256>>>(d_q.data(), d_q.size(), 7);
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+    DeviceArray<uint16_t> d_out(static_cast<size_t>(max_batch) * 128 * kLatentDim);
+    DeviceArray<float> d_lse(static_cast<size_t>(max_batch) * 128);
+
+    std::vector<Row> rows;
+    std::vector<std::string> skipped;
+    Event start, stop;
+    for (const FormatRun& run : formats) {
+      if (!only.empty() && only.rfind(run.name + ",", 0) != 0) continue;
+      if (heads_only == 128 && !run.heavy) continue;
+      const CacheFormat format = CacheFormat::parse(run.spec);
+      const int64_t record_bytes = format.record_bytes(kLatentDim, kRopeDim);
+      DeviceArray<uint8_t> pool(static_cast<size_t>(total_pages * kPageTokens * record_bytes));
+      // Fill every sequence's pages through the quantize-on-write kernel, in chunks.
+      {
+        const int64_t tokens = static_cast<int64_t>(max_batch) * max_context;
+        const int64_t chunk = int64_t{1} << 20;
+        DeviceArray<float> c(static_cast<size_t>(chunk) * kLatentDim);
+        DeviceArray<float> k_pe(static_cast<size_t>(chunk) * kRopeDim);
+        DeviceArray<int32_t> ids(chunk), positions(chunk);
+        for (int64_t first = 0; first < tokens; first += chunk) {
+          const int64_t n = std::min(chunk, tokens - first);
+          random_rows<<<blocks_for(n * kKeyDim, 256), 256>>>(c.data(), k_pe.data(), n, first + 1);
+          fill_positions<<<blocks_for(n, 256), 256>>>(ids.data(), positions.data(), first, n,
+                                                      max_context);
+          QUANTMLA_CUDA_CHECK_LAUNCH();
+          gpu::MlaWriteParams write;
+          write.c = c.data();
+          write.k_pe = k_pe.data();
+          write.seq_ids = ids.data();
+          write.positions = positions.data();
+          write.pool = pool.data();
+          write.block_table = d_table.data();
+          write.block_table_stride = max_pages;
+          write.num_tokens = n;
+          gpu::mla_write(format, write);
+        }
+        QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      for (const int heads : head_counts) {
+        if ((heads == 128 && !run.heavy) || (heads_only != 0 && heads != heads_only)) continue;
+        for (const int context : contexts) {
+          for (const int batch : batches) {
+            char label[96];
+            std::snprintf(label, sizeof label, "%s B=%d ctx=%d H=%d", run.name.c_str(), batch,
+                          context, heads);
+            if (!only.empty() && only != run.name + "," + std::to_string(batch) + "," +
+                                             std::to_string(context) + "," +
+                                             std::to_string(heads)) {
+              continue;
+            }
+            if (elapsed() > max_seconds) {
+              skipped.push_back(label);
+              continue;
+            }
+            const std::vector<int32_t> lens(batch, context);
+            DeviceArray<int32_t> d_lens(lens);
+            gpu::MlaDecodePlan plan(lens, 1, heads);
+            gpu::MlaDecodeParams params;
+            params.q = d_q.data();
+            params.pool = pool.data();
+            params.block_table = d_table.data();
+            params.block_table_stride = max_pages;
+            params.seq_lens = d_lens.data();
+            params.out = d_out.data();
+            params.lse = d_lse.data();
+            params.batch = batch;
+            params.s_q = 1;
+            params.num_heads = heads;
+            params.softmax_scale = 1.0f / std::sqrt(192.0f);
+            // One graph of the decode (and combine) kernels: each repeat is one launch, so host
+            // launch gaps stay out of the timing.
+            cudaStream_t stream;
+            QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+            cudaGraph_t graph;
+            cudaGraphExec_t graph_exec;
+            QUANTMLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            gpu::mla_decode(format, params, plan, stream);
+            QUANTMLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            QUANTMLA_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
+            const auto timed = [&] {
+              QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), 0, flush.bytes(), stream));
+              QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event, stream));
+              QUANTMLA_CUDA_CHECK(cudaGraphLaunch(graph_exec, stream));
+              QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event, stream));
+              QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
+              float ms = 0;
+              QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
+              return static_cast<double>(ms);
+            };
+            const double first = timed();  // warm-up
+            // About 0.3 s of repeats per shape, at least 3. A call of over half a second (the
+            // compute-bound H = 128, 128K shapes) counts its warm-up as a repeat: the kernel was
+            // loaded by the smaller shapes before it, and the lease is short.
+            std::vector<double> times;
+            if (first > 500.0) times.push_back(first);
+            const int repeats = std::clamp(static_cast<int>(300.0 / first), 3, 25);
+            while (static_cast<int>(times.size()) < repeats) times.push_back(timed());
+            const double ms = median(times);
+            QUANTMLA_CUDA_CHECK(cudaGraphExecDestroy(graph_exec));
+            QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
+            QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
+            const double tokens = static_cast<double>(batch) * context;
+            Row row{run.name,
+                    batch,
+                    context,
+                    heads,
+                    ms,
+                    tokens * record_bytes / 1e6,
+                    tokens * record_bytes / (ms * 1e-3) / 1e9,
+                    2.0 * heads * tokens * (kKeyDim + kLatentDim) / (ms * 1e-3) / 1e12,
+                    static_cast<int>(times.size()),
+                    plan.num_blocks()};
+            rows.push_back(row);
+            std::printf(
+                "%-20s B=%-3d ctx=%-6d H=%-3d %9.3f ms %9.1f MB %7.0f GB/s (%3.0f%% of copy) %6.1f "
+                "TFLOP/s  [%d blocks, %d repeats]\n",
+                row.format.c_str(), batch, context, heads, ms, row.cache_mb, row.gbps,
+                100.0 * row.gbps / copy_gbps, row.tflops, row.blocks, row.repeats);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+
+    // Physical memory of one 128K-token sequence, DeepSeek-V3 shape.
+    const CacheShape v3{61, kLatentDim, kRopeDim};
+    const int64_t long_tokens = 131072;
+    const double bf16_bytes =
+        static_cast<double>(cache_physical_bytes(v3, CacheFormat::parse("bf16"), long_tokens));
+
+    // Summary: speed-up over BF16 on the same shape.
+    std::printf("\n| format | H | B | ctx | ms | GB/s | %% of copy | TFLOP/s | vs bf16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const Row& row : rows) {
+      double speedup = 0.0;
+      for (const Row& base : rows) {
+        if (base.format == "bf16/bf16" && base.batch == row.batch && base.context == row.context &&
+            base.heads == row.heads) {
+          speedup = base.ms / row.ms;
+        }
+      }
+      std::printf("| %s | %d | %d | %d | %.3f | %.0f | %.0f%% | %.1f | %.2fx |\n",
+                  row.format.c_str(), row.heads, row.batch, row.context, row.ms, row.gbps,
+                  100.0 * row.gbps / copy_gbps, row.tflops, speedup);
+    }
+    std::printf("\nphysical cache for one %lld-token sequence, 61 layers (DeepSeek-V3 shape):\n",
+                static_cast<long long>(long_tokens));
+    for (const FormatRun& run : formats) {
+      const double bytes =
+          static_cast<double>(cache_physical_bytes(v3, CacheFormat::parse(run.spec), long_tokens));
+      std::printf(
+          "  %-20s %5lld B/token/layer %8.3f GB  %.3fx vs bf16\n", run.name.c_str(),
+          static_cast<long long>(CacheFormat::parse(run.spec).record_bytes(kLatentDim, kRopeDim)),
+          bytes / 1e9, bf16_bytes / bytes);
+    }
+    for (const std::string& s : skipped) std::printf("skipped (time budget): %s\n", s.c_str());
+
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (f == nullptr) throw IoError("cannot write " + json_path);
+      std::fprintf(f, "{\n  \"card\": \"%s\",\n  \"date\": \"%s\",\n  \"sms\": %d,\n", prop.name,
+                   iso_date().c_str(), prop.multiProcessorCount);
+      std::fprintf(f, "  \"driver\": %d,\n  \"runtime\": %d,\n  \"copy_gbps\": %.1f,\n", driver,
+                   runtime, copy_gbps);
+      std::fprintf(f,
+                   "  \"timing\": \"CUDA events, L2 flushed (256 MB memset) before each repeat, "
+                   "median\",\n");
+      std::fprintf(f, "  \"rows\": [\n");
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        std::fprintf(f,
+                     "    {\"format\": \"%s\", \"heads\": %d, \"batch\": %d, \"context\": %d, "
+                     "\"ms\": %.4f, \"cache_mb\": %.2f, \"gbps\": %.1f, \"pct_copy\": %.1f, "
+                     "\"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d}%s\n",
+                     r.format.c_str(), r.heads, r.batch, r.context, r.ms, r.cache_mb, r.gbps,
+                     100.0 * r.gbps / copy_gbps, r.tflops, r.repeats, r.blocks,
+                     i + 1 < rows.size() ? "," : "");
+      }
+      std::fprintf(f, "  ],\n  \"memory_128k_v3\": [\n");
+      for (size_t i = 0; i < formats.size(); ++i) {
+        const CacheFormat format = CacheFormat::parse(formats[i].spec);
+        const double bytes = static_cast<double>(cache_physical_bytes(v3, format, long_tokens));
+        std::fprintf(f,
+                     "    {\"format\": \"%s\", \"spec\": \"%s\", \"bytes_per_token_layer\": %lld, "
+                     "\"bytes\": %.0f, \"ratio_vs_bf16\": %.4f}%s\n",
+                     formats[i].name.c_str(), formats[i].spec.c_str(),
+                     static_cast<long long>(format.record_bytes(kLatentDim, kRopeDim)), bytes,
+                     bf16_bytes / bytes, i + 1 < formats.size() ? "," : "");
+      }
+      std::fprintf(f, "  ],\n  \"skipped\": %zu\n}\n", skipped.size());
+      std::fclose(f);
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,98 @@
+// Absorbed MLA decode attention and quantize-on-write on an NVIDIA GPU (sm_90a) over a paged cache
+// whose pages hold exactly the records of the CPU caches (cache_format.h): 64 records per page,
+// found through a block table. Built with -DQUANTMLA_CUDA=ON; using it needs no CUDA header. Every
+// pointer in the params structs is a device pointer; strides are in elements.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "quantmla/cache_format.h"
+
+namespace quantmla::gpu {
+
+inline constexpr int kLatentDim = 512;  // kv_lora_rank: width of c, and of the output
+inline constexpr int kRopeDim = 64;     // qk_rope_head_dim: width of k_pe
+inline constexpr int kKeyDim = kLatentDim + kRopeDim;
+inline constexpr int kPageTokens = 64;   // records per page, as the CPU paged cache
+inline constexpr int kMaxKeptPairs = 4;  // RoPE frequency pairs kept in BF16 (":bf16pairs=")
+
+// Formats the GPU kernels read and write: content bf16 | fp8 | int4:g64|g128 | int2:g64|g128 (any
+// clip), RoPE bf16 | int4:g64 with up to kMaxKeptPairs kept pairs. Throws InvalidArgument naming
+// the format otherwise.
+void check_gpu_format(const CacheFormat& format);
+
+// One decode step for a batch of sequences: s_q new queries per sequence, all heads.
+struct MlaDecodeParams {
+  // q: [batch, s_q, num_heads, kKeyDim] BF16 bits: W_UK_h^T q_nope_h, then q_pe_h.
+  const uint16_t* q = nullptr;
+  // pool: [physical pages, kPageTokens, record_bytes] records as the CPU cache encodes them.
+  const uint8_t* pool = nullptr;
+  // block_table: [batch, block_table_stride] logical page -> physical page.
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  // seq_lens: [batch] tokens in each sequence's cache, its s_q new tokens included. Query i of
+  // sequence b sits at position seq_lens[b] - s_q + i and attends to keys [0, that position].
+  const int32_t* seq_lens = nullptr;
+  // out: [batch, s_q, num_heads, kLatentDim] BF16 bits: sum_j p_h(j) c_j.
+  uint16_t* out = nullptr;
+  // lse: [batch, s_q, num_heads] natural log-sum-exp of the scaled logits; may be null.
+  float* lse = nullptr;
+  int batch = 0;
+  int s_q = 1;
+  int num_heads = 0;  // a multiple of 16
+  float softmax_scale = 1.0f;
+};
+
+// How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
+// heads) of one sequence and a run of its pages; sequences split into several runs are merged by a
+// combine kernel through their log-sum-exps. It depends on the lengths only, so one plan serves
+// every layer of a step (as FlashMLA's metadata). Holds its device copy and the partial-result
+// workspace.
+class MlaDecodePlan {
+ public:
+  // seq_lens: a host copy of MlaDecodeParams::seq_lens. pages_per_split = 0 chooses the split so
+  // that the blocks fill the device's multiprocessors; a positive value forces it (tests).
+  // Throws InvalidArgument for num_heads not a multiple of 16, s_q < 1, or a sequence shorter than
+  // s_q.
+  MlaDecodePlan(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
+                int pages_per_split = 0);
+  ~MlaDecodePlan();
+  MlaDecodePlan(MlaDecodePlan&&) noexcept;
+  MlaDecodePlan& operator=(MlaDecodePlan&&) noexcept;
+
+  int num_blocks() const;  // thread blocks of the decode kernel
+  int max_splits() const;  // most page runs of one sequence
+
+  struct State;
+  const State& state() const { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Runs the decode kernel (and the combine kernel when a sequence was split) on `stream` (a
+// cudaStream_t; null: the default stream). Throws InvalidArgument when the params disagree with
+// the plan or the format is not supported, CudaError when CUDA reports an error.
+void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,
+                void* stream = nullptr);
+
+// Quantize-on-write: encodes new tokens' (c, k_pe) into their records, byte for byte as
+// encode_path does on the CPU for finite inputs.
+struct MlaWriteParams {
+  const float* c = nullptr;              // [num_tokens, kLatentDim]
+  const float* k_pe = nullptr;           // [num_tokens, kRopeDim], after RoPE
+  const int32_t* seq_ids = nullptr;      // [num_tokens] row of block_table of each token
+  const int32_t* positions = nullptr;    // [num_tokens] position of each token in its sequence
+  uint8_t* pool = nullptr;               // [physical pages, kPageTokens, record_bytes]
+  const int32_t* block_table = nullptr;  // [sequences, block_table_stride]
+  int64_t block_table_stride = 0;
+  int64_t num_tokens = 0;
+};
+void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* stream = nullptr);
+
+// True when a CUDA device can be used from this process.
+bool device_available();
+
+}  // namespace quantmla::gpu

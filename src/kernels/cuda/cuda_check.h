@@ -1,0 +1,24 @@
+// Every CUDA runtime call goes through QUANTMLA_CUDA_CHECK: a failure throws CudaError naming the
+// call, the file and line, and CUDA's own message.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "quantmla/error.h"
+
+namespace quantmla::gpu {
+
+inline void cuda_check(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess) {
+    throw CudaError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                    cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
+  }
+}
+
+}  // namespace quantmla::gpu
+
+#define QUANTMLA_CUDA_CHECK(call) ::quantmla::gpu::cuda_check((call), #call, __FILE__, __LINE__)
+// After a kernel launch: the launch's own error (bad configuration, too much shared memory).
+#define QUANTMLA_CUDA_CHECK_LAUNCH() QUANTMLA_CUDA_CHECK(cudaGetLastError())

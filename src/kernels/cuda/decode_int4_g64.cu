@@ -1,0 +1,7 @@
+// Decode kernels for content int4 g64 (both RoPE formats).
+#include "kernels/cuda/decode_launch.cuh"
+
+namespace quantmla::gpu {
+using InstantiatedContent = ContentInt<4, 64>;
+}  // namespace quantmla::gpu
+QUANTMLA_INSTANTIATE_DECODE(InstantiatedContent)

@@ -1,0 +1,82 @@
+#include "kernels/cuda/decode_schedule.h"
+
+#include <algorithm>
+#include <string>
+
+#include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
+
+namespace quantmla::gpu {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
+                           int num_sms, int pages_per_split) {
+  if (num_heads <= 0 || num_heads % 16 != 0) {
+    throw InvalidArgument("GPU decode: num_heads " + std::to_string(num_heads) +
+                          ", expected a positive multiple of 16");
+  }
+  if (s_q < 1) throw InvalidArgument("GPU decode: s_q " + std::to_string(s_q) + ", expected >= 1");
+  if (seq_lens.empty()) throw InvalidArgument("GPU decode: empty batch");
+  if (pages_per_split < 0 || (pages_per_split == 0 && num_sms <= 0)) {
+    throw InvalidArgument("GPU decode: pages_per_split " + std::to_string(pages_per_split) +
+                          " with " + std::to_string(num_sms) + " multiprocessors");
+  }
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    if (seq_lens[b] < s_q) {
+      throw InvalidArgument("GPU decode: sequence " + std::to_string(b) + " holds " +
+                            std::to_string(seq_lens[b]) + " tokens, fewer than its " +
+                            std::to_string(s_q) + " queries");
+    }
+  }
+  DecodeSchedule schedule;
+  const int rows = s_q * num_heads;
+  // Two row tiles per block read each page once for 32 rows; 16 rows otherwise.
+  schedule.row_tiles_per_block = rows % 32 == 0 ? 2 : 1;
+  schedule.rows_per_block = 16 * schedule.row_tiles_per_block;
+  schedule.row_tiles = rows / schedule.rows_per_block;
+
+  int64_t total_units = 0;
+  for (const int32_t len : seq_lens) {
+    const int64_t pages = ceil_div(len, kPageTokens);
+    schedule.max_pages = std::max<int>(schedule.max_pages, static_cast<int>(pages));
+    total_units += pages * schedule.row_tiles;
+  }
+
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int64_t pages = ceil_div(seq_lens[b], kPageTokens);
+    int64_t per_split = pages_per_split;
+    if (per_split == 0) {
+      // Splits of each row tile: the sequence's share of one block per multiprocessor, rounded
+      // down so that the blocks of a uniform batch fit in one wave, but no run shorter than
+      // kMinPagesPerSplit.
+      const int64_t share = std::max<int64_t>(1, pages * num_sms / total_units);
+      per_split =
+          std::max<int64_t>(std::min<int64_t>(kMinPagesPerSplit, pages), ceil_div(pages, share));
+    }
+    const int64_t splits = ceil_div(pages, per_split);
+    schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(splits));
+    for (int rt = 0; rt < schedule.row_tiles; ++rt) {
+      const int first_partial = splits > 1 ? schedule.num_partials : -1;
+      for (int64_t s = 0; s < splits; ++s) {
+        WorkItem item;
+        item.batch = static_cast<int32_t>(b);
+        item.row_tile = rt;
+        item.page_begin = static_cast<int32_t>(s * per_split);
+        item.page_end = static_cast<int32_t>(std::min(pages, (s + 1) * per_split));
+        item.partial = splits > 1 ? schedule.num_partials++ : -1;
+        schedule.items.push_back(item);
+      }
+      if (splits > 1) {
+        schedule.combines.push_back(
+            {static_cast<int32_t>(b), rt, first_partial, static_cast<int32_t>(splits)});
+      }
+    }
+  }
+  return schedule;
+}
+
+}  // namespace quantmla::gpu

@@ -1,0 +1,52 @@
+// The split of one GPU decode call into thread blocks (host code, no CUDA): which query rows and
+// which run of pages each block takes, and where split sequences' partial results go.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace quantmla::gpu {
+
+// One thread block of the decode kernel. Device record: its size is asserted.
+struct WorkItem {
+  int32_t batch;       // sequence
+  int32_t row_tile;    // query rows [row_tile * rows_per_block, +rows_per_block) of s_q x heads
+  int32_t page_begin;  // logical pages [page_begin, page_end) of the sequence
+  int32_t page_end;
+  int32_t partial;  // slot of the partial result, or -1: this block writes the final output
+};
+static_assert(sizeof(WorkItem) == 20);
+
+// One (sequence, row tile) whose page runs the combine kernel merges.
+struct CombineItem {
+  int32_t batch;
+  int32_t row_tile;
+  int32_t first_partial;  // partial slots [first_partial, first_partial + num_splits)
+  int32_t num_splits;
+};
+static_assert(sizeof(CombineItem) == 16);
+
+struct DecodeSchedule {
+  int row_tiles_per_block = 1;  // 16-row MMA tiles per block: 1 or 2
+  int rows_per_block = 16;
+  int row_tiles = 0;  // blocks along s_q x heads for one sequence
+  int num_partials = 0;
+  int max_splits = 1;
+  int max_pages = 0;  // pages of the longest sequence
+  std::vector<WorkItem> items;
+  std::vector<CombineItem> combines;
+};
+
+// Fewest pages one block takes when a sequence is split: below it the partial results cost more
+// traffic than the pages they save.
+inline constexpr int kMinPagesPerSplit = 4;
+
+// Splits the work. pages_per_split = 0: each sequence gets its share of one block per
+// multiprocessor (num_sms > 0; at least one block, runs of at least kMinPagesPerSplit pages);
+// > 0: runs of exactly that many pages. Throws
+// InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence shorter than
+// s_q.
+DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
+                           int num_sms, int pages_per_split);
+
+}  // namespace quantmla::gpu

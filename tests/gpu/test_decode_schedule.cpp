@@ -1,0 +1,143 @@
+// The GPU decode's work split, checked exhaustively on the host (no GPU needed): every (sequence,
+// row tile, page) is covered exactly once, runs are contiguous and in order, partial slots are
+// unique and the combine items point at them, and bad arguments are refused. Also the format
+// check. Exit status 0 when every check passes.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/decode_schedule.h"
+#include "quantmla/cache_format.h"
+#include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
+
+namespace {
+
+using namespace quantmla;
+using namespace quantmla::gpu;
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_split) {
+  const std::string name = "lens " + std::to_string(lens.size()) + " first " +
+                           std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
+                           std::to_string(heads) + " sms " + std::to_string(sms) + " split " +
+                           std::to_string(per_split);
+  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_split);
+  const int rows = s_q * heads;
+  expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
+  expect(schedule.rows_per_block == (rows % 32 == 0 ? 32 : 16), name + ": row tile size");
+  // (sequence, row tile) -> pages seen, in order.
+  std::map<std::pair<int, int>, std::vector<WorkItem>> runs;
+  std::vector<int> partial_seen(schedule.num_partials, 0);
+  for (const WorkItem& item : schedule.items) {
+    runs[{item.batch, item.row_tile}].push_back(item);
+    expect(item.page_begin < item.page_end, name + ": non-empty run");
+    if (item.partial >= 0) {
+      expect(item.partial < schedule.num_partials, name + ": partial slot in range");
+      if (item.partial < schedule.num_partials) ++partial_seen[item.partial];
+    }
+  }
+  for (int count : partial_seen) expect(count == 1, name + ": each partial slot used once");
+  int max_pages = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int pages = (lens[b] + kPageTokens - 1) / kPageTokens;
+    max_pages = std::max(max_pages, pages);
+    for (int rt = 0; rt < schedule.row_tiles; ++rt) {
+      const auto& list = runs[{static_cast<int>(b), rt}];
+      int next = 0;
+      for (const WorkItem& item : list) {
+        expect(item.page_begin == next, name + ": runs contiguous and ordered");
+        next = item.page_end;
+        expect((list.size() > 1) == (item.partial >= 0), name + ": partial iff split");
+        if (per_split > 0)
+          expect(item.page_end - item.page_begin <= per_split, name + ": run size");
+      }
+      expect(next == pages, name + ": every page covered");
+    }
+  }
+  expect(schedule.max_pages == max_pages, name + ": max_pages");
+  int combined = 0;
+  for (const CombineItem& c : schedule.combines) {
+    const auto& list = runs[{c.batch, c.row_tile}];
+    expect(c.num_splits == static_cast<int>(list.size()), name + ": combine split count");
+    for (int s = 0; s < c.num_splits && s < static_cast<int>(list.size()); ++s) {
+      expect(list[s].partial == c.first_partial + s, name + ": combine slots consecutive");
+    }
+    combined += c.num_splits;
+  }
+  expect(combined == schedule.num_partials, name + ": every partial combined");
+  if (per_split == 0) {
+    // A uniform batch fits in one wave of the multiprocessors (at least one block a sequence).
+    bool uniform = true;
+    for (const int32_t len : lens) uniform = uniform && len == lens[0];
+    const int floor_blocks = static_cast<int>(lens.size()) * schedule.row_tiles;
+    if (uniform && floor_blocks <= sms) {
+      expect(static_cast<int>(schedule.items.size()) <= sms, name + ": one wave");
+    }
+  }
+}
+
+template <class F>
+void expect_invalid(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    std::printf("refused as expected: %s\n", e.what());
+    return;
+  }
+  expect(false, what + ": not refused");
+}
+
+}  // namespace
+
+int main() {
+  int cases = 0;
+  for (const int heads : {16, 32, 48, 64, 128}) {
+    for (const int s_q : {1, 2}) {
+      for (const int sms : {1, 7, 132}) {
+        for (const int per_split : {0, 1, 3, 64}) {
+          for (const std::vector<int32_t>& lens :
+               {std::vector<int32_t>{2}, std::vector<int32_t>{64, 65, 2, 4096},
+                std::vector<int32_t>(16, 32768), std::vector<int32_t>{262144, 3, 130},
+                std::vector<int32_t>(128, 4096)}) {
+            check_schedule(lens, s_q, heads, sms, per_split);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 0); });
+  expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 0); });
+  expect_invalid("s_q 0", [] { plan_decode({100}, 0, 16, 132, 0); });
+  expect_invalid("sequence shorter than s_q", [] { plan_decode({100, 1}, 2, 16, 132, 0); });
+  expect_invalid("empty batch", [] { plan_decode({}, 1, 16, 132, 0); });
+  expect_invalid("no multiprocessors", [] { plan_decode({100}, 1, 16, 0, 0); });
+  for (const char* spec : {"content=bf16,rope=bf16", "content=fp8,rope=bf16",
+                           "content=int4:g64,rope=int4:g64", "content=int2:g128:clip0.8,rope=bf16",
+                           "content=int4:g128,rope=int4:g64:bf16pairs=0+5+21+31"}) {
+    try {
+      check_gpu_format(CacheFormat::parse(spec));
+    } catch (const Error& e) {
+      expect(false, std::string(spec) + ": refused: " + e.what());
+    }
+  }
+  for (const char* spec :
+       {"content=q4_0,rope=bf16", "content=int4:g32,rope=bf16", "content=int8:g64,rope=bf16",
+        "content=int4:g64,rope=int4:g32", "content=int4:g64,rope=int2:g64", "content=bf16,rope=fp8",
+        "content=int4:g64,rope=int4:g64:bf16pairs=0+1+2+3+4", "content=f32,rope=f32"}) {
+    expect_invalid(spec, [&] { check_gpu_format(CacheFormat::parse(spec)); });
+  }
+  std::printf("%d schedules checked, %d failures\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,433 @@
+// The GPU kernels against the CPU: quantize-on-write byte for byte against encode_path, and the
+// decode kernel against the scalar attention reference (double accumulation) on the records the
+// CPU codec wrote, with tolerances derived from the formats' roundings. Fresh random inputs each
+// run (the seed is printed; --seed S repeats a run), outputs poisoned with NaN before each launch.
+// Exit status: 0 all checks passed, 1 a check failed, 77 no CUDA device (ctest: skipped).
+// --quick: a smaller set of cases, for compute-sanitizer.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device_array.h"
+#include "quantmla/attention.h"
+#include "quantmla/cache_format.h"
+#include "quantmla/dtype.h"
+#include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
+
+namespace {
+
+using namespace quantmla;
+using gpu::DeviceArray;
+using gpu::kKeyDim;
+using gpu::kLatentDim;
+using gpu::kPageTokens;
+using gpu::kRopeDim;
+
+int failures = 0;
+int checks = 0;
+
+void expect(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+std::mt19937_64 rng;
+
+// Content latents with a few large channels and RoPE keys with one high-energy pair (21), as the
+// trained fixture shows (DESIGN §8), so that groups have realistic ranges.
+void random_row(float* c, float* k_pe) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < kLatentDim; ++i) c[i] = normal(rng) * (i % 37 == 0 ? 6.0f : 1.0f);
+  for (int i = 0; i < kRopeDim; ++i) k_pe[i] = normal(rng) * (i / 2 == 21 ? 8.0f : 2.0f);
+}
+
+// A paged pool as the CPU cache writes it: records of `format`, pages assigned to sequences in a
+// shuffled order.
+struct HostCache {
+  CacheFormat format;
+  int64_t record_bytes = 0;
+  int64_t content_bytes = 0;
+  int max_pages = 0;
+  std::vector<int32_t> lens;
+  std::vector<int32_t> block_table;  // [batch, max_pages]
+  std::vector<uint8_t> pool;
+  std::vector<std::vector<float>> rows;  // per sequence [len, kKeyDim], the values written
+
+  uint8_t* record(int b, int pos) {
+    const int64_t page = block_table[b * max_pages + pos / kPageTokens];
+    return pool.data() + (page * kPageTokens + pos % kPageTokens) * record_bytes;
+  }
+};
+
+HostCache make_cache(const CacheFormat& format, const std::vector<int32_t>& lens) {
+  HostCache cache;
+  cache.format = format;
+  cache.record_bytes = format.record_bytes(kLatentDim, kRopeDim);
+  cache.content_bytes = format.content.encoded_bytes(kLatentDim);
+  cache.lens = lens;
+  int total_pages = 0;
+  for (const int32_t len : lens) {
+    cache.max_pages = std::max(cache.max_pages, (len + kPageTokens - 1) / kPageTokens);
+    total_pages += (len + kPageTokens - 1) / kPageTokens;
+  }
+  std::vector<int32_t> physical(static_cast<size_t>(total_pages));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  cache.block_table.assign(lens.size() * cache.max_pages, -1);
+  size_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int page = 0; page < (lens[b] + kPageTokens - 1) / kPageTokens; ++page) {
+      cache.block_table[b * cache.max_pages + page] = physical[next++];
+    }
+  }
+  // Unwritten slots of a last page hold garbage that must not reach the output: 0xFF bytes decode
+  // to NaN in every format.
+  cache.pool.assign(static_cast<size_t>(total_pages) * kPageTokens * cache.record_bytes, 0xff);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    cache.rows.emplace_back(static_cast<size_t>(lens[b]) * kKeyDim);
+    for (int pos = 0; pos < lens[b]; ++pos) {
+      float* row = cache.rows.back().data() + static_cast<size_t>(pos) * kKeyDim;
+      random_row(row, row + kLatentDim);
+      uint8_t* rec = cache.record(static_cast<int>(b), pos);
+      encode_path(format.content, row, kLatentDim, rec);
+      encode_path(format.rope, row + kLatentDim, kRopeDim, rec + cache.content_bytes);
+    }
+  }
+  return cache;
+}
+
+// Largest error the GPU's dequantization to BF16 adds to one decoded value of this path, relative
+// to the largest magnitude in its record: int formats round scale and min to BF16 (2^-9 each of
+// |scale * code| <= range and |min|) and the result (2^-9), fp8 rounds the scaled value.
+double dequant_error_factor(const PathFormat& format) {
+  switch (format.codec) {
+    case Codec::kBF16:
+      return 0.0;
+    case Codec::kFP8:
+      return std::ldexp(1.0, -9);
+    default:
+      return 4.0 * std::ldexp(1.0, -9);  // range <= 2 max|v|, |min| <= max|v| (+ clip), result
+  }
+}
+
+struct DecodeCase {
+  std::string format;
+  int num_heads;
+  int s_q;
+  std::vector<int32_t> lens;
+  int pages_per_split;  // 0: automatic
+};
+
+void run_decode_case(const DecodeCase& test) {
+  const CacheFormat format = CacheFormat::parse(test.format);
+  HostCache cache = make_cache(format, test.lens);
+  const int batch = static_cast<int>(test.lens.size());
+  const int rows = test.s_q * test.num_heads;
+  const float softmax_scale = 1.0f / std::sqrt(192.0f);
+
+  std::vector<uint16_t> q(static_cast<size_t>(batch) * rows * kKeyDim);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
+
+  DeviceArray<uint16_t> d_q(q);
+  DeviceArray<uint8_t> d_pool(cache.pool);
+  DeviceArray<int32_t> d_table(cache.block_table);
+  DeviceArray<int32_t> d_lens(cache.lens);
+  DeviceArray<uint16_t> d_out(static_cast<size_t>(batch) * rows * kLatentDim);
+  DeviceArray<float> d_lse(static_cast<size_t>(batch) * rows);
+  d_out.fill_bytes(0xff);  // NaN in BF16 and FP32: every element must be written
+  d_lse.fill_bytes(0xff);
+
+  gpu::MlaDecodePlan plan(test.lens, test.s_q, test.num_heads, test.pages_per_split);
+  gpu::MlaDecodeParams params;
+  params.q = d_q.data();
+  params.pool = d_pool.data();
+  params.block_table = d_table.data();
+  params.block_table_stride = cache.max_pages;
+  params.seq_lens = d_lens.data();
+  params.out = d_out.data();
+  params.lse = d_lse.data();
+  params.batch = batch;
+  params.s_q = test.s_q;
+  params.num_heads = test.num_heads;
+  params.softmax_scale = softmax_scale;
+  gpu::mla_decode(format, params, plan);
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> out = d_out.download();
+  const std::vector<float> lse = d_lse.download();
+
+  const double content_factor = dequant_error_factor(format.content);
+  const double rope_factor = dequant_error_factor(format.rope);
+  double worst_ratio = 0.0;  // max over elements of |error| / tolerance
+  double worst_abs = 0.0;
+  double worst_lse = 0.0;
+  int nan_count = 0;
+  for (int b = 0; b < batch; ++b) {
+    const int len = test.lens[b];
+    // The values the attention sees on the CPU: the records decoded.
+    std::vector<float> keys(static_cast<size_t>(len) * kKeyDim);
+    double content_error = 0.0;  // bound on one dequantized value's GPU error
+    double rope_error = 0.0;
+    double value_max = 0.0;
+    for (int pos = 0; pos < len; ++pos) {
+      float* row = keys.data() + static_cast<size_t>(pos) * kKeyDim;
+      const uint8_t* rec = cache.record(b, pos);
+      decode_path(format.content, rec, kLatentDim, row);
+      decode_path(format.rope, rec + cache.content_bytes, kRopeDim, row + kLatentDim);
+      double content_max = 0.0, rope_max = 0.0;
+      for (int i = 0; i < kLatentDim; ++i)
+        content_max = std::max<double>(content_max, std::fabs(row[i]));
+      for (int i = kLatentDim; i < kKeyDim; ++i)
+        rope_max = std::max<double>(rope_max, std::fabs(row[i]));
+      content_error = std::max(content_error, content_factor * content_max);
+      rope_error = std::max(rope_error, rope_factor * rope_max);
+      value_max = std::max(value_max, content_max);
+    }
+    for (int i = 0; i < test.s_q; ++i) {
+      const int visible = len - test.s_q + i + 1;
+      std::vector<float> q_row(static_cast<size_t>(test.num_heads) * kKeyDim);
+      for (int h = 0; h < test.num_heads; ++h) {
+        for (int d = 0; d < kKeyDim; ++d) {
+          q_row[h * kKeyDim + d] = bf16_to_f32(
+              q[((static_cast<size_t>(b) * test.s_q + i) * test.num_heads + h) * kKeyDim + d]);
+        }
+      }
+      std::vector<float> ref(static_cast<size_t>(test.num_heads) * kLatentDim);
+      std::vector<float> ref_lse(test.num_heads);
+      AttentionParams ap;
+      ap.q = q_row.data();
+      ap.q_row_stride = test.num_heads * kKeyDim;
+      ap.q_head_stride = kKeyDim;
+      ap.kv = keys.data();
+      ap.kv_row_stride = kKeyDim;
+      ap.out = ref.data();
+      ap.out_row_stride = test.num_heads * kLatentDim;
+      ap.out_head_stride = kLatentDim;
+      ap.lse = ref_lse.data();
+      ap.n_q = 1;
+      ap.num_heads = test.num_heads;
+      ap.kv_lora_rank = kLatentDim;
+      ap.rope_dim = kRopeDim;
+      ap.q_pos0 = visible - 1;
+      ap.softmax_scale = softmax_scale;
+      attention_reference(ap);
+      for (int h = 0; h < test.num_heads; ++h) {
+        // Scaled-logit error: the keys' dequantization error against |q|, plus FP32 accumulation.
+        double q_content = 0.0, q_rope = 0.0, qk = 0.0;
+        const float* qh = q_row.data() + h * kKeyDim;
+        for (int d = 0; d < kLatentDim; ++d) q_content += std::fabs(qh[d]);
+        for (int d = kLatentDim; d < kKeyDim; ++d) q_rope += std::fabs(qh[d]);
+        for (int j = 0; j < visible; ++j) {
+          double dot = 0.0;
+          for (int d = 0; d < kKeyDim; ++d)
+            dot += std::fabs(qh[d] * keys[static_cast<size_t>(j) * kKeyDim + d]);
+          qk = std::max(qk, dot);
+        }
+        // FP32 accumulation of kKeyDim products: at most kKeyDim units in the last place of the
+        // sum of their magnitudes.
+        const double logit_error =
+            softmax_scale *
+            (q_content * content_error + q_rope * rope_error + qk * kKeyDim * std::ldexp(1.0, -24));
+        const size_t row = (static_cast<size_t>(b) * test.s_q + i) * test.num_heads + h;
+        for (int d = 0; d < kLatentDim; ++d) {
+          const double got = bf16_to_f32(out[row * kLatentDim + d]);
+          const double want = ref[h * kLatentDim + d];
+          if (std::isnan(got)) {
+            ++nan_count;
+            continue;
+          }
+          // Values' own error + weights' error (logits both ways, P rounded to BF16) + the output's
+          // rounding to BF16.
+          const double tolerance =
+              content_error + value_max * (std::expm1(2.0 * logit_error) + std::ldexp(1.0, -8)) +
+              std::ldexp(1.0, -9) * std::fabs(want) + 1e-6;
+          worst_ratio = std::max(worst_ratio, std::fabs(got - want) / tolerance);
+          worst_abs = std::max(worst_abs, std::fabs(got - want));
+        }
+        const double lse_error = std::fabs(lse[row] - ref_lse[h]);
+        if (std::isnan(lse[row])) ++nan_count;
+        worst_lse =
+            std::max(worst_lse, lse_error / (logit_error + 1e-5 * (1.0 + std::fabs(ref_lse[h]))));
+      }
+    }
+  }
+  std::string lens;
+  for (const int32_t len : test.lens) lens += (lens.empty() ? "" : ",") + std::to_string(len);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "decode %-52s H=%-3d s_q=%d lens=%s split=%d blocks=%d: max|err| %.3g, "
+                "err/tol %.3f, lse err/tol %.3f, NaN %d",
+                test.format.c_str(), test.num_heads, test.s_q, lens.c_str(), test.pages_per_split,
+                plan.num_blocks(), worst_abs, worst_ratio, worst_lse, nan_count);
+  std::printf("%s\n", line);
+  expect(nan_count == 0 && worst_ratio <= 1.0 && worst_lse <= 1.0, line);
+}
+
+void run_write_case(const std::string& spec, int num_sequences, int tokens_per_sequence) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  std::vector<int32_t> lens(num_sequences, tokens_per_sequence);
+  HostCache cache = make_cache(format, lens);  // the CPU's records of the same rows
+  std::vector<float> c, k_pe;
+  std::vector<int32_t> ids, positions;
+  for (int b = 0; b < num_sequences; ++b) {
+    for (int pos = 0; pos < tokens_per_sequence; ++pos) {
+      const float* row = cache.rows[b].data() + static_cast<size_t>(pos) * kKeyDim;
+      c.insert(c.end(), row, row + kLatentDim);
+      k_pe.insert(k_pe.end(), row + kLatentDim, row + kKeyDim);
+      ids.push_back(b);
+      positions.push_back(pos);
+    }
+  }
+  // Constant and tiny groups: zero scales.
+  std::fill(c.begin(), c.begin() + 128, 0.5f);
+  std::fill(k_pe.begin(), k_pe.begin() + kRopeDim, 1e-9f);
+  {
+    uint8_t* rec = cache.record(0, 0);
+    encode_path(format.content, c.data(), kLatentDim, rec);
+    encode_path(format.rope, k_pe.data(), kRopeDim, rec + cache.content_bytes);
+  }
+  DeviceArray<float> d_c(c), d_k(k_pe);
+  DeviceArray<int32_t> d_ids(ids), d_pos(positions), d_table(cache.block_table);
+  DeviceArray<uint8_t> d_pool(cache.pool.size());
+  d_pool.fill_bytes(0xff);  // as the host pool's unwritten slots
+  gpu::MlaWriteParams params;
+  params.c = d_c.data();
+  params.k_pe = d_k.data();
+  params.seq_ids = d_ids.data();
+  params.positions = d_pos.data();
+  params.pool = d_pool.data();
+  params.block_table = d_table.data();
+  params.block_table_stride = cache.max_pages;
+  params.num_tokens = static_cast<int64_t>(ids.size());
+  gpu::mla_write(format, params);
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> pool = d_pool.download();
+  size_t mismatches = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (pool[i] != cache.pool[i] && mismatches++ == 0) first = i;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "write %-52s %zu tokens: %zu of %zu bytes differ (first at %zu)",
+                spec.c_str(), ids.size(), mismatches, pool.size(), first);
+  std::printf("%s\n", line);
+  expect(mismatches == 0, line);
+}
+
+template <class Error, class F>
+void expect_throws(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    std::printf("refused as expected: %s\n", e.what());
+    ++checks;
+    return;
+  } catch (const std::exception& e) {
+    expect(false, what + ": threw the wrong error: " + e.what());
+    return;
+  }
+  expect(false, what + ": did not throw");
+}
+
+void run_error_cases() {
+  expect_throws<InvalidArgument>(
+      "q4_0 content", [] { gpu::check_gpu_format(CacheFormat::parse("content=q4_0,rope=bf16")); });
+  expect_throws<InvalidArgument>("int4 g32 RoPE", [] {
+    gpu::check_gpu_format(CacheFormat::parse("content=int4:g64,rope=int4:g32"));
+  });
+  expect_throws<InvalidArgument>("24 heads", [] { gpu::MlaDecodePlan plan({100}, 1, 24); });
+  expect_throws<InvalidArgument>("sequence shorter than s_q", [] {
+    gpu::MlaDecodePlan plan({100, 1}, 2, 16);
+  });
+  expect_throws<InvalidArgument>("params disagree with the plan", [] {
+    gpu::MlaDecodePlan plan({100}, 1, 16);
+    gpu::MlaDecodeParams params;
+    params.batch = 2;
+    params.s_q = 1;
+    params.num_heads = 16;
+    gpu::mla_decode(CacheFormat::parse("content=bf16,rope=bf16"), params, plan);
+  });
+  expect_throws<InvalidArgument>("write with q8_0", [] {
+    gpu::MlaWriteParams params;
+    int32_t dummy = 0;
+    float value = 0.0f;
+    params.c = params.k_pe = &value;
+    params.seq_ids = params.positions = params.block_table = &dummy;
+    params.pool = reinterpret_cast<uint8_t*>(&dummy);
+    params.block_table_stride = 1;
+    params.num_tokens = 1;
+    gpu::mla_write(CacheFormat::parse("content=q8_0,rope=bf16"), params);
+  });
+}
+
+const std::vector<std::string> kFormats = {
+    "content=bf16,rope=bf16",
+    "content=fp8,rope=bf16",
+    "content=int4:g64,rope=int4:g64",
+    "content=int4:g128,rope=int4:g64",
+    "content=int2:g64,rope=int4:g64",
+    "content=int2:g128,rope=int4:g64",
+    "content=int4:g64:clip0.95,rope=int4:g64:bf16pairs=0+21",
+    "content=int2:g64:clip0.8,rope=int4:g64:bf16pairs=0+21",
+    "content=int2:g128,rope=bf16",
+    "content=bf16,rope=int4:g64:clip0.9:bf16pairs=1+5+21+31",
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  uint64_t seed = std::random_device{}();
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+      seed = std::stoull(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--seed S]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!gpu::device_available()) {
+    std::printf("no CUDA device: GPU tests skipped\n");
+    return 77;
+  }
+  rng.seed(seed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  try {
+    run_error_cases();
+    for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
+    const int heads[] = {16, 32, 64, 128};
+    int n = 0;
+    for (const std::string& spec : kFormats) {
+      // Lengths 1, around a page, and not multiples of the page size, in one batch.
+      const int h = heads[n++ % 4];
+      run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
+      if (quick) continue;
+      run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
+      run_decode_case({spec, 16, 1, {5000, 37}, 3});  // split into runs of 3 pages + combine
+    }
+    if (!quick) {
+      run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
+      run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
+      run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
