@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
             }
             const std::vector<int32_t> lens(batch, context);
             DeviceArray<int32_t> d_lens(lens);
-            gpu::MlaDecodePlan plan(lens, 1, heads);
+            gpu::MlaDecodePlan plan(format, lens, 1, heads);
             gpu::MlaDecodeParams params;
             params.q = d_q.data();
             params.pool = pool.data();

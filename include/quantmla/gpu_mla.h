@@ -46,18 +46,18 @@ struct MlaDecodeParams {
 };
 
 // How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
-// heads) of one sequence and a run of its pages; sequences split into several runs are merged by a
-// combine kernel through their log-sum-exps. It depends on the lengths only, so one plan serves
-// every layer of a step (as FlashMLA's metadata). Holds its device copy and the partial-result
-// workspace.
+// heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
+// on the device; sequences split into several runs are merged by a combine kernel through their
+// log-sum-exps. It depends on the format and the lengths only, so one plan serves every layer of a
+// step (as FlashMLA's metadata). Holds its device copy and the partial-result workspace.
 class MlaDecodePlan {
  public:
   // seq_lens: a host copy of MlaDecodeParams::seq_lens. pages_per_split = 0 chooses the split so
-  // that the blocks fill the device's multiprocessors; a positive value forces it (tests).
-  // Throws InvalidArgument for num_heads not a multiple of 16, s_q < 1, or a sequence shorter than
-  // s_q.
-  MlaDecodePlan(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                int pages_per_split = 0);
+  // that the blocks fill the device; a positive value forces it (tests). Throws InvalidArgument
+  // for a format without GPU kernels, num_heads not a multiple of 16, s_q < 1, or a sequence
+  // shorter than s_q.
+  MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens, int s_q,
+                int num_heads, int pages_per_split = 0);
   ~MlaDecodePlan();
   MlaDecodePlan(MlaDecodePlan&&) noexcept;
   MlaDecodePlan& operator=(MlaDecodePlan&&) noexcept;
@@ -73,8 +73,8 @@ class MlaDecodePlan {
 };
 
 // Runs the decode kernel (and the combine kernel when a sequence was split) on `stream` (a
-// cudaStream_t; null: the default stream). Throws InvalidArgument when the params disagree with
-// the plan or the format is not supported, CudaError when CUDA reports an error.
+// cudaStream_t; null: the default stream). Throws InvalidArgument when the format or the params
+// disagree with the plan, CudaError when CUDA reports an error.
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,
                 void* stream = nullptr);
 

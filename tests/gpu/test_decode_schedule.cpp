@@ -27,12 +27,13 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
-void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_split) {
+void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_sm,
+                    int per_split) {
   const std::string name = "lens " + std::to_string(lens.size()) + " first " +
                            std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
-                           std::to_string(heads) + " sms " + std::to_string(sms) + " split " +
-                           std::to_string(per_split);
-  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_split);
+                           std::to_string(heads) + " sms " + std::to_string(sms) + "x" +
+                           std::to_string(per_sm) + " split " + std::to_string(per_split);
+  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split);
   const int rows = s_q * heads;
   expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
   expect(schedule.rows_per_block == (rows % 32 == 0 ? 32 : 16), name + ": row tile size");
@@ -81,8 +82,11 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
     bool uniform = true;
     for (const int32_t len : lens) uniform = uniform && len == lens[0];
     const int floor_blocks = static_cast<int>(lens.size()) * schedule.row_tiles;
-    if (uniform && floor_blocks <= sms) {
-      expect(static_cast<int>(schedule.items.size()) <= sms, name + ": one wave");
+    if (uniform && floor_blocks <= sms * per_sm) {
+      expect(static_cast<int>(schedule.items.size()) <= sms * per_sm, name + ": one wave");
+    }
+    for (const auto& [key, list] : runs) {
+      expect(static_cast<int>(list.size()) <= std::max(1, sms), name + ": a run per SM at most");
     }
   }
 }
@@ -106,23 +110,24 @@ int main() {
     for (const int s_q : {1, 2}) {
       for (const int sms : {1, 7, 132}) {
         for (const int per_split : {0, 1, 3, 64}) {
+          const int per_sm = 1 + (per_split + sms) % 2;
           for (const std::vector<int32_t>& lens :
                {std::vector<int32_t>{2}, std::vector<int32_t>{64, 65, 2, 4096},
                 std::vector<int32_t>(16, 32768), std::vector<int32_t>{262144, 3, 130},
                 std::vector<int32_t>(128, 4096)}) {
-            check_schedule(lens, s_q, heads, sms, per_split);
+            check_schedule(lens, s_q, heads, sms, per_sm, per_split);
             ++cases;
           }
         }
       }
     }
   }
-  expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 0); });
-  expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 0); });
-  expect_invalid("s_q 0", [] { plan_decode({100}, 0, 16, 132, 0); });
-  expect_invalid("sequence shorter than s_q", [] { plan_decode({100, 1}, 2, 16, 132, 0); });
-  expect_invalid("empty batch", [] { plan_decode({}, 1, 16, 132, 0); });
-  expect_invalid("no multiprocessors", [] { plan_decode({100}, 1, 16, 0, 0); });
+  expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 1, 0); });
+  expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 1, 0); });
+  expect_invalid("s_q 0", [] { plan_decode({100}, 0, 16, 132, 1, 0); });
+  expect_invalid("sequence shorter than s_q", [] { plan_decode({100, 1}, 2, 16, 132, 1, 0); });
+  expect_invalid("empty batch", [] { plan_decode({}, 1, 16, 132, 1, 0); });
+  expect_invalid("no multiprocessors", [] { plan_decode({100}, 1, 16, 0, 1, 0); });
   for (const char* spec : {"content=bf16,rope=bf16", "content=fp8,rope=bf16",
                            "content=int4:g64,rope=int4:g64", "content=int2:g128:clip0.8,rope=bf16",
                            "content=int4:g128,rope=int4:g64:bf16pairs=0+5+21+31"}) {

@@ -150,7 +150,7 @@ void run_decode_case(const DecodeCase& test) {
   d_out.fill_bytes(0xff);  // NaN in BF16 and FP32: every element must be written
   d_lse.fill_bytes(0xff);
 
-  gpu::MlaDecodePlan plan(test.lens, test.s_q, test.num_heads, test.pages_per_split);
+  gpu::MlaDecodePlan plan(format, test.lens, test.s_q, test.num_heads, test.pages_per_split);
   gpu::MlaDecodeParams params;
   params.q = d_q.data();
   params.pool = d_pool.data();
@@ -347,17 +347,25 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("int4 g32 RoPE", [] {
     gpu::check_gpu_format(CacheFormat::parse("content=int4:g64,rope=int4:g32"));
   });
-  expect_throws<InvalidArgument>("24 heads", [] { gpu::MlaDecodePlan plan({100}, 1, 24); });
-  expect_throws<InvalidArgument>("sequence shorter than s_q", [] {
-    gpu::MlaDecodePlan plan({100, 1}, 2, 16);
+  const CacheFormat bf16 = CacheFormat::parse("content=bf16,rope=bf16");
+  expect_throws<InvalidArgument>("24 heads", [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 24); });
+  expect_throws<InvalidArgument>("sequence shorter than s_q", [&] {
+    gpu::MlaDecodePlan plan(bf16, {100, 1}, 2, 16);
   });
-  expect_throws<InvalidArgument>("params disagree with the plan", [] {
-    gpu::MlaDecodePlan plan({100}, 1, 16);
+  expect_throws<InvalidArgument>("plan for q4_0", [] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=q4_0,rope=q4_0"), {100}, 1, 16);
+  });
+  const auto decode_with = [&](const CacheFormat& format, int batch) {
+    gpu::MlaDecodePlan plan(bf16, {100}, 1, 16);
     gpu::MlaDecodeParams params;
-    params.batch = 2;
+    params.batch = batch;
     params.s_q = 1;
     params.num_heads = 16;
-    gpu::mla_decode(CacheFormat::parse("content=bf16,rope=bf16"), params, plan);
+    gpu::mla_decode(format, params, plan);
+  };
+  expect_throws<InvalidArgument>("params disagree with the plan", [&] { decode_with(bf16, 2); });
+  expect_throws<InvalidArgument>("plan made for another format", [&] {
+    decode_with(CacheFormat::parse("content=int4:g64,rope=int4:g64"), 1);
   });
   expect_throws<InvalidArgument>("write with q8_0", [] {
     gpu::MlaWriteParams params;

@@ -84,6 +84,7 @@ T* device_copy(const std::vector<T>& host) {
 }  // namespace
 
 struct MlaDecodePlan::State {
+  CacheFormat format;
   DecodeSchedule schedule;
   int batch = 0;
   int s_q = 0;
@@ -102,15 +103,24 @@ struct MlaDecodePlan::State {
   }
 };
 
-MlaDecodePlan::MlaDecodePlan(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                             int pages_per_split)
+MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
+                             int s_q, int num_heads, int pages_per_split)
     : state_(std::make_unique<State>()) {
   int device = 0;
   int num_sms = 0;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   QUANTMLA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  int blocks_per_sm = 1;
+  const bool two_tiles = row_tiles_per_block(s_q, num_heads) == 2;
+  visit_gpu_format(format, [&](auto content, auto rope) {
+    using Content = decltype(content);
+    using Rope = decltype(rope);
+    blocks_per_sm = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
+                              : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
+  });
   State& s = *state_;
-  s.schedule = plan_decode(seq_lens, s_q, num_heads, num_sms, pages_per_split);
+  s.format = format;
+  s.schedule = plan_decode(seq_lens, s_q, num_heads, num_sms, blocks_per_sm, pages_per_split);
   s.batch = static_cast<int>(seq_lens.size());
   s.s_q = s_q;
   s.num_heads = num_heads;
@@ -133,6 +143,10 @@ int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,
                 void* stream_handle) {
   const MlaDecodePlan::State& state = plan.state();
+  if (!(format == state.format)) {
+    throw InvalidArgument("GPU decode: format " + format.to_string() +
+                          " but the plan was made for " + state.format.to_string());
+  }
   if (params.batch != state.batch || params.s_q != state.s_q ||
       params.num_heads != state.num_heads) {
     throw InvalidArgument("GPU decode: params batch " + std::to_string(params.batch) + ", s_q " +

@@ -37,41 +37,52 @@ struct DecodeKernelParams {
   KeptPairs kept;
 };
 
-inline constexpr int kSharedLimit = 227 * 1024;  // per block on sm_90
+// Shared memory per block on sm_90: all of it for one block per multiprocessor, half (less the
+// 1 KB the driver reserves per block) for two.
+inline constexpr int kSharedLimit = 227 * 1024;
+inline constexpr int kSharedLimitTwoBlocks = 113 * 1024;
 
 template <class Content, class Rope, int kRowTiles>
 struct DecodeLayout {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16 * kRowTiles;
-  static constexpr int kSlices = 4;                                 // channel quarters of Q K^T
-  static constexpr int kKeyParts = kWarps / (kSlices * kRowTiles);  // key ranges of Q K^T
-  static constexpr int kKeyTiles = kPageTokens / 8 / kKeyParts;     // n8 tiles of keys per warp
-  static constexpr int kColumnTiles = kLatentDim / 8 / (kWarps / kRowTiles);  // P V n8 tiles
-  static constexpr int kSoftThreads = kThreads / kRows;         // softmax threads per row
-  static constexpr int kSoftKeys = kPageTokens / kSoftThreads;  // keys per softmax thread
   static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;
-  // BF16 values per tile row; the 16 extra bytes put the 8 rows of an ldmatrix in distinct banks.
-  static constexpr int kTileStride = kKeyDim + 8;
-  static constexpr int kTileBytes = kPageTokens * kTileStride * 2;
+  // One row tile of a small-record format (two raw pages in 48 KB: the int formats): half a page
+  // per step, so that the block fits twice on a multiprocessor and twice the warps hide the
+  // latencies (ncu with one block per SM: two warps per scheduler, stalled on shared-memory and
+  // ALU dependencies most cycles).
   static constexpr int kMaxRecordBytes = Content::kBytes + Rope::kMaxBytes;
   static constexpr int kRawPageBytes = (kPageTokens * kMaxRecordBytes + 15) / 16 * 16;
+  static constexpr bool kHalfPages = kRowTiles == 1 && !kDirect && 2 * kRawPageBytes <= 48 * 1024;
+  static constexpr int kBlocksPerSm = kHalfPages ? 2 : 1;
+  static constexpr int kStepKeys = kHalfPages ? kPageTokens / 2 : kPageTokens;
+  static constexpr int kSlices = 4;                                 // channel quarters of Q K^T
+  static constexpr int kKeyParts = kWarps / (kSlices * kRowTiles);  // key ranges of Q K^T
+  static constexpr int kKeyTiles = kStepKeys / 8 / kKeyParts;       // n8 tiles of keys per warp
+  static constexpr int kColumnTiles = kLatentDim / 8 / (kWarps / kRowTiles);  // P V n8 tiles
+  static constexpr int kSoftThreads = kThreads / kRows;       // softmax threads per row
+  static constexpr int kSoftKeys = kStepKeys / kSoftThreads;  // keys per softmax thread
+  // BF16 values per tile row; the 16 extra bytes put the 8 rows of an ldmatrix in distinct banks.
+  static constexpr int kTileStride = kKeyDim + 8;
+  static constexpr int kTileBytes = kStepKeys * kTileStride * 2;
   static constexpr int kStageBytes = kDirect ? kTileBytes : kRawPageBytes;
-  static constexpr int kScoreStride = kPageTokens + 8;
+  static constexpr int kScoreStride = kStepKeys + 8;
   static constexpr int kScoreBytes = kSlices * kRows * kScoreStride * 4;
-  static constexpr int kProbStride = kPageTokens + 8;
+  static constexpr int kProbStride = kStepKeys + 8;
   static constexpr int kProbBytes = kRows * kProbStride * 2;
   static constexpr int kStatBytes = 3 * kRows * 4;
   static constexpr int kFixedBytes =
       (kDirect ? 0 : kTileBytes) + kScoreBytes + kProbBytes + kStatBytes;
+  static constexpr int kLimit = kBlocksPerSm == 2 ? kSharedLimitTwoBlocks : kSharedLimit;
   static constexpr int kMaxStages = 4;
-  static constexpr int kFitStages = (kSharedLimit - kFixedBytes) / kStageBytes;
+  static constexpr int kFitStages = (kLimit - kFixedBytes) / kStageBytes;
   static constexpr int kStages = kFitStages < kMaxStages ? kFitStages : kMaxStages;
   // One stage (BF16 content with an int4 RoPE key only) still works, without copy/compute overlap.
   static_assert(kStages >= 1);
   static constexpr int kSharedBytes = kFixedBytes + kStages * kStageBytes;
-  static_assert(kSharedBytes <= kSharedLimit);
-  static_assert(kKeyParts >= 1 && kSoftKeys % 2 == 0);
+  static_assert(kSharedBytes <= kLimit);
+  static_assert(kKeyParts >= 1 && kKeyTiles >= 1 && kSoftKeys % 2 == 0);
 };
 
 // The BF16 values of tile columns (column, column + 1) of a row stored in channel order.
@@ -85,19 +96,21 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* row, int column) {
   }
 }
 
-// Dequantizes the `valid` records of a raw page into BF16 tile rows; rows past them become zeros
-// (the pool holds arbitrary bytes there, which could decode to NaN and poison P V). Consecutive
-// lanes take consecutive records: with odd record sizes in words, their loads hit distinct banks.
+// Dequantizes kStepKeys records starting at `raw` into BF16 tile rows, the first `valid` of them;
+// rows past them become zeros (the pool holds arbitrary bytes there, which could decode to NaN and
+// poison P V). Consecutive lanes take consecutive records: with odd record sizes in words, their
+// loads hit distinct banks.
 template <class Content, class Rope, class Layout>
-__device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint16_t* tile, int valid,
+__device__ __forceinline__ void dequantize_step(const uint8_t* raw, uint16_t* tile, int valid,
                                                 const DecodeKernelParams& p) {
+  constexpr int kRows = Layout::kStepKeys;
   constexpr int kChunks = kLatentDim / 64;
   constexpr int kRopeUnits = kRopeDim / 8;
-  static_assert(kPageTokens * kChunks % Layout::kThreads == 0);
+  static_assert(kRows * kChunks % Layout::kThreads == 0);
 #pragma unroll
-  for (int task = threadIdx.x; task < kPageTokens * kChunks; task += Layout::kThreads) {
-    const int r = task % kPageTokens;
-    const int c = task / kPageTokens;
+  for (int task = threadIdx.x; task < kRows * kChunks; task += Layout::kThreads) {
+    const int r = task % kRows;
+    const int c = task / kRows;
     uint4 v[8];
     if (r < valid) {
       Content::chunk(raw + r * p.record_bytes, c, v);
@@ -110,9 +123,9 @@ __device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint16_t* ti
     for (int u = 0; u < 8; ++u) out[u] = v[u];
   }
 #pragma unroll
-  for (int u = threadIdx.x; u < kPageTokens * kRopeUnits; u += Layout::kThreads) {
-    const int r = u % kPageTokens;
-    const int k = u / kPageTokens;
+  for (int u = threadIdx.x; u < kRows * kRopeUnits; u += Layout::kThreads) {
+    const int r = u % kRows;
+    const int k = u / kRows;
     const uint8_t* rec = raw + r * p.record_bytes + Content::kBytes;
     uint16_t* out = tile + r * Layout::kTileStride + kLatentDim;
     *reinterpret_cast<uint4*>(out + 8 * k) =
@@ -130,7 +143,8 @@ __device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint16_t* ti
 }
 
 template <class Content, class Rope, int kRowTiles>
-__global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThreads, 1)
+__global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThreads,
+                                  DecodeLayout<Content, Rope, kRowTiles>::kBlocksPerSm)
     mla_decode_kernel(const __grid_constant__ DecodeKernelParams p) {
   using L = DecodeLayout<Content, Rope, kRowTiles>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -224,135 +238,137 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
     cp_async_wait<L::kStages - 1>();
     __syncthreads();
     const uint8_t* stage = stages + (i % L::kStages) * L::kStageBytes;
-    const int key0 = (item.page_begin + i) * kPageTokens;
-    const uint16_t* tile;
-    if constexpr (L::kDirect) {
-      tile = reinterpret_cast<const uint16_t*>(stage);
-    } else {
-      dequantize_page<Content, Rope, L>(stage, tile_buffer, min(kPageTokens, seq_len - key0), p);
-      __syncthreads();
-      tile = tile_buffer;
-    }
-
-    // Partial scores over this warp's channel quarter: 16 rows x its keys. The k-step loop is
-    // outside so that consecutive MMAs accumulate into different tiles.
-    {
-      float sc[L::kKeyTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < L::kKeyTiles; ++nt)
-        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-      const uint16_t* key_rows = tile + (8 * L::kKeyTiles * key_part + lane % 8) * L::kTileStride;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t b[L::kKeyTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < L::kKeyTiles; ++nt) {
-          ldmatrix_x4(b[nt], shared_address(key_rows + nt * 8 * L::kTileStride + 128 * slice +
-                                            32 * kk + 8 * (lane / 8)));
-        }
-#pragma unroll
-        for (int nt = 0; nt < L::kKeyTiles; ++nt) {
-          mma_bf16_16x8x16(sc[nt], qf[2 * kk], b[nt][0], b[nt][1]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < L::kKeyTiles; ++nt) {
-          mma_bf16_16x8x16(sc[nt], qf[2 * kk + 1], b[nt][2], b[nt][3]);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < L::kKeyTiles; ++nt) {
-        uint32_t b[2];
-        ldmatrix_x2(b, shared_address(key_rows + nt * 8 * L::kTileStride + kLatentDim + 16 * slice +
-                                      8 * ((lane / 8) % 2)));
-        mma_bf16_16x8x16(sc[nt], qf[8], b[0], b[1]);
-      }
-      float* mine = scores + (slice * L::kRows + 16 * warp_tile + g) * L::kScoreStride +
-                    8 * L::kKeyTiles * key_part + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < L::kKeyTiles; ++nt) {
-        *reinterpret_cast<float2*>(mine + 8 * nt) = make_float2(sc[nt][0], sc[nt][1]);
-        *reinterpret_cast<float2*>(mine + 8 * L::kScoreStride + 8 * nt) =
-            make_float2(sc[nt][2], sc[nt][3]);
-      }
-    }
-    __syncthreads();
-
-    // Online softmax over the page: sum the quarters, mask, rescale.
-    {
-      constexpr int kKeys = L::kSoftKeys;
-      float x[kKeys] = {};
-      const float* row = scores + soft_row * L::kScoreStride + kKeys * soft_seg;
-#pragma unroll
-      for (int s = 0; s < L::kSlices; ++s) {
-#pragma unroll
-        for (int j = 0; j < kKeys; j += 4) {
-          const float4 v =
-              *reinterpret_cast<const float4*>(row + s * L::kRows * L::kScoreStride + j);
-          x[j] += v.x, x[j + 1] += v.y, x[j + 2] += v.z, x[j + 3] += v.w;
-        }
-      }
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeys; ++j) {
-        x[j] = key0 + kKeys * soft_seg + j < soft_limit ? x[j] * p.scale_log2 : -INFINITY;
-        tile_max = fmaxf(tile_max, x[j]);
-      }
-#pragma unroll
-      for (int offset = 1; offset < L::kSoftThreads; offset <<= 1) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
-      }
-      const float new_max = fmaxf(row_max, tile_max);
-      // A row with no visible key yet keeps weight 0 everywhere instead of exp(-inf + inf).
-      const float reference = new_max == -INFINITY ? 0.0f : new_max;
-      const float alpha = exp2f(row_max - reference);
-      float sum = 0.0f;
-      uint32_t packed[kKeys / 2];
-#pragma unroll
-      for (int j = 0; j < kKeys / 2; ++j) {
-        const float p0 = exp2f(x[2 * j] - reference);
-        const float p1 = exp2f(x[2 * j + 1] - reference);
-        sum += p0 + p1;
-        packed[j] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
-      }
-      uint16_t* prob = probs + soft_row * L::kProbStride + kKeys * soft_seg;
-      if constexpr (kKeys == 8) {
-        *reinterpret_cast<uint4*>(prob) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll 1
+    for (int step = 0; step < kPageTokens / L::kStepKeys; ++step) {
+      const int key0 = (item.page_begin + i) * kPageTokens + step * L::kStepKeys;
+      const uint16_t* tile;
+      if constexpr (L::kDirect) {
+        tile = reinterpret_cast<const uint16_t*>(stage);
       } else {
-        *reinterpret_cast<uint2*>(prob) = make_uint2(packed[0], packed[1]);
+        if (step > 0) __syncthreads();  // the previous step's P V has read the tile
+        dequantize_step<Content, Rope, L>(stage + step * L::kStepKeys * p.record_bytes, tile_buffer,
+                                          min(L::kStepKeys, seq_len - key0), p);
+        __syncthreads();
+        tile = tile_buffer;
       }
-#pragma unroll
-      for (int offset = 1; offset < L::kSoftThreads; offset <<= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      }
-      row_sum = row_sum * alpha + sum;
-      row_max = new_max;
-      if (soft_seg == 0) alpha_rows[soft_row] = alpha;
-    }
-    __syncthreads();
 
-    // out += P V over this warp's output columns.
-    {
-      const float alpha_lo = alpha_rows[16 * warp_tile + g];
-      const float alpha_hi = alpha_rows[16 * warp_tile + g + 8];
+      // Partial scores over this warp's channel quarter: 16 rows x its keys. The k-step loop is
+      // outside so that consecutive MMAs accumulate into different tiles.
+      {
+        float sc[L::kKeyTiles][4];
 #pragma unroll
-      for (int nt = 0; nt < L::kColumnTiles; ++nt) {
-        acc[nt][0] *= alpha_lo, acc[nt][1] *= alpha_lo;
-        acc[nt][2] *= alpha_hi, acc[nt][3] *= alpha_hi;
+        for (int nt = 0; nt < L::kKeyTiles; ++nt)
+          sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+        const uint16_t* key_rows = tile + (8 * L::kKeyTiles * key_part + lane % 8) * L::kTileStride;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t b[L::kKeyTiles][4];
+#pragma unroll
+          for (int nt = 0; nt < L::kKeyTiles; ++nt) {
+            ldmatrix_x4(b[nt], shared_address(key_rows + nt * 8 * L::kTileStride + 128 * slice +
+                                              32 * kk + 8 * (lane / 8)));
+          }
+#pragma unroll
+          for (int nt = 0; nt < L::kKeyTiles; ++nt) {
+            mma_bf16_16x8x16(sc[nt], qf[2 * kk], b[nt][0], b[nt][1]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < L::kKeyTiles; ++nt) {
+            mma_bf16_16x8x16(sc[nt], qf[2 * kk + 1], b[nt][2], b[nt][3]);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < L::kKeyTiles; ++nt) {
+          uint32_t b[2];
+          ldmatrix_x2(b, shared_address(key_rows + nt * 8 * L::kTileStride + kLatentDim +
+                                        16 * slice + 8 * ((lane / 8) % 2)));
+          mma_bf16_16x8x16(sc[nt], qf[8], b[0], b[1]);
+        }
+        float* mine = scores + (slice * L::kRows + 16 * warp_tile + g) * L::kScoreStride +
+                      8 * L::kKeyTiles * key_part + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < L::kKeyTiles; ++nt) {
+          *reinterpret_cast<float2*>(mine + 8 * nt) = make_float2(sc[nt][0], sc[nt][1]);
+          *reinterpret_cast<float2*>(mine + 8 * L::kScoreStride + 8 * nt) =
+              make_float2(sc[nt][2], sc[nt][3]);
+        }
       }
+      __syncthreads();
+
+      // Online softmax over the page: sum the quarters, mask, rescale.
+      {
+        constexpr int kKeys = L::kSoftKeys;
+        float x[kKeys] = {};
+        const float* row = scores + soft_row * L::kScoreStride + kKeys * soft_seg;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, shared_address(probs + (16 * warp_tile + lane % 16) * L::kProbStride +
-                                      16 * kk + 8 * (lane / 16)));
-        const uint16_t* value_row = tile +
-                                    (16 * kk + lane % 8 + 8 * ((lane / 8) % 2)) * L::kTileStride +
-                                    kColumns * column_part + 8 * (lane / 16);
+        for (int s = 0; s < L::kSlices; ++s) {
 #pragma unroll
-        for (int np = 0; np < L::kColumnTiles / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, shared_address(value_row + 16 * np));
-          mma_bf16_16x8x16(acc[2 * np], a, b[0], b[1]);
-          mma_bf16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+          for (int j = 0; j < kKeys; j += 2) {
+            const float2 v =
+                *reinterpret_cast<const float2*>(row + s * L::kRows * L::kScoreStride + j);
+            x[j] += v.x, x[j + 1] += v.y;
+          }
+        }
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kKeys; ++j) {
+          x[j] = key0 + kKeys * soft_seg + j < soft_limit ? x[j] * p.scale_log2 : -INFINITY;
+          tile_max = fmaxf(tile_max, x[j]);
+        }
+#pragma unroll
+        for (int offset = 1; offset < L::kSoftThreads; offset <<= 1) {
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+        }
+        const float new_max = fmaxf(row_max, tile_max);
+        // A row with no visible key yet keeps weight 0 everywhere instead of exp(-inf + inf).
+        const float reference = new_max == -INFINITY ? 0.0f : new_max;
+        const float alpha = exp2f(row_max - reference);
+        float sum = 0.0f;
+        uint32_t packed[kKeys / 2];
+#pragma unroll
+        for (int j = 0; j < kKeys / 2; ++j) {
+          const float p0 = exp2f(x[2 * j] - reference);
+          const float p1 = exp2f(x[2 * j + 1] - reference);
+          sum += p0 + p1;
+          packed[j] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
+        }
+        uint16_t* prob = probs + soft_row * L::kProbStride + kKeys * soft_seg;
+#pragma unroll
+        for (int j = 0; j < kKeys / 2; ++j) reinterpret_cast<uint32_t*>(prob)[j] = packed[j];
+#pragma unroll
+        for (int offset = 1; offset < L::kSoftThreads; offset <<= 1) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        }
+        row_sum = row_sum * alpha + sum;
+        row_max = new_max;
+        if (soft_seg == 0) alpha_rows[soft_row] = alpha;
+      }
+      __syncthreads();
+
+      // out += P V over this warp's output columns.
+      {
+        const float alpha_lo = alpha_rows[16 * warp_tile + g];
+        const float alpha_hi = alpha_rows[16 * warp_tile + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < L::kColumnTiles; ++nt) {
+          acc[nt][0] *= alpha_lo, acc[nt][1] *= alpha_lo;
+          acc[nt][2] *= alpha_hi, acc[nt][3] *= alpha_hi;
+        }
+#pragma unroll
+        for (int kk = 0; kk < L::kStepKeys / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4(a, shared_address(probs + (16 * warp_tile + lane % 16) * L::kProbStride +
+                                        16 * kk + 8 * (lane / 16)));
+          const uint16_t* value_row = tile +
+                                      (16 * kk + lane % 8 + 8 * ((lane / 8) % 2)) * L::kTileStride +
+                                      kColumns * column_part + 8 * (lane / 16);
+#pragma unroll
+          for (int np = 0; np < L::kColumnTiles / 2; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, shared_address(value_row + 16 * np));
+            mma_bf16_16x8x16(acc[2 * np], a, b[0], b[1]);
+            mma_bf16_16x8x16(acc[2 * np + 1], a, b[2], b[3]);
+          }
         }
       }
     }

@@ -13,17 +13,24 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+int row_tiles_per_block(int s_q, int num_heads) { return (s_q * num_heads) % 32 == 0 ? 2 : 1; }
+
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                           int num_sms, int pages_per_split) {
+                           int multiprocessors, int blocks_per_multiprocessor,
+                           int pages_per_split) {
+  const int64_t concurrent_blocks =
+      static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
   if (num_heads <= 0 || num_heads % 16 != 0) {
     throw InvalidArgument("GPU decode: num_heads " + std::to_string(num_heads) +
                           ", expected a positive multiple of 16");
   }
   if (s_q < 1) throw InvalidArgument("GPU decode: s_q " + std::to_string(s_q) + ", expected >= 1");
   if (seq_lens.empty()) throw InvalidArgument("GPU decode: empty batch");
-  if (pages_per_split < 0 || (pages_per_split == 0 && num_sms <= 0)) {
+  if (pages_per_split < 0 ||
+      (pages_per_split == 0 && (multiprocessors <= 0 || blocks_per_multiprocessor <= 0))) {
     throw InvalidArgument("GPU decode: pages_per_split " + std::to_string(pages_per_split) +
-                          " with " + std::to_string(num_sms) + " multiprocessors");
+                          " with " + std::to_string(multiprocessors) + " multiprocessors x " +
+                          std::to_string(blocks_per_multiprocessor) + " blocks");
   }
   for (size_t b = 0; b < seq_lens.size(); ++b) {
     if (seq_lens[b] < s_q) {
@@ -35,7 +42,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
   DecodeSchedule schedule;
   const int rows = s_q * num_heads;
   // Two row tiles per block read each page once for 32 rows; 16 rows otherwise.
-  schedule.row_tiles_per_block = rows % 32 == 0 ? 2 : 1;
+  schedule.row_tiles_per_block = row_tiles_per_block(s_q, num_heads);
   schedule.rows_per_block = 16 * schedule.row_tiles_per_block;
   schedule.row_tiles = rows / schedule.rows_per_block;
 
@@ -50,10 +57,11 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
     const int64_t pages = ceil_div(seq_lens[b], kPageTokens);
     int64_t per_split = pages_per_split;
     if (per_split == 0) {
-      // Splits of each row tile: the sequence's share of one block per multiprocessor, rounded
-      // down so that the blocks of a uniform batch fit in one wave, but no run shorter than
-      // kMinPagesPerSplit.
-      const int64_t share = std::max<int64_t>(1, pages * num_sms / total_units);
+      // Splits of each row tile: the sequence's share of the concurrent blocks, rounded down so
+      // that the blocks of a uniform batch fit in one wave, at most one per multiprocessor, and no
+      // run shorter than kMinPagesPerSplit.
+      const int64_t share =
+          std::clamp<int64_t>(pages * concurrent_blocks / total_units, 1, multiprocessors);
       per_split =
           std::max<int64_t>(std::min<int64_t>(kMinPagesPerSplit, pages), ceil_div(pages, share));
     }

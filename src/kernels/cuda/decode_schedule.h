@@ -41,12 +41,16 @@ struct DecodeSchedule {
 // traffic than the pages they save.
 inline constexpr int kMinPagesPerSplit = 4;
 
-// Splits the work. pages_per_split = 0: each sequence gets its share of one block per
-// multiprocessor (num_sms > 0; at least one block, runs of at least kMinPagesPerSplit pages);
-// > 0: runs of exactly that many pages. Throws
+// 16-row MMA tiles per block for s_q x num_heads query rows: two when they come in 32s.
+int row_tiles_per_block(int s_q, int num_heads);
+
+// Splits the work. pages_per_split = 0: each sequence gets its share of the blocks that run at once
+// (multiprocessors x blocks_per_multiprocessor), at least one and at most one per multiprocessor
+// (more runs of one sequence add partial-result traffic, not parallelism), in runs of at least
+// kMinPagesPerSplit pages; > 0: runs of exactly that many pages. Throws
 // InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence shorter than
 // s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                           int num_sms, int pages_per_split);
+                           int multiprocessors, int blocks_per_multiprocessor, int pages_per_split);
 
 }  // namespace quantmla::gpu
