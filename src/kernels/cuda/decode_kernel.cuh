@@ -1,14 +1,15 @@
 // The decode kernel: absorbed MLA over the paged cache, one thread block per WorkItem (16 or 32
 // query rows of one sequence, a run of its pages). Per page: the raw records are copied to shared
-// memory with cp.async (several pages ahead), dequantized there to a BF16 tile (BF16 caches are
-// copied straight into the tile), then scores = Q K^T and out += P V run on the tensor cores
-// (mma.m16n8k16, BF16 in, FP32 accumulation) with an online softmax in base 2.
+// memory with cp.async (several pages ahead) and dequantized there to a BF16 tile, a whole or half
+// page per step (BF16 caches are copied straight into the tile); then scores = Q K^T and
+// out += P V run on the tensor cores (mma.m16n8k16, BF16 in, FP32 accumulation) with an online
+// softmax in base 2.
 //
 // Eight warps; warp w takes row tile w % kRowTiles. For Q K^T it takes a quarter of the channels
 // (content [128 s, +128) and RoPE [16 s, +16), s = (w / kRowTiles) % 4), its Q fragments held in
-// registers for the whole block, and 32 (one row tile) or 64 (two) of the page's keys; the four
-// channel quarters' partial scores are summed in shared memory. For P V it takes 64 (one row tile)
-// or 128 (two) of the output columns.
+// registers for the whole block, and its part of the step's keys (kKeyTiles x 8); the four
+// channel quarters' partial scores are summed in shared memory. For P V it takes 8 x kColumnTiles
+// of the 512 output columns.
 #pragma once
 
 #include <cstdint>
