@@ -8,7 +8,7 @@ build=${1:-build} out=${2:-.carry/quantmla.xz}
 ninja -C "$build" quantmla >/dev/null
 objects=$(find "$build/CMakeFiles/quantmla.dir" -name '*.o' | sort)
 arch=$(gcc -dumpmachine)
-g++ -O2 -static -o "$build/quantmla-static" $objects "$build/libquantmla.a" \
+g++ -O2 -static -o "$build/quantmla-static" $objects "$build/libquantmla.a" "$build/libquantmla_formats.a" \
   /usr/lib/gcc/"$arch"/12/libgomp.a /usr/lib/"$arch"/libpcre2-8.a \
   /usr/lib/"$arch"/openblas-openmp/libopenblas.a -lgfortran -lquadmath -lpthread -lm
 strip "$build/quantmla-static"

@@ -65,8 +65,8 @@ void expect_failure(const CliResult& result, std::initializer_list<std::string> 
 }
 
 TEST_F(CliTest, HelpEverywhere) {
-  for (const char* command :
-       {"", "info ", "generate ", "eval-ppl ", "tokenize ", "eval-kld ", "compare "}) {
+  for (const char* command : {"", "info ", "generate ", "eval-ppl ", "tokenize ", "eval-kld ",
+                              "compare ", "eval-passkey "}) {
     const CliResult result = run_cli(std::string(command) + "--help");
     EXPECT_EQ(result.exit_code, 0) << command;
     EXPECT_NE(result.out.find("--"), std::string::npos) << command;
@@ -335,6 +335,38 @@ TEST_F(CliTest, TokenIdBeyondVocabulary) {
 }
 
 TEST_F(CliTest, EmptyPrompt) { expect_failure(run_cli("generate --prompt ''"), {"empty prompt"}); }
+
+// A handful of prompts end to end: one per needle depth at context 1024, prefilled into an INT4
+// cache and decoded through it.
+TEST_F(CliTest, EvalPasskeyJson) {
+  const std::string prompts = (shared_dir() / "reference/passkey-public.json").string();
+  const CliResult result = run_cli(
+      "eval-passkey --model " + (shared_dir() / "models/mla-tiny-v2-4k").string() + " --prompts " +
+      prompts + " --ctx 1024 --per-cell 1 --cache content=int4:g64,rope=int4:g64 --json");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json out = nlohmann::json::parse(result.out);
+  EXPECT_EQ(out["n"], 5);
+  EXPECT_EQ(out["cache"], "content=int4:g64,rope=int4:g64");
+  EXPECT_EQ(out["acc_by_ctx"].size(), 1u);
+  EXPECT_TRUE(out["acc_by_ctx"].contains("1024"));
+  EXPECT_EQ(out["acc_by_depth"].size(), 5u);
+  EXPECT_TRUE(out["acc_by_depth"].contains("0.05"));
+  EXPECT_DOUBLE_EQ(out["acc"].get<double>(), out["correct"].get<double>() / 5.0);
+  // RTN INT4/INT4 keeps retrieval at 1K (DESIGN §9: 0.99).
+  EXPECT_GE(out["correct"].get<int>(), 4);
+  EXPECT_NE(result.err.find("eval-passkey"), std::string::npos);  // progress on stderr
+}
+
+TEST_F(CliTest, EvalPasskeyBadInput) {
+  const std::string prompts = (shared_dir() / "reference/passkey-public.json").string();
+  expect_failure(run_cli("eval-passkey --prompts /nonexistent.json"), {"nonexistent.json"});
+  expect_failure(run_cli("eval-passkey --prompts " + prompts + " --ctx 999"),
+                 {"no prompt for context 999"});
+  const fs::path broken = scratch_ / "broken.json";
+  std::ofstream(broken) << "[{\"ctx\": 1024}]";
+  expect_failure(run_cli("eval-passkey --prompts " + broken.string()),
+                 {"broken.json", "prompt 0", "\"depth\""});
+}
 
 TEST_F(CliTest, EvalPplNeedsInput) { expect_failure(run_cli("eval-ppl --ctx 128"), {"--text"}); }
 

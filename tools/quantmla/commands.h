@@ -62,5 +62,6 @@ void add_compare(CLI::App& app);
 void add_compare_merge(CLI::App& app);
 void add_error_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
+void add_eval_passkey(CLI::App& app);
 
 }  // namespace quantmla::cli

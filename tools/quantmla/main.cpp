@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_compare_merge(app);
   quantmla::cli::add_error_model(app);
   quantmla::cli::add_calibrate(app);
+  quantmla::cli::add_eval_passkey(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
