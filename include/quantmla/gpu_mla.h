@@ -49,7 +49,8 @@ struct MlaDecodeParams {
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
 // on the device; sequences split into several runs are merged by a combine kernel through their
 // log-sum-exps. It depends on the format and the lengths only, so one plan serves every layer of a
-// step (as FlashMLA's metadata). Holds its device copy and the partial-result workspace.
+// step (as FlashMLA's metadata). Holds its device copy and the partial-result workspace, so calls
+// that share a plan must run one after another (one stream), not concurrently.
 class MlaDecodePlan {
  public:
   // seq_lens: a host copy of MlaDecodeParams::seq_lens. pages_per_split = 0 chooses the split so
