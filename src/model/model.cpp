@@ -1,7 +1,10 @@
 #include "quantmla/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/gemv_bf16.h"
 #include "kernels/cpu/ops.h"
@@ -24,6 +27,71 @@ void linear(const Linear& w, const float* x, int64_t ldx, int64_t m, float* y, i
     cpu::gemv_bf16(w.weight_bf16.data(), w.in, x, y, w.out, w.in, accumulate);
   } else {
     matmul_nt(x, ldx, w.weight.data(), w.in, y, ldy, m, w.out, w.in, accumulate);
+  }
+}
+
+// Queries of a block at least this long (prefill) take the expanded form of MLA attention.
+constexpr int64_t kExpandedMinQueries = 64;
+constexpr int64_t kExpandedQueryBlock = 256;
+
+// Prefill attention in the expanded form: the cache rows are read back (the values attention sees,
+// quantized formats included), up-projected once (K_nope = C W_UK^T, V = C W_UV^T), then every
+// head attends over [k_nope ; k_pe] with values V. The same function as the absorbed form that
+// decoding uses, at (qk_dim + v_dim) multiply-adds per key and head instead of
+// (kv_lora_rank + rope) + kv_lora_rank: about a fifth for DeepSeek's shapes.
+// q: [n, heads, qk_dim] with RoPE applied to the q_pe part; out: [n, heads, v_dim].
+void expanded_attention(const MlaCache& cache, int64_t layer, const Linear& kv_b, const float* q,
+                        int64_t n, int64_t pos0, int64_t heads, int64_t nope, int64_t rope_dim,
+                        int64_t v_dim, float softmax_scale, float* out) {
+  const int64_t rank = kv_b.in;
+  const int64_t keys = pos0 + n;
+  const int64_t qk_dim = nope + rope_dim;
+  const int64_t up_width = heads * (nope + v_dim);
+  std::vector<float> latents(static_cast<size_t>(keys * rank));
+  std::vector<float> rope_keys(static_cast<size_t>(keys * rope_dim));
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < keys; ++j) {
+    cache.read_row(layer, j, latents.data() + j * rank, rope_keys.data() + j * rope_dim);
+  }
+  std::vector<float> up(static_cast<size_t>(keys * up_width));
+  matmul_nt(latents.data(), rank, kv_b.weight.data(), rank, up.data(), up_width, keys, up_width,
+            rank);
+  std::vector<float> head_keys(static_cast<size_t>(keys * qk_dim));
+  std::vector<float> scores;
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    const float* head_up = up.data() + hd * (nope + v_dim);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < keys; ++j) {
+      std::copy_n(head_up + j * up_width, nope, head_keys.data() + j * qk_dim);
+      std::copy_n(rope_keys.data() + j * rope_dim, rope_dim, head_keys.data() + j * qk_dim + nope);
+    }
+    for (int64_t begin = 0; begin < n; begin += kExpandedQueryBlock) {
+      const int64_t rows = std::min(kExpandedQueryBlock, n - begin);
+      const int64_t visible = pos0 + begin + rows;  // keys the block's last query sees
+      scores.resize(static_cast<size_t>(rows * visible));
+      matmul_nt(q + (begin * heads + hd) * qk_dim, heads * qk_dim, head_keys.data(), qk_dim,
+                scores.data(), visible, rows, visible, qk_dim);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        float* s = scores.data() + r * visible;
+        const int64_t seen = pos0 + begin + r + 1;
+        float max_logit = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < seen; ++j) {
+          s[j] *= softmax_scale;
+          max_logit = std::max(max_logit, s[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < seen; ++j) {
+          s[j] = std::exp(s[j] - max_logit);
+          sum += s[j];
+        }
+        const auto inverse = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j < seen; ++j) s[j] *= inverse;
+        std::fill(s + seen, s + visible, 0.0f);
+      }
+      matmul_nn(scores.data(), visible, head_up + nope, up_width,
+                out + (begin * heads + hd) * v_dim, heads * v_dim, rows, v_dim, visible);
+    }
   }
 }
 
@@ -169,31 +237,9 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     trace->rope_keys.resize(trace->record_cache_rows ? sz(c.num_layers) : 0);
   }
 
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const DecoderLayer& layer = weights_->layers[l];
+  // Decode (and traced prefill): the absorbed form, attention inside the cache, then W_UV.
+  const auto absorbed_attention = [&](int64_t l, const DecoderLayer& layer) {
     const AttentionWeights& attn = layer.attention;
-    cpu::rms_norm(x.data(), d, layer.input_norm.data(), n, d, eps, h.data(), d);
-
-    // Queries: [n, heads, nope + rope].
-    if (c.q_lora_rank > 0) {
-      const int64_t q_rank = c.q_lora_rank;
-      linear(attn.q_a, h.data(), d, n, q_low.data(), q_rank);
-      cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
-                    q_rank);
-      linear(attn.q_b, q_low.data(), q_rank, n, q.data(), heads * qk_dim);
-    } else {
-      linear(attn.q, h.data(), d, n, q.data(), heads * qk_dim);
-    }
-
-    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
-    linear(attn.kv_a, h.data(), d, n, kv.data(), row_width);
-    cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
-    for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
-      rope.apply(k_pe.data() + t * rope_dim, 1, rope_dim, pos0 + t);
-    }
-    cache.write(l, pos0, n, latent.data(), k_pe.data());
-
     // Absorbed queries: [W_UK_h^T q_nope_h ; RoPE(q_pe_h)] per head.
     // One token: the per-head products are too small to split, so the heads run in parallel.
     const bool bf16_decode = n == 1 && !attn.kv_b.weight_bf16.empty();
@@ -220,7 +266,7 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
     const CacheQuery query{q_absorbed.data(), n, heads, pos0, softmax_scale};
     cache.attend(l, query, attended.data(), nullptr);
 
-    // Values: o_h = W_UV_h * attended_h, then o_proj into the residual stream.
+    // Values: o_h = W_UV_h * attended_h.
 #pragma omp parallel for schedule(static) if (n == 1)
     for (int64_t hd = 0; hd < heads; ++hd) {
       const int64_t w_uv = (hd * kv_b_head_rows + nope) * rank;
@@ -239,6 +285,44 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
         trace->latents[l] = latent;
         trace->rope_keys[l] = k_pe;
       }
+    }
+  };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DecoderLayer& layer = weights_->layers[l];
+    const AttentionWeights& attn = layer.attention;
+    cpu::rms_norm(x.data(), d, layer.input_norm.data(), n, d, eps, h.data(), d);
+
+    // Queries: [n, heads, nope + rope].
+    if (c.q_lora_rank > 0) {
+      const int64_t q_rank = c.q_lora_rank;
+      linear(attn.q_a, h.data(), d, n, q_low.data(), q_rank);
+      cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
+                    q_rank);
+      linear(attn.q_b, q_low.data(), q_rank, n, q.data(), heads * qk_dim);
+    } else {
+      linear(attn.q, h.data(), d, n, q.data(), heads * qk_dim);
+    }
+
+    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
+    linear(attn.kv_a, h.data(), d, n, kv.data(), row_width);
+    cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
+      rope.apply(k_pe.data() + t * rope_dim, 1, rope_dim, pos0 + t);
+    }
+    cache.write(l, pos0, n, latent.data(), k_pe.data());
+
+    // Prefill without a trace (whose queries and outputs calibration reads in the absorbed form)
+    // takes the expanded form.
+    if (n >= kExpandedMinQueries && trace == nullptr) {
+      for (int64_t t = 0; t < n; ++t) {
+        rope.apply(q.data() + t * heads * qk_dim + nope, heads, qk_dim, pos0 + t);
+      }
+      expanded_attention(cache, l, attn.kv_b, q.data(), n, pos0, heads, nope, rope_dim, v_dim,
+                         softmax_scale, head_out.data());
+    } else {
+      absorbed_attention(l, layer);
     }
     linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
 
