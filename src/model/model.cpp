@@ -1,8 +1,6 @@
 #include "quantmla/model.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -73,21 +71,7 @@ void expanded_attention(const MlaCache& cache, int64_t layer, const Linear& kv_b
                 scores.data(), visible, rows, visible, qk_dim);
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
-        float* s = scores.data() + r * visible;
-        const int64_t seen = pos0 + begin + r + 1;
-        float max_logit = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < seen; ++j) {
-          s[j] *= softmax_scale;
-          max_logit = std::max(max_logit, s[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < seen; ++j) {
-          s[j] = std::exp(s[j] - max_logit);
-          sum += s[j];
-        }
-        const auto inverse = static_cast<float>(1.0 / sum);
-        for (int64_t j = 0; j < seen; ++j) s[j] *= inverse;
-        std::fill(s + seen, s + visible, 0.0f);
+        cpu::softmax_row(scores.data() + r * visible, pos0 + begin + r + 1, visible, softmax_scale);
       }
       matmul_nn(scores.data(), visible, head_up + nope, up_width,
                 out + (begin * heads + hd) * v_dim, heads * v_dim, rows, v_dim, visible);

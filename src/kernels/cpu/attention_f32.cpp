@@ -19,24 +19,6 @@ constexpr int64_t kQueryBlock = 64;
 // enough (576 KiB at DeepSeek's row width) to stay in cache while every query block uses them.
 constexpr int64_t kKeySpan = 4 * kKeyTile;
 
-// Scaled, masked softmax of one row in place; returns the log-sum-exp.
-float softmax_row(float* row, int64_t visible, int64_t total, float scale) {
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < visible; ++j) {
-    row[j] *= scale;
-    max_logit = std::max(max_logit, row[j]);
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < visible; ++j) {
-    row[j] = std::exp(row[j] - max_logit);
-    sum += row[j];
-  }
-  const float inv_sum = 1.0f / sum;
-  for (int64_t j = 0; j < visible; ++j) row[j] *= inv_sum;
-  std::fill(row + visible, row + total, 0.0f);
-  return max_logit + std::log(sum);
-}
-
 // The GEMM kernels treat a block of queries as one [n_q * num_heads, width] matrix.
 void require_adjacent_heads(const AttentionParams& p) {
   if (p.q_row_stride != p.num_heads * p.q_head_stride ||
@@ -72,7 +54,7 @@ void attention_prefill_f32(const AttentionParams& p) {
       const int64_t query = block_begin + row / p.num_heads;
       const int64_t visible = p.q_pos0 + query + 1;
       const float lse =
-          softmax_row(scores.data() + row * num_keys, visible, num_keys, p.softmax_scale);
+          cpu::softmax_row(scores.data() + row * num_keys, visible, num_keys, p.softmax_scale);
       if (p.lse != nullptr) p.lse[query * p.num_heads + row % p.num_heads] = lse;
     }
 

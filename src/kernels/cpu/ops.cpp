@@ -2,7 +2,9 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace quantmla::cpu {
 
@@ -58,6 +60,23 @@ void silu_mul(float* gate, const float* up, int64_t count) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+float softmax_row(float* row, int64_t visible, int64_t total, float scale) {
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < visible; ++j) {
+    row[j] *= scale;
+    max_logit = std::max(max_logit, row[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < visible; ++j) {
+    row[j] = std::exp(row[j] - max_logit);
+    sum += row[j];
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int64_t j = 0; j < visible; ++j) row[j] *= inv_sum;
+  std::fill(row + visible, row + total, 0.0f);
+  return max_logit + std::log(sum);
 }
 
 }  // namespace quantmla::cpu

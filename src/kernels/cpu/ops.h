@@ -20,6 +20,10 @@ void matmul_tn(const float* a, int64_t lda, const float* b, int64_t ldb, float* 
 void rms_norm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t width,
               float eps, float* y, int64_t y_stride);
 
+// Scaled, causally masked softmax of one score row in place: entries [0, visible) become
+// softmax(scale * row), entries [visible, total) zero. Returns the log-sum-exp of the scaled row.
+float softmax_row(float* row, int64_t visible, int64_t total, float scale);
+
 // gate = silu(gate) * up, elementwise.
 void silu_mul(float* gate, const float* up, int64_t count);
 
