@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_schedule.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
@@ -71,41 +73,38 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = max_lse + logf(total);
 }
 
-template <class T>
-T* device_copy(const std::vector<T>& host) {
-  if (host.empty()) return nullptr;
-  T* device = nullptr;
-  QUANTMLA_CUDA_CHECK(cudaMalloc(&device, host.size() * sizeof(T)));
-  QUANTMLA_CUDA_CHECK(
-      cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return device;
-}
-
 }  // namespace
 
 struct MlaDecodePlan::State {
+  State(const CacheFormat& plan_format, DecodeSchedule plan_schedule, int plan_batch, int plan_s_q,
+        int plan_heads)
+      : format(plan_format),
+        schedule(std::move(plan_schedule)),
+        batch(plan_batch),
+        s_q(plan_s_q),
+        num_heads(plan_heads),
+        items(schedule.items),
+        combines(schedule.combines),
+        partial_out(partial_rows() * kLatentDim),
+        partial_lse(partial_rows()) {}
+
+  size_t partial_rows() const {
+    return static_cast<size_t>(schedule.num_partials) * schedule.rows_per_block;
+  }
+
   CacheFormat format;
   DecodeSchedule schedule;
-  int batch = 0;
-  int s_q = 0;
-  int num_heads = 0;
-  WorkItem* items = nullptr;
-  CombineItem* combines = nullptr;
-  float* partial_out = nullptr;
-  float* partial_lse = nullptr;
-
-  ~State() {
-    // Destructors must not throw: a failed free is reported by the next CUDA call instead.
-    cudaFree(items);
-    cudaFree(combines);
-    cudaFree(partial_out);
-    cudaFree(partial_lse);
-  }
+  int batch;
+  int s_q;
+  int num_heads;
+  DeviceArray<WorkItem> items;        // the schedule's, on the device
+  DeviceArray<CombineItem> combines;  // likewise
+  DeviceArray<float> partial_out;     // [num_partials, rows_per_block, kLatentDim]
+  DeviceArray<float> partial_lse;     // [num_partials, rows_per_block]
 };
 
 MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
-                             int s_q, int num_heads, int pages_per_split)
-    : state_(std::make_unique<State>()) {
+                             int s_q, int num_heads, int pages_per_split) {
   int device = 0;
   int num_sms = 0;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -118,19 +117,9 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
     blocks_per_sm = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
                               : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
   });
-  State& s = *state_;
-  s.format = format;
-  s.schedule = plan_decode(seq_lens, s_q, num_heads, num_sms, blocks_per_sm, pages_per_split);
-  s.batch = static_cast<int>(seq_lens.size());
-  s.s_q = s_q;
-  s.num_heads = num_heads;
-  s.items = device_copy(s.schedule.items);
-  s.combines = device_copy(s.schedule.combines);
-  if (s.schedule.num_partials > 0) {
-    const size_t rows = static_cast<size_t>(s.schedule.num_partials) * s.schedule.rows_per_block;
-    QUANTMLA_CUDA_CHECK(cudaMalloc(&s.partial_out, rows * kLatentDim * sizeof(float)));
-    QUANTMLA_CUDA_CHECK(cudaMalloc(&s.partial_lse, rows * sizeof(float)));
-  }
+  state_ = std::make_unique<State>(
+      format, plan_decode(seq_lens, s_q, num_heads, num_sms, blocks_per_sm, pages_per_split),
+      static_cast<int>(seq_lens.size()), s_q, num_heads);
 }
 
 MlaDecodePlan::~MlaDecodePlan() = default;
@@ -173,9 +162,9 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
   kernel.seq_lens = params.seq_lens;
   kernel.out = params.out;
   kernel.lse = params.lse;
-  kernel.partial_out = state.partial_out;
-  kernel.partial_lse = state.partial_lse;
-  kernel.items = state.items;
+  kernel.partial_out = state.partial_out.data();
+  kernel.partial_lse = state.partial_lse.data();
+  kernel.items = state.items.data();
   kernel.s_q = params.s_q;
   kernel.num_heads = params.num_heads;
   kernel.record_bytes = static_cast<int>(format.record_bytes(kLatentDim, kRopeDim));
@@ -187,9 +176,9 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
         kernel, schedule.row_tiles_per_block, static_cast<int>(schedule.items.size()), stream);
   });
   if (!schedule.combines.empty()) {
-    CombineKernelParams combine{state.partial_out,
-                                state.partial_lse,
-                                state.combines,
+    CombineKernelParams combine{state.partial_out.data(),
+                                state.partial_lse.data(),
+                                state.combines.data(),
                                 params.out,
                                 params.lse,
                                 schedule.rows_per_block,

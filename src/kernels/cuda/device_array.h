@@ -1,4 +1,5 @@
-// A typed device allocation for the GPU tests and benchmarks: freed on scope exit, copies checked.
+// A typed device allocation (the decode plan's buffers, the GPU tests and benchmarks): freed on
+// scope exit, copies checked.
 #pragma once
 
 #include <cuda_runtime.h>
