@@ -2,6 +2,7 @@
 // RoPE problem against a direct evaluation of its defining sum, on small random layers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -43,14 +44,21 @@ RandomLayer make_layer(uint32_t seed, int64_t length = 24) {
 }
 
 TEST(ContentObjective, GradientMatchesFiniteDifferences) {
-  for (ContentObjective objective : {ContentObjective::kOutput, ContentObjective::kMse}) {
+  struct Case {
+    ContentObjective objective;
+    int64_t max_queries;  // 0: every position; 7 of 24: sampled query rows
+  };
+  for (const Case& c : {Case{ContentObjective::kOutput, 0}, Case{ContentObjective::kOutput, 7},
+                        Case{ContentObjective::kMse, 0}}) {
+    const ContentObjective objective = c.objective;
     RandomLayer layer = make_layer(3);
     const LayerGeometry& g = layer.geometry;
     std::mt19937 rng(11);
     // The rope keys attention reads are perturbed (the RoPE path in a quantized state).
     std::vector<float> rope_keys = layer.window.rope_keys;
     for (float& x : rope_keys) x += 0.05f * std::normal_distribution<float>()(rng);
-    const ContentTarget target = make_content_target(objective, layer.window, g, rope_keys.data());
+    const ContentTarget target =
+        make_content_target(objective, layer.window, g, rope_keys.data(), c.max_queries);
     std::vector<float> latents = layer.window.latents;
     for (float& x : latents) x += 0.1f * std::normal_distribution<float>()(rng);
 
@@ -70,9 +78,79 @@ TEST(ContentObjective, GradientMatchesFiniteDifferences) {
       const float h = 1e-2f;
       const double measured = (4.0 * central(h / 2) - central(h)) / 3.0;
       EXPECT_NEAR(measured, predicted, 2e-3 * std::abs(predicted) + 1e-4)
-          << to_string(objective) << " trial " << trial;
+          << to_string(objective) << " queries " << c.max_queries << " trial " << trial;
     }
   }
+}
+
+TEST(ContentObjective, PositionsAreEvenlySpacedAndEndAtTheLastToken) {
+  for (int64_t length = 1; length <= 200; ++length) {
+    EXPECT_TRUE(objective_positions(length, 0).empty());
+    EXPECT_TRUE(objective_positions(length, length).empty());
+    EXPECT_TRUE(objective_positions(length, length + 5).empty());
+    for (int64_t m = 1; m < length; ++m) {
+      const std::vector<int64_t> positions = objective_positions(length, m);
+      ASSERT_EQ(static_cast<int64_t>(positions.size()), m) << length;
+      EXPECT_EQ(positions.back(), length - 1);
+      EXPECT_GE(positions.front(), 0);
+      const int64_t widest = (length + m - 1) / m;  // gaps are floor or ceil of L / m
+      for (size_t i = 1; i < positions.size(); ++i) {
+        const int64_t gap = positions[i] - positions[i - 1];
+        ASSERT_GE(gap, length / m) << length << " " << m;
+        ASSERT_LE(gap, widest) << length << " " << m;
+      }
+    }
+  }
+}
+
+// The sampled output objective is the defining sum over the chosen rows: softmax attention of
+// each sampled query over all keys up to it, through W_UV, against the exact cache's outputs.
+TEST(ContentObjective, SampledOutputLossEqualsTheDefiningSum) {
+  RandomLayer layer = make_layer(5, 40);
+  const LayerGeometry& g = layer.geometry;
+  const LayerWindow& w = layer.window;
+  std::mt19937 rng(17);
+  std::vector<float> latents = w.latents;
+  for (float& x : latents) x += 0.1f * std::normal_distribution<float>()(rng);
+  const ContentTarget target =
+      make_content_target(ContentObjective::kOutput, w, g, w.rope_keys.data(), 9);
+  ASSERT_EQ(target.positions.size(), 9u);
+
+  const auto output = [&](const std::vector<float>& c, int64_t t, int64_t h, int64_t e) {
+    const float* q = w.queries.data() + t * g.query_stride() + h * g.query_width();
+    std::vector<double> scores(static_cast<size_t>(t + 1));
+    double peak = -1e300, sum = 0.0, out = 0.0;
+    for (int64_t j = 0; j <= t; ++j) {
+      double s = 0.0;
+      for (int64_t i = 0; i < g.rank; ++i) s += static_cast<double>(q[i]) * c[j * g.rank + i];
+      for (int64_t i = 0; i < g.rope_dim; ++i) {
+        s += static_cast<double>(q[g.rank + i]) * w.rope_keys[j * g.rope_dim + i];
+      }
+      scores[j] = g.softmax_scale * s;
+      peak = std::max(peak, scores[j]);
+    }
+    for (int64_t j = 0; j <= t; ++j) sum += std::exp(scores[j] - peak);
+    for (int64_t j = 0; j <= t; ++j) {
+      double value = 0.0;  // (W_UV,h c_j)_e
+      for (int64_t i = 0; i < g.rank; ++i) {
+        value += static_cast<double>(g.w_uv[(h * g.v_dim + e) * g.rank + i]) * c[j * g.rank + i];
+      }
+      out += std::exp(scores[j] - peak) / sum * value;
+    }
+    return out;
+  };
+  double expected = 0.0;
+  for (int64_t t : target.positions) {
+    for (int64_t h = 0; h < g.heads; ++h) {
+      for (int64_t e = 0; e < g.v_dim; ++e) {
+        const double diff = output(latents, t, h, e) - output(w.latents, t, h, e);
+        expected += diff * diff;
+      }
+    }
+  }
+  const double measured =
+      content_loss(ContentObjective::kOutput, w, g, target, latents.data(), nullptr);
+  EXPECT_NEAR(measured, expected, 1e-3 * expected);  // FP32 outputs against FP64
 }
 
 std::vector<float> random_skew(std::mt19937& rng, int64_t n, float scale) {

@@ -26,8 +26,11 @@ struct CalibrationOptions {
   std::string rope_objective = "auto";       // auto | attention | uniform | mse
   std::string content_objective = "output";  // output | mse
   int64_t rope_keys_per_window = 128;        // sampled key positions per window
-  int64_t content_steps = 40;                // Riemannian SGD steps per layer
-  int64_t content_batch = 2;                 // windows per step
+  // Query positions per window the content output objective sums over (evenly spaced, each
+  // attending to all its keys); 0 = all. Keeps long windows affordable: cost m L, not L^2.
+  int64_t content_queries_per_window = 512;
+  int64_t content_steps = 40;  // Riemannian SGD steps per layer
+  int64_t content_batch = 2;   // windows per step
   float content_learning_rate = 0.5f;
   std::vector<int64_t> layers;  // layers to calibrate; empty = all
   // RoPE frequency pairs to keep in BF16 (the format's bf16pairs, chosen here by the QK loss

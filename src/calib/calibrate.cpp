@@ -150,7 +150,8 @@ RopeTransform calibrate_rope(const CalibrationOptions& options, const PathFormat
   std::vector<ContentTarget> held_targets;
   for (const LayerWindow& window : held_out) {
     held_targets.push_back(calib::make_content_target(ContentObjective::kOutput, window, geometry,
-                                                      window.rope_keys.data()));
+                                                      window.rope_keys.data(),
+                                                      options.content_queries_per_window));
   }
   report.output_before = rope_output_loss(format, identity, geometry, held_out, held_targets);
   report.output_after = report.output_before;
@@ -211,6 +212,11 @@ void CalibrationOptions::validate(const ModelConfig& config) const {
   if (samples < 1 || held_out < 1) {
     throw InvalidArgument("calibration needs at least one training and one held-back window (" +
                           std::to_string(samples) + ", " + std::to_string(held_out) + ")");
+  }
+  if (rope_keys_per_window < 0 || content_queries_per_window < 0) {
+    throw InvalidArgument("sampled RoPE keys (" + std::to_string(rope_keys_per_window) +
+                          ") and content queries (" + std::to_string(content_queries_per_window) +
+                          ") per window must be >= 0 (0 = all)");
   }
   for (int64_t layer : layers) {
     if (layer < 0 || layer >= config.num_layers) {
@@ -296,8 +302,9 @@ CalibrationReport calibrate(Model& model, std::span<const int32_t> tokens,
           for (const LayerWindow& window : set) {
             const std::vector<float> keys =
                 quantized_rope_keys(report.cache.rope, rope[k], window, geometry[k].rope_dim);
-            targets.push_back(
-                calib::make_content_target(content_objective, window, geometry[k], keys.data()));
+            targets.push_back(calib::make_content_target(content_objective, window, geometry[k],
+                                                         keys.data(),
+                                                         options.content_queries_per_window));
           }
           return targets;
         };

@@ -52,15 +52,17 @@ std::vector<std::vector<LayerWindow>> capture_windows(
   return captured;
 }
 
-void head_probabilities(const LayerWindow& window, const LayerGeometry& geometry, int64_t head,
-                        const float* latents, const float* rope_keys, float* probs) {
-  const int64_t n = window.length, r = geometry.rank, ld = geometry.query_stride();
-  const float* q = window.queries.data() + head * geometry.query_width();
-  cpu::matmul_nt(q, ld, latents, r, probs, n, n, n, r);
-  cpu::matmul_nt(q + r, ld, rope_keys, geometry.rope_dim, probs, n, n, n, geometry.rope_dim,
+void query_probabilities(const LayerGeometry& geometry, int64_t head, const float* queries,
+                         const int64_t* positions, int64_t m, int64_t length, const float* latents,
+                         const float* rope_keys, float* probs) {
+  const int64_t n = length, r = geometry.rank, ld = geometry.query_stride();
+  const float* q = queries + head * geometry.query_width();
+  cpu::matmul_nt(q, ld, latents, r, probs, n, m, n, r);
+  cpu::matmul_nt(q + r, ld, rope_keys, geometry.rope_dim, probs, n, m, n, geometry.rope_dim,
                  /*accumulate=*/true);
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = probs + t * n;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t t = positions != nullptr ? positions[i] : i;
+    float* row = probs + i * n;
     float peak = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j <= t; ++j) {
       row[j] *= geometry.softmax_scale;
@@ -75,6 +77,12 @@ void head_probabilities(const LayerWindow& window, const LayerGeometry& geometry
     for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
     std::fill(row + t + 1, row + n, 0.0f);
   }
+}
+
+void head_probabilities(const LayerWindow& window, const LayerGeometry& geometry, int64_t head,
+                        const float* latents, const float* rope_keys, float* probs) {
+  query_probabilities(geometry, head, window.queries.data(), nullptr, window.length, window.length,
+                      latents, rope_keys, probs);
 }
 
 }  // namespace quantmla::calib

@@ -42,9 +42,15 @@ std::vector<std::vector<LayerWindow>> capture_windows(
     const Model& model, std::span<const std::vector<int32_t>> windows,
     const std::function<void(int64_t, int64_t)>& progress);
 
-// probs[t, j] = softmax_j(scale * (q_c,h(t) . latents_j + q_pe,h(t) . rope_keys_j)) over j <= t,
-// zero above the diagonal: head `head`'s causal attention with the given cache rows.
-// latents: [L, r], rope_keys: [L, d_r], probs: [L, L].
+// probs[i, j] = softmax_j(scale * (q_c,h(t_i) . latents_j + q_pe,h(t_i) . rope_keys_j)) over
+// j <= t_i, zero beyond: head `head`'s causal attention at query positions t_i with the given
+// cache rows. queries: [m, query_stride] (rows of the window's queries), positions: [m] ascending
+// (nullptr: t_i = i), latents: [L, r], rope_keys: [L, d_r], probs: [m, L].
+void query_probabilities(const LayerGeometry& geometry, int64_t head, const float* queries,
+                         const int64_t* positions, int64_t m, int64_t length, const float* latents,
+                         const float* rope_keys, float* probs);
+
+// query_probabilities at every position of the window: probs [L, L].
 void head_probabilities(const LayerWindow& window, const LayerGeometry& geometry, int64_t head,
                         const float* latents, const float* rope_keys, float* probs);
 

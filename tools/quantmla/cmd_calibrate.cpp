@@ -114,6 +114,7 @@ nlohmann::json report_json(const CalibrateOptions& options, const CalibrationRep
             {"rope_objective", c.rope_objective},
             {"content_objective", c.content_objective},
             {"rope_keys_per_window", c.rope_keys_per_window},
+            {"content_queries_per_window", c.content_queries_per_window},
             {"content_steps", c.content_steps},
             {"content_batch", c.content_batch},
             {"content_learning_rate", c.content_learning_rate},
@@ -203,6 +204,11 @@ void add_calibrate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rope-keys", c.rope_keys_per_window, "Sampled RoPE keys per window")
       ->capture_default_str();
+  cmd->add_option("--content-queries", c.content_queries_per_window,
+                  "Query positions per window in the content objective, evenly spaced, each "
+                  "attending to all its keys (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--rope-bf16-pairs", c.rope_bf16_pairs,
                   "Keep this many RoPE frequency pairs in BF16 (+4 bytes per pair per token per "
                   "layer), chosen by calibration")
