@@ -28,7 +28,8 @@ std::vector<PasskeyPrompt> load_passkey_prompts(const std::string& path);
 
 struct PasskeyOptions {
   CacheFormat cache = CacheFormat::f32();
-  // Called after each prompt with (prompts done, prompts total).
+  // Called after each prompt with (prompts done, prompts total), one call at a time (prompts
+  // run side by side on the OpenMP threads).
   std::function<void(int64_t, int64_t)> progress;
 };
 

@@ -1,6 +1,9 @@
 #include "quantmla/passkey.h"
 
+#include <algorithm>
+#include <exception>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 
 #include "quantmla/error.h"
@@ -78,27 +81,54 @@ PasskeyResult evaluate_passkey(const Model& model, const std::vector<PasskeyProm
                             std::to_string(model.max_positions()) + " positions");
     }
   }
-  PasskeyResult result;
   GenerateOptions generate_options;
   generate_options.sampling.temperature = 0.0f;  // greedy
   generate_options.stop_at_eos = false;          // an early EOS is a wrong answer, not a stop
   generate_options.cache = options.cache;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const PasskeyPrompt& prompt = prompts[i];
-    generate_options.max_tokens = static_cast<int64_t>(prompt.answer.size());
-    std::vector<int32_t> output = generate(model, prompt.prompt, generate_options);
-    const bool correct = output == prompt.answer;
-    for (PasskeyCount* count :
-         {&result.total, &result.by_ctx[prompt.ctx], &result.by_depth[prompt.depth]}) {
-      ++count->n;
-      count->correct += correct ? 1 : 0;
+
+  // Prompts are independent: they run side by side, one per thread (the model is read-only, each
+  // has its own cache), longest first so the threads finish together. Inside the parallel loop
+  // the forward's own parallel loops and BLAS run single-threaded.
+  const int64_t count = static_cast<int64_t>(prompts.size());
+  std::vector<int64_t> order(prompts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return prompts[a].prompt.size() > prompts[b].prompt.size();
+  });
+  std::vector<std::vector<int32_t>> outputs(prompts.size());
+  std::exception_ptr failure;
+  int64_t done = 0;
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (int64_t k = 0; k < count; ++k) {
+    const PasskeyPrompt& prompt = prompts[order[k]];
+    try {
+      GenerateOptions prompt_options = generate_options;
+      prompt_options.max_tokens = static_cast<int64_t>(prompt.answer.size());
+      outputs[order[k]] = generate(model, prompt.prompt, prompt_options);
+    } catch (...) {
+#pragma omp critical(passkey_failure)
+      if (!failure) failure = std::current_exception();
     }
-    result.outputs.push_back(std::move(output));
-    result.correct.push_back(correct);
-    if (options.progress) {
-      options.progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(prompts.size()));
+#pragma omp critical(passkey_progress)
+    {
+      ++done;
+      if (options.progress) options.progress(done, count);
     }
   }
+  if (failure) std::rethrow_exception(failure);
+
+  PasskeyResult result;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const PasskeyPrompt& prompt = prompts[i];
+    const bool correct = outputs[i] == prompt.answer;
+    for (PasskeyCount* tally :
+         {&result.total, &result.by_ctx[prompt.ctx], &result.by_depth[prompt.depth]}) {
+      ++tally->n;
+      tally->correct += correct ? 1 : 0;
+    }
+    result.correct.push_back(correct);
+  }
+  result.outputs = std::move(outputs);
   return result;
 }
 

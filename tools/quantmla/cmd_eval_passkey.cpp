@@ -20,6 +20,7 @@ struct EvalPasskeyOptions {
   int64_t ctx = 0;       // 0 = every context
   int64_t per_cell = 0;  // 0 = every prompt of a (ctx, depth) cell
   bool json = false;
+  TransformOption transform;
 };
 
 // The prompts to run: those of --ctx, the first --per-cell of each (ctx, depth) cell.
@@ -50,7 +51,7 @@ std::string depth_key(double depth) {
 void run_eval_passkey(const EvalPasskeyOptions& options) {
   const std::vector<PasskeyPrompt> prompts =
       select_prompts(load_passkey_prompts(options.prompts), options);
-  const Model model = Model::load(options.model);
+  const Model model = load_transformed(options.model, options.transform);
   PasskeyOptions passkey_options;
   passkey_options.cache =
       CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
@@ -65,9 +66,10 @@ void run_eval_passkey(const EvalPasskeyOptions& options) {
     for (const auto& [depth, count] : result.by_depth)
       by_depth[depth_key(depth)] = count.accuracy();
     const nlohmann::json out = {
-        {"acc", result.total.accuracy()},  {"acc_by_ctx", by_ctx},
-        {"acc_by_depth", by_depth},        {"n", result.total.n},
-        {"correct", result.total.correct}, {"cache", passkey_options.cache.to_string()}};
+        {"acc", result.total.accuracy()},     {"acc_by_ctx", by_ctx},
+        {"acc_by_depth", by_depth},           {"n", result.total.n},
+        {"correct", result.total.correct},    {"cache", passkey_options.cache.to_string()},
+        {"transform", options.transform.name}};
     std::printf("%s\n", out.dump().c_str());
     return;
   }
@@ -107,8 +109,10 @@ void add_eval_passkey(CLI::App& app) {
                   "Only the first N prompts of each (context, depth) cell (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  add_transform_options(*cmd, options->transform);
   cmd->add_flag("--json", options->json,
-                "Print one JSON object {acc, acc_by_ctx, acc_by_depth, n, correct, cache}");
+                "Print one JSON object {acc, acc_by_ctx, acc_by_depth, n, correct, cache, "
+                "transform}");
   cmd->callback([options] { run_eval_passkey(*options); });
 }
 
