@@ -8,11 +8,13 @@
 # Usage: scripts/device-long-context.sh BIN MODEL IDS PROMPTS WORK
 #   BIN: a static quantmla (scripts/static-quantmla.sh); MODEL: mla-tiny-v2-4k; IDS:
 #   wikitext2-test.ids.i32; PROMPTS: passkey-public.json; WORK: models, tallies, logs, results
-#   (WORK/results/*.json, WORK/done when everything has finished). Calibration reads
+#   (WORK/results/*.json, WORK/done when everything has finished). VARIANTS (env) picks the
+#   calibrated variants (default: all of args_of), PASSKEY_SPECS the uncalibrated formats
+#   run through eval-passkey (default: every baseline). Calibration reads
 #   data/calib.txt of the current directory (quantmla calibrate's default).
 set -uo pipefail
 if [ $# -ne 5 ]; then
-  sed -n '2,13p' "$0" >&2
+  sed -n '2,15p' "$0" >&2
   exit 2
 fi
 bin=$1 model=$2 ids=$3 prompts=$4 work=$5
@@ -37,8 +39,8 @@ args_of() {
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
-variants="q-int4-g64 q-int2-g64 x-int4-g64-keep2 x-int2-g64-keep2 r-rope-int2-g64 r-rope-int2-g32
-  r-rope-int2-g64-keep2 r-rope-int2-g32-keep2"
+variants=${VARIANTS:-q-int4-g64 q-int2-g64 x-int4-g64-keep2 x-int2-g64-keep2 r-rope-int2-g64
+  r-rope-int2-g32 r-rope-int2-g64-keep2 r-rope-int2-g32-keep2}
 
 # The thread pool: one byte per core in a FIFO; a job takes its threads' worth under a lock (so
 # two jobs never hold half of what each needs) and gives them back when it ends.
@@ -87,7 +89,7 @@ start=$(date +%s)
 pk_threads=$(threads $((cores / 8 > 4 ? cores / 8 : 4)))
 for v in $variants; do
   (
-    case $v in r-*) threads=$(threads 4) ;; *) threads=$(threads $((cores / 8))) ;; esac
+    case $v in r-*) threads=$(threads 2) ;; *) threads=$(threads $((cores / 6))) ;; esac
     # shellcheck disable=SC2046
     job "$threads" "$work/logs/calibrate-$v" "$bin" calibrate --model "$model" --seq $ctx --force \
       --threads "$threads" --out "$work/models/$v" $(args_of "$v")
@@ -104,7 +106,7 @@ done
 (
   compare rtn --model "$model" --cache content=fp8,rope=bf16 --cache content=q4_0,rope=q4_0 \
     --cache content=int4:g64,rope=int4:g64 --cache content=int2:g64,rope=int4:g64 \
-    --cache content=bf16,rope=int2:g64 --cache content=bf16,rope=int2:g32
+    --cache content=bf16,rope=int2:g64
   echo "rtn evaluated after $(($(date +%s) - start)) s" >>"$work/progress"
 ) &
 (
@@ -112,8 +114,8 @@ done
     --cache content=int4:g64,rope=int4:g64 --cache content=int2:g64,rope=int4:g64
   echo "hadamard evaluated after $(($(date +%s) - start)) s" >>"$work/progress"
 ) &
-for spec in bf16 content=fp8,rope=bf16 content=q4_0,rope=q4_0 content=int4:g64,rope=int4:g64 \
-  content=int2:g64,rope=int4:g64 content=bf16,rope=int2:g64 content=bf16,rope=int2:g32; do
+for spec in ${PASSKEY_SPECS:-bf16 content=fp8,rope=bf16 content=q4_0,rope=q4_0 \
+  content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64 content=bf16,rope=int2:g64}; do
   passkey "rtn-${spec//[=,:]/_}" "$pk_threads" --model "$model" --cache "$spec" &
 done
 passkey hadamard-int2-int4 "$pk_threads" --model "$model" --transform hadamard --seed 0 \
