@@ -42,6 +42,7 @@ CalibrationOptions reduced_options() {
   options.seed = 3;
   options.content_steps = 6;
   options.rope_keys_per_window = 32;
+  options.content_queries_per_window = 48;  // sampled query rows: the long-context path
   options.layers = {0, 1};
   return options;
 }
@@ -162,6 +163,11 @@ TEST(Calibrate, RefusesWhatItCannotDo) {
   expect_contains(
       error_message<InvalidArgument>([&] { calibrate(model, calibration_tokens(), options); }),
       {"layer 6 outside [0, 6)"});
+  options = reduced_options();
+  options.content_queries_per_window = -1;
+  expect_contains(
+      error_message<InvalidArgument>([&] { calibrate(model, calibration_tokens(), options); }),
+      {"content queries (-1)", ">= 0"});
 }
 
 }  // namespace

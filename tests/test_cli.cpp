@@ -347,6 +347,7 @@ TEST_F(CliTest, EvalPasskeyJson) {
   const nlohmann::json out = nlohmann::json::parse(result.out);
   EXPECT_EQ(out["n"], 5);
   EXPECT_EQ(out["cache"], "content=int4:g64,rope=int4:g64");
+  EXPECT_EQ(out["transform"], "none");
   EXPECT_EQ(out["acc_by_ctx"].size(), 1u);
   EXPECT_TRUE(out["acc_by_ctx"].contains("1024"));
   EXPECT_EQ(out["acc_by_depth"].size(), 5u);
@@ -362,6 +363,8 @@ TEST_F(CliTest, EvalPasskeyBadInput) {
   expect_failure(run_cli("eval-passkey --prompts /nonexistent.json"), {"nonexistent.json"});
   expect_failure(run_cli("eval-passkey --prompts " + prompts + " --ctx 999"),
                  {"no prompt for context 999"});
+  expect_failure(run_cli("eval-passkey --prompts " + prompts + " --transform rotate"),
+                 {"--transform", "rotate"});
   const fs::path broken = scratch_ / "broken.json";
   std::ofstream(broken) << "[{\"ctx\": 1024}]";
   expect_failure(run_cli("eval-passkey --prompts " + broken.string()),
