@@ -353,6 +353,11 @@ TEST_F(CliTest, EvalPasskeyJson) {
   EXPECT_EQ(out["acc_by_depth"].size(), 5u);
   EXPECT_TRUE(out["acc_by_depth"].contains("0.05"));
   EXPECT_DOUBLE_EQ(out["acc"].get<double>(), out["correct"].get<double>() / 5.0);
+  ASSERT_EQ(out["failures"].size(), 5u - out["correct"].get<size_t>());
+  for (const nlohmann::json& failure : out["failures"]) {
+    EXPECT_EQ(failure["ctx"], 1024);
+    EXPECT_NE(failure["answer"], failure["output"]);
+  }
   // RTN INT4/INT4 keeps retrieval at 1K (DESIGN §9: 0.99).
   EXPECT_GE(out["correct"].get<int>(), 4);
   EXPECT_NE(result.err.find("eval-passkey"), std::string::npos);  // progress on stderr

@@ -34,7 +34,9 @@ TEST(Passkey, LoadsThePublicPrompts) {
   const std::vector<PasskeyPrompt> prompts = load_passkey_prompts(kPublicPrompts);
   ASSERT_EQ(prompts.size(), 120u);
   std::map<int64_t, int> per_ctx;
-  for (const PasskeyPrompt& p : prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const PasskeyPrompt& p = prompts[i];
+    EXPECT_EQ(p.index, static_cast<int64_t>(i));
     ++per_ctx[p.ctx];
     EXPECT_EQ(p.prompt.front(), 0);  // BOS
     EXPECT_FALSE(p.answer.empty());
@@ -70,11 +72,11 @@ TEST(Passkey, MalformedFilesAreRefusedWithTheirPlace) {
 }
 
 TEST(Passkey, BadPromptsAreRefusedBeforeAnyWork) {
-  PasskeyPrompt outside{1024, 0.5, {0, 5, 999999}, {1}};
+  PasskeyPrompt outside{0, 1024, 0.5, {0, 5, 999999}, {1}};
   expect_contains(
       error_message<InvalidArgument>([&] { evaluate_passkey(mla_tiny_v2(), {outside}, {}); }),
       {"prompt 0", "token id 999999", "outside the vocabulary"});
-  PasskeyPrompt too_long{4096, 0.5, std::vector<int32_t>(4096, 5), {1, 2}};
+  PasskeyPrompt too_long{0, 4096, 0.5, std::vector<int32_t>(4096, 5), {1, 2}};
   expect_contains(
       error_message<InvalidArgument>([&] { evaluate_passkey(mla_tiny_v2(), {too_long}, {}); }),
       {"prompt 0", "4096 tokens + 2 answer tokens", "4096 positions"});

@@ -15,6 +15,7 @@
 namespace quantmla {
 
 struct PasskeyPrompt {
+  int64_t index = 0;            // entry in the prompts file
   int64_t ctx = 0;              // context the prompt was built for (1024, 2048, 4096)
   double depth = 0.0;           // needle position as a fraction of the filler, in [0, 1]
   std::vector<int32_t> prompt;  // token ids, BOS included

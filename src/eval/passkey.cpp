@@ -52,6 +52,7 @@ std::vector<PasskeyPrompt> load_passkey_prompts(const std::string& path) {
       throw FormatError(where + ": \"depth\" must be a number");
     }
     PasskeyPrompt prompt;
+    prompt.index = static_cast<int64_t>(i);
     prompt.ctx = entry["ctx"].get<int64_t>();
     prompt.depth = entry["depth"].get<double>();
     prompt.prompt = token_list(entry, "prompt", where);

@@ -59,17 +59,30 @@ void run_eval_passkey(const EvalPasskeyOptions& options) {
   passkey_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   const PasskeyResult result = evaluate_passkey(model, prompts, passkey_options);
 
+  // The prompts answered wrongly, with what came out instead: what a user looks at next.
+  nlohmann::json failures = nlohmann::json::array();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (result.correct[i]) continue;
+    failures.push_back({{"index", prompts[i].index},
+                        {"ctx", prompts[i].ctx},
+                        {"depth", prompts[i].depth},
+                        {"answer", prompts[i].answer},
+                        {"output", result.outputs[i]}});
+  }
   if (options.json) {
     nlohmann::json by_ctx = nlohmann::json::object();
     nlohmann::json by_depth = nlohmann::json::object();
     for (const auto& [ctx, count] : result.by_ctx) by_ctx[std::to_string(ctx)] = count.accuracy();
     for (const auto& [depth, count] : result.by_depth)
       by_depth[depth_key(depth)] = count.accuracy();
-    const nlohmann::json out = {
-        {"acc", result.total.accuracy()},     {"acc_by_ctx", by_ctx},
-        {"acc_by_depth", by_depth},           {"n", result.total.n},
-        {"correct", result.total.correct},    {"cache", passkey_options.cache.to_string()},
-        {"transform", options.transform.name}};
+    const nlohmann::json out = {{"acc", result.total.accuracy()},
+                                {"acc_by_ctx", by_ctx},
+                                {"acc_by_depth", by_depth},
+                                {"n", result.total.n},
+                                {"correct", result.total.correct},
+                                {"cache", passkey_options.cache.to_string()},
+                                {"transform", options.transform.name},
+                                {"failures", failures}};
     std::printf("%s\n", out.dump().c_str());
     return;
   }
@@ -83,6 +96,12 @@ void run_eval_passkey(const EvalPasskeyOptions& options) {
   for (const auto& [depth, count] : result.by_depth) {
     std::printf("  depth %s %.3f (%lld/%lld)\n", depth_key(depth).c_str(), count.accuracy(),
                 static_cast<long long>(count.correct), static_cast<long long>(count.n));
+  }
+  for (const nlohmann::json& failure : failures) {
+    std::printf("  wrong: prompt %s (ctx %s, depth %.2f): answer %s, output %s\n",
+                failure["index"].dump().c_str(), failure["ctx"].dump().c_str(),
+                failure["depth"].get<double>(), failure["answer"].dump().c_str(),
+                failure["output"].dump().c_str());
   }
 }
 
@@ -112,7 +131,7 @@ void add_eval_passkey(CLI::App& app) {
   add_transform_options(*cmd, options->transform);
   cmd->add_flag("--json", options->json,
                 "Print one JSON object {acc, acc_by_ctx, acc_by_depth, n, correct, cache, "
-                "transform}");
+                "transform, failures: [{index, ctx, depth, answer, output}]}");
   cmd->callback([options] { run_eval_passkey(*options); });
 }
 
