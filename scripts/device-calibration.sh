@@ -9,7 +9,7 @@
 #   WORK: where calibrated models go; OUT: tallies, tables and logs.
 set -euo pipefail
 if [ $# -lt 6 ]; then
-  sed -n '2,10p' "$0" >&2
+  sed -n '2,9p' "$0" >&2
   exit 2
 fi
 bin=$1 ids=$2 work=$3 out=$4 stage=$5
@@ -17,25 +17,8 @@ shift 5
 cores=$(nproc)
 here=$(dirname "$0")
 
-# Calibration arguments per variant: the four QuantMLA rows, the ablations (on INT2/INT4 g64,
-# where both paths matter) and the extensions (extra bytes counted in the format).
-args_of() {
-  case $1 in
-    q-int4-g64) echo "--cache content=int4:g64,rope=int4:g64" ;;
-    q-int4-g128) echo "--cache content=int4:g128,rope=int4:g64" ;;
-    q-int2-g64) echo "--cache content=int2:g64,rope=int4:g64" ;;
-    q-int2-g128) echo "--cache content=int2:g128,rope=int4:g64" ;;
-    a-int2-rope-only) echo "--cache content=int2:g64,rope=int4:g64 --paths rope" ;;
-    a-int2-content-only) echo "--cache content=int2:g64,rope=int4:g64 --paths content" ;;
-    a-int2-rope-mse) echo "--cache content=int2:g64,rope=int4:g64 --rope-objective mse" ;;
-    a-int2-content-mse) echo "--cache content=int2:g64,rope=int4:g64 --content-objective mse" ;;
-    a-int4-rope-only) echo "--cache content=int4:g64,rope=int4:g64 --paths rope" ;;
-    x-int4-g64-rope-g32) echo "--cache content=int4:g64,rope=int4:g32" ;;
-    x-int4-g64-keep2) echo "--cache content=int4:g64,rope=int4:g64 --rope-bf16-pairs 2" ;;
-    x-int2-g64-keep2) echo "--cache content=int2:g64,rope=int4:g64 --rope-bf16-pairs 2" ;;
-    *) echo "unknown variant $1" >&2; exit 2 ;;
-  esac
-}
+# shellcheck source=scripts/calibration-variants.sh
+source "$(dirname "$0")/calibration-variants.sh"
 
 calibrate() {  # VARIANT THREADS
   [ -f "$work/$1/config.json" ] && return 0

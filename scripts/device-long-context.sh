@@ -9,12 +9,12 @@
 #   BIN: a static quantmla (scripts/static-quantmla.sh); MODEL: mla-tiny-v2-4k; IDS:
 #   wikitext2-test.ids.i32; PROMPTS: passkey-public.json; WORK: models, tallies, logs, results
 #   (WORK/results/*.json, WORK/done when everything has finished). VARIANTS (env) picks the
-#   calibrated variants (default: all of args_of), PASSKEY_SPECS the uncalibrated formats
-#   run through eval-passkey (default: every baseline). Calibration reads
-#   data/calib.txt of the current directory (quantmla calibrate's default).
+#   calibrated variants (default: the q-, x- and r- rows of calibration-variants.sh),
+#   PASSKEY_SPECS the uncalibrated formats run through eval-passkey (default: every baseline).
+#   Calibration reads data/calib.txt of the current directory (quantmla calibrate's default).
 set -uo pipefail
 if [ $# -ne 5 ]; then
-  sed -n '2,15p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 bin=$1 model=$2 ids=$3 prompts=$4 work=$5
@@ -24,21 +24,8 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # The first WINDOWS windows of the text: BOS + ctx-1 tokens each.
 head -c $((windows * (ctx - 1) * 4)) "$ids" >"$work/ids.i32"
 
-# Calibration arguments per variant: the four QuantMLA rows and the 2-bit RoPE research rows
-# (content left in BF16 so the RoPE key's own effect shows).
-args_of() {
-  case $1 in
-    q-int4-g64) echo "--cache content=int4:g64,rope=int4:g64" ;;
-    q-int2-g64) echo "--cache content=int2:g64,rope=int4:g64" ;;
-    x-int4-g64-keep2) echo "--cache content=int4:g64,rope=int4:g64 --rope-bf16-pairs 2" ;;
-    x-int2-g64-keep2) echo "--cache content=int2:g64,rope=int4:g64 --rope-bf16-pairs 2" ;;
-    r-rope-int2-g64) echo "--cache content=bf16,rope=int2:g64 --paths rope" ;;
-    r-rope-int2-g32) echo "--cache content=bf16,rope=int2:g32 --paths rope" ;;
-    r-rope-int2-g64-keep2) echo "--cache content=bf16,rope=int2:g64 --paths rope --rope-bf16-pairs 2" ;;
-    r-rope-int2-g32-keep2) echo "--cache content=bf16,rope=int2:g32 --paths rope --rope-bf16-pairs 2" ;;
-    *) echo "unknown variant $1" >&2; exit 2 ;;
-  esac
-}
+# shellcheck source=scripts/calibration-variants.sh
+source "$(dirname "$0")/calibration-variants.sh"
 variants=${VARIANTS:-q-int4-g64 q-int2-g64 x-int4-g64-keep2 x-int2-g64-keep2 r-rope-int2-g64
   r-rope-int2-g32 r-rope-int2-g64-keep2 r-rope-int2-g32-keep2}
 
