@@ -4,7 +4,6 @@
 #include <cmath>
 #include <numbers>
 
-#include "quantmla/dtype.h"
 
 namespace quantmla {
 namespace {
@@ -19,21 +18,6 @@ double correction_dim(double rotations, int64_t dim, double base, double max_pos
          (2.0 * std::log(base));
 }
 
-// transformers' DeepseekV3 rotary embedding keeps inv_freq as a floating buffer that is cast with
-// the weights, so loading a checkpoint in its own 16-bit dtype rounds the frequencies to that dtype
-// before they are used in FP32; its DeepseekV2 port does not. Measured on the fixtures: rounding
-// moves mla-tiny's logits from 0.057 to 1e-5 of the reference and mla-tiny-v2-4k's from 4e-5 to
-// 0.85, so the rounding follows the architecture.
-void round_like_transformers(std::vector<float>& values, const ModelConfig& config) {
-  if (config.model_type != "deepseek_v3") return;
-  const std::string& dtype = config.torch_dtype;
-  if (dtype == "bfloat16") {
-    for (float& v : values) v = bf16_to_f32(f32_to_bf16(v));
-  } else if (dtype == "float16") {
-    for (float& v : values) v = f16_to_f32(f32_to_f16(v));
-  }
-}
-
 }  // namespace
 
 Rope::Rope(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
@@ -46,7 +30,6 @@ Rope::Rope(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
   }
   if (!config.rope.yarn) {
     inv_freq_ = extrapolation;
-    round_like_transformers(inv_freq_, config);
     return;
   }
 
@@ -72,7 +55,6 @@ Rope::Rope(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
     inv_freq_[i] =
         interpolation * (1.0f - extrapolation_weight) + extrapolation[i] * extrapolation_weight;
   }
-  round_like_transformers(inv_freq_, config);
 
   if (yarn.attention_factor > 0.0) {
     attention_factor_ = static_cast<float>(yarn.attention_factor);
