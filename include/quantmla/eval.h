@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "quantmla/model.h"
+#include "quantmla/runner.h"
 
 namespace quantmla {
 
@@ -18,6 +19,10 @@ struct PerplexityOptions {
   CacheFormat cache = CacheFormat::f32();  // every position attends through a cache of this format
   // Called after each window with (windows done, windows total).
   std::function<void(int64_t, int64_t)> progress;
+  // Runner version: windows run side by side, this many sequences a step (0: as many as
+  // max_batch_tokens holds).
+  int64_t windows_per_step = 0;
+  int64_t max_batch_tokens = 8192;
 };
 
 struct PerplexityResult {
@@ -30,6 +35,10 @@ struct PerplexityResult {
 // Throws InvalidArgument when ctx < 2, ctx exceeds the model's positions, or the ids do not fill a
 // single window.
 PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t> ids,
+                                     const PerplexityOptions& options);
+// The same windows through a runner (any backend), several windows per step, each in its own
+// sequence of a pool of options.cache.
+PerplexityResult evaluate_perplexity(Runner& runner, std::span<const int32_t> ids,
                                      const PerplexityOptions& options);
 
 // Quality of cache formats against a baseline cache on the same windows (DESIGN §7: teacher-forced,

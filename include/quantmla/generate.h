@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "quantmla/model.h"
+#include "quantmla/runner.h"
 #include "quantmla/sampler.h"
 
 namespace quantmla {
@@ -23,6 +24,13 @@ struct GenerateOptions {
 // may return false to stop. Throws InvalidArgument for an empty prompt or one that, with
 // max_tokens, exceeds the model's positions.
 std::vector<int32_t> generate(const Model& model, std::span<const int32_t> prompt,
+                              const GenerateOptions& options,
+                              const std::function<bool(int32_t)>& on_token = {});
+
+// The same through a runner (any backend): the prompt prefilled into a one-sequence pool of
+// options.cache, then one decode step per token, each token sampled by the runner
+// (counter_uniform(seed, position): a seeded run differs from the Sampler stream above).
+std::vector<int32_t> generate(Runner& runner, std::span<const int32_t> prompt,
                               const GenerateOptions& options,
                               const std::function<bool(int32_t)>& on_token = {});
 

@@ -99,4 +99,44 @@ TensorData make_bf16_tensor(std::string name, std::vector<int64_t> shape,
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// The name, dtype and shape of one tensor of a file that SafetensorsWriter writes.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file tensor by tensor, for files too large to hold in memory. The header
+// (the layout write_safetensors writes) is computed from the specs and written by the constructor;
+// append() then takes the tensors' bytes in the specs' order, in pieces of any size, and finish()
+// checks that every byte arrived and closes the file. Throws InvalidArgument for a reserved or
+// repeated name, ShapeError for a bad shape or bytes beyond the last tensor, IoError when the file
+// cannot be created or written. A writer destroyed before finish() leaves a truncated file.
+// Written data is handed to the disk 8 MiB at a time and dropped from the page cache once there,
+// so that a file larger than memory streams at the disk's speed instead of thrashing the cache.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> tensors,
+                    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  void append(std::span<const std::byte> bytes);
+  void finish();
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  uint64_t data_bytes() const { return data_bytes_; }  // sum of the tensors' bytes
+  uint64_t written_bytes() const { return written_; }  // data bytes appended so far
+
+ private:
+  std::string file_;
+  int fd_ = -1;
+  std::vector<TensorSpec> tensors_;
+  uint64_t data_bytes_ = 0;
+  uint64_t written_ = 0;
+  uint64_t file_offset_ = 0;  // header + data written
+  uint64_t queued_ = 0;       // file bytes handed to writeback
+};
+
 }  // namespace quantmla

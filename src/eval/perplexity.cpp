@@ -10,10 +10,14 @@
 namespace quantmla {
 
 int64_t count_windows(const Model& model, size_t tokens, int64_t ctx, int64_t max_windows) {
+  return count_windows(model.config(), tokens, ctx, max_windows);
+}
+
+int64_t count_windows(const ModelConfig& config, size_t tokens, int64_t ctx, int64_t max_windows) {
   if (ctx < 2) throw InvalidArgument("ctx must be at least 2, got " + std::to_string(ctx));
-  if (ctx > model.max_positions()) {
+  if (ctx > config.max_position_embeddings) {
     throw InvalidArgument("ctx " + std::to_string(ctx) + " exceeds the model's " +
-                          std::to_string(model.max_positions()) + " positions");
+                          std::to_string(config.max_position_embeddings) + " positions");
   }
   const int64_t windows = static_cast<int64_t>(tokens) / (ctx - 1);
   if (windows == 0) {
@@ -25,8 +29,13 @@ int64_t count_windows(const Model& model, size_t tokens, int64_t ctx, int64_t ma
 
 void fill_window(const Model& model, std::span<const int32_t> ids, int64_t ctx, int64_t index,
                  std::vector<int32_t>& window) {
+  fill_window(model.config(), ids, ctx, index, window);
+}
+
+void fill_window(const ModelConfig& config, std::span<const int32_t> ids, int64_t ctx,
+                 int64_t index, std::vector<int32_t>& window) {
   window.resize(static_cast<size_t>(ctx));
-  window[0] = static_cast<int32_t>(model.config().bos_token_id);
+  window[0] = static_cast<int32_t>(config.bos_token_id);
   std::copy_n(ids.begin() + index * (ctx - 1), ctx - 1, window.begin() + 1);
 }
 
@@ -60,6 +69,48 @@ PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t
     result.tokens += segment;
     ++result.windows;
     if (options.progress) options.progress(w + 1, windows);
+  }
+  result.ppl = std::exp(result.total_nll / static_cast<double>(result.tokens));
+  return result;
+}
+
+PerplexityResult evaluate_perplexity(Runner& runner, std::span<const int32_t> ids,
+                                     const PerplexityOptions& options) {
+  const ModelConfig& config = runner.config();
+  const int64_t ctx = options.ctx;
+  const int64_t windows = count_windows(config, ids.size(), ctx, options.max_windows);
+  const int64_t segment = ctx - 1;
+  const int64_t vocab = config.vocab_size;
+  const int64_t per_step = std::clamp<int64_t>(
+      options.windows_per_step > 0 ? options.windows_per_step : options.max_batch_tokens / ctx, 1,
+      windows);
+  auto pool = runner.make_pool(options.cache, per_step * PagePool::pages_for_tokens(ctx));
+  std::vector<std::vector<int32_t>> batch_windows(static_cast<size_t>(per_step));
+  std::vector<float> logits(static_cast<size_t>(per_step * ctx * vocab));
+  PerplexityResult result;
+  for (int64_t first = 0; first < windows; first += per_step) {
+    const int64_t count = std::min(per_step, windows - first);
+    StepBatch batch;
+    for (int64_t b = 0; b < count; ++b) {
+      fill_window(config, ids, ctx, first + b, batch_windows[b]);
+      const SequenceId seq = pool->add_sequence();
+      pool->reserve(seq, ctx);
+      batch.chunks.push_back({seq, batch_windows[b], LogitRows::kAll, {}});
+    }
+    const std::span<float> step_logits(logits.data(), static_cast<size_t>(count * ctx * vocab));
+    runner.step(batch, *pool, {step_logits, {}});
+    for (int64_t b = 0; b < count; ++b) {
+      for (int64_t i = 0; i < segment; ++i) {
+        result.total_nll += token_nll(
+            step_logits.subspan(static_cast<size_t>((b * ctx + i) * vocab),
+                                static_cast<size_t>(vocab)),
+            batch_windows[b][i + 1]);
+      }
+      result.tokens += segment;
+      ++result.windows;
+      pool->remove_sequence(batch.chunks[b].sequence);
+    }
+    if (options.progress) options.progress(first + count, windows);
   }
   result.ppl = std::exp(result.total_nll / static_cast<double>(result.tokens));
   return result;

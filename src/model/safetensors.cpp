@@ -358,18 +358,59 @@ TensorData make_bf16_tensor(std::string name, std::vector<int64_t> shape,
   return make_tensor(std::move(name), DType::kBF16, std::move(shape), values);
 }
 
-void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string file = path.string();
+namespace {
+
+// One entry of a header to be written: its bytes follow the previous entry's.
+struct HeaderEntry {
+  const std::string& name;
+  DType dtype;
+  const std::vector<int64_t>& shape;
+};
+
+// The 8-byte length and the JSON header (padded to 8 bytes) of a file holding `entries` in order;
+// `data_bytes` receives the size of the data section.
+std::string encode_header(const std::string& file, const std::vector<HeaderEntry>& entries,
+                          const std::map<std::string, std::string>& metadata,
+                          uint64_t& data_bytes) {
   // ordered_json keeps the header in the order the data is laid out, which is easier to inspect.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string_view> names;
   uint64_t offset = 0;
-  for (const TensorData& tensor : tensors) {
-    if (tensor.name == "__metadata__" || !names.insert(tensor.name).second) {
-      throw InvalidArgument(file + ": tensor name \"" + tensor.name + "\" is reserved or repeated");
+  for (const HeaderEntry& entry : entries) {
+    if (entry.name == "__metadata__" || !names.insert(entry.name).second) {
+      throw InvalidArgument(file + ": tensor name \"" + entry.name + "\" is reserved or repeated");
     }
+    const uint64_t bytes = checked_numel(entry.shape, entry.name) * dtype_size(entry.dtype);
+    header[entry.name] = {{"dtype", dtype_name(entry.dtype)},
+                          {"shape", entry.shape},
+                          {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  data_bytes = offset;
+
+  std::string header_text = header.dump();
+  // Padding with spaces keeps the data section 8-byte aligned and the header valid JSON.
+  header_text.resize((header_text.size() + 7) / 8 * 8, ' ');
+  std::string encoded(kHeaderLengthBytes, '\0');
+  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+    encoded[i] = static_cast<char>((header_text.size() >> (8 * i)) & 0xffu);
+  }
+  return encoded + header_text;
+}
+
+}  // namespace
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string file = path.string();
+  std::vector<HeaderEntry> entries;
+  for (const TensorData& tensor : tensors) {
+    entries.push_back({tensor.name, tensor.dtype, tensor.shape});
+  }
+  uint64_t data_bytes = 0;
+  const std::string header = encode_header(file, entries, metadata, data_bytes);
+  for (const TensorData& tensor : tensors) {
     const uint64_t expected = checked_numel(tensor.shape, tensor.name) * dtype_size(tensor.dtype);
     if (tensor.bytes.size() != expected) {
       throw ShapeError(file + ": tensor " + tensor.name + ": dtype " +
@@ -377,30 +418,98 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
                        format_shape(tensor.shape) + " needs " + std::to_string(expected) +
                        " bytes, got " + std::to_string(tensor.bytes.size()));
     }
-    header[tensor.name] = {{"dtype", dtype_name(tensor.dtype)},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + expected}}};
-    offset += expected;
-  }
-
-  std::string header_text = header.dump();
-  // Padding with spaces keeps the data section 8-byte aligned and the header valid JSON.
-  header_text.resize((header_text.size() + 7) / 8 * 8, ' ');
-  std::byte length_bytes[kHeaderLengthBytes];
-  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
-    length_bytes[i] = static_cast<std::byte>((header_text.size() >> (8 * i)) & 0xffu);
   }
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw IoError("cannot create " + file + ": " + errno_text());
-  out.write(reinterpret_cast<const char*>(length_bytes), sizeof(length_bytes));
-  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const TensorData& tensor : tensors) {
     out.write(reinterpret_cast<const char*>(tensor.bytes.data()),
               static_cast<std::streamsize>(tensor.bytes.size()));
   }
   out.close();
   if (!out) throw IoError("cannot write " + file + ": " + errno_text());
+}
+
+namespace {
+
+// write(2) until every byte is out (it may write less than asked).
+void write_all(int fd, const char* data, size_t size, const std::string& file) {
+  while (size > 0) {
+    const ssize_t written = ::write(fd, data, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write " + file + ": " + errno_text());
+    }
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
+                                     std::vector<TensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : file_(path.string()), tensors_(std::move(tensors)) {
+  std::vector<HeaderEntry> entries;
+  for (const TensorSpec& tensor : tensors_) {
+    entries.push_back({tensor.name, tensor.dtype, tensor.shape});
+  }
+  const std::string header = encode_header(file_, entries, metadata, data_bytes_);
+  fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot create " + file_ + ": " + errno_text());
+  try {
+    write_all(fd_, header.data(), header.size(), file_);
+    file_offset_ = header.size();
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::append(std::span<const std::byte> bytes) {
+  if (fd_ < 0) throw InvalidArgument(file_ + ": append after finish");
+  if (bytes.size() > data_bytes_ - written_) {
+    throw ShapeError(file_ + ": " + std::to_string(bytes.size()) + " bytes appended at offset " +
+                     std::to_string(written_) + " of a data section of " +
+                     std::to_string(data_bytes_) + " bytes");
+  }
+  write_all(fd_, reinterpret_cast<const char*>(bytes.data()), bytes.size(), file_);
+  written_ += bytes.size();
+  file_offset_ += bytes.size();
+  // Buffered writes of a file larger than the page cache are limited by reclaim (measured on a
+  // 23 GB VM, 10 GB: 0.42 GB/s); starting writeback per window and dropping the pages of the
+  // window two before keeps the cache small (3.7 GB/s). Both calls are advice: errors are ignored.
+  constexpr uint64_t kWindow = uint64_t{8} << 20;
+  while (file_offset_ - queued_ >= kWindow) {
+    ::sync_file_range(fd_, static_cast<off_t>(queued_), kWindow, SYNC_FILE_RANGE_WRITE);
+    queued_ += kWindow;
+    if (queued_ >= 3 * kWindow) {
+      const auto old = static_cast<off_t>(queued_ - 3 * kWindow);
+      ::sync_file_range(
+          fd_, old, kWindow,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(fd_, old, kWindow, POSIX_FADV_DONTNEED);
+    }
+  }
+}
+
+void SafetensorsWriter::finish() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (written_ != data_bytes_) {
+    ::close(fd);
+    throw ShapeError(file_ + ": finished after " + std::to_string(written_) + " of " +
+                     std::to_string(data_bytes_) + " data bytes");
+  }
+  if (::close(fd) != 0) throw IoError("cannot write " + file_ + ": " + errno_text());
 }
 
 }  // namespace quantmla

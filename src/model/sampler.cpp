@@ -9,8 +9,18 @@
 #include "quantmla/error.h"
 
 namespace quantmla {
+namespace {
 
-Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+void check_sampler_options(const SamplerOptions& options) {
   if (!(options.temperature >= 0.0f)) {
     throw InvalidArgument("temperature must be >= 0, got " + std::to_string(options.temperature));
   }
@@ -19,14 +29,20 @@ Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(option
   }
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+double counter_uniform(uint64_t seed, uint64_t counter) {
+  const uint64_t bits = splitmix64(splitmix64(seed) ^ counter);
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplerOptions& options,
+                     double uniform) {
   const auto best = std::max_element(logits.begin(), logits.end());
-  if (options_.temperature == 0.0f) return static_cast<int32_t>(best - logits.begin());
+  if (options.temperature == 0.0f) return static_cast<int32_t>(best - logits.begin());
 
   std::vector<double> probs(logits.size());
   double sum = 0.0;
   for (size_t i = 0; i < logits.size(); ++i) {
-    probs[i] = std::exp((static_cast<double>(logits[i]) - *best) / options_.temperature);
+    probs[i] = std::exp((static_cast<double>(logits[i]) - *best) / options.temperature);
     sum += probs[i];
   }
   std::vector<int32_t> order(logits.size());
@@ -35,16 +51,24 @@ int32_t Sampler::sample(std::span<const float> logits) {
   // Smallest prefix of the sorted distribution whose mass reaches top_p.
   double kept = 0.0;
   size_t nucleus = 0;
-  while (nucleus < order.size() && (nucleus == 0 || kept < options_.top_p * sum)) {
+  while (nucleus < order.size() && (nucleus == 0 || kept < options.top_p * sum)) {
     kept += probs[order[nucleus++]];
   }
-  std::uniform_real_distribution<double> uniform(0.0, kept);
-  double draw = uniform(rng_);
+  double draw = uniform * kept;
   for (size_t i = 0; i < nucleus; ++i) {
     draw -= probs[order[i]];
-    if (draw <= 0.0) return order[i];
+    if (draw < 0.0) return order[i];
   }
   return order[nucleus - 1];
+}
+
+Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {
+  check_sampler_options(options);
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  return sample_token(logits, options_, uniform(rng_));
 }
 
 }  // namespace quantmla

@@ -21,10 +21,13 @@ struct EvalPplOptions {
   std::string cache;  // "" = recorded in the model's config.json, else f32
   bool json = false;
   TransformOption transform;
+  std::string device = "cpu";
 };
 
 void run_eval_ppl(const EvalPplOptions& options) {
-  const Model model = load_transformed(options.model, options.transform);
+  std::unique_ptr<Model> model;
+  const std::unique_ptr<Runner> runner =
+      make_runner(options.device, options.model, options.transform, model);
   std::vector<int32_t> ids;
   if (!options.ids.empty()) {
     ids = read_ids_file(options.ids);
@@ -36,17 +39,19 @@ void run_eval_ppl(const EvalPplOptions& options) {
   PerplexityOptions ppl_options;
   ppl_options.ctx = options.ctx;
   ppl_options.max_windows = options.max_windows;
-  ppl_options.cache =
-      CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
+  ppl_options.cache = device_cache(options.device, options.model, options.cache, "f32");
   ppl_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  const PerplexityResult result = evaluate_perplexity(model, ids, ppl_options);
+  // The CPU runs one window at a time (each fills the cores); the GPU runs many side by side.
+  if (options.device == "cpu") ppl_options.windows_per_step = 1;
+  const PerplexityResult result = evaluate_perplexity(*runner, ids, ppl_options);
   if (options.json) {
     const nlohmann::json out = {{"ppl", result.ppl},
                                 {"tokens", result.tokens},
                                 {"windows", result.windows},
                                 {"ctx", options.ctx},
                                 {"cache", ppl_options.cache.to_string()},
-                                {"transform", options.transform.name}};
+                                {"transform", options.transform.name},
+                                {"device", runner->device()}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("ppl %.4f  tokens %lld  windows %lld  (ctx %lld, cache %s)\n", result.ppl,
@@ -73,6 +78,7 @@ void add_eval_ppl(CLI::App& app) {
                   "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact); default: the "
                   "spec quantmla calibrate recorded in the model's config.json, else f32");
   add_transform_options(*cmd, options->transform);
+  add_device_option(*cmd, options->device);
   cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");
   cmd->callback([options, cmd] {
     if (options->text.empty() && options->ids.empty()) {

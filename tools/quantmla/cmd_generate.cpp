@@ -17,7 +17,8 @@ struct GenerateCliOptions {
   float temperature = 0.0f;
   float top_p = 1.0f;
   uint64_t seed = 0;
-  std::string cache;  // "" = recorded in the model's config.json, else f32
+  std::string cache;  // "" = recorded in the model's config.json, else f32 (bf16 on cuda)
+  std::string device = "cpu";
 };
 
 // Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence.
@@ -36,21 +37,21 @@ size_t complete_utf8_prefix(const std::string& bytes) {
 
 void run_generate(const GenerateCliOptions& options) {
   if (options.prompt.empty()) throw InvalidArgument("empty prompt: --prompt needs some text");
-  const Model model = Model::load(options.model);
   const Tokenizer tokenizer = Tokenizer::from_model_dir(options.model);
-  std::vector<int32_t> prompt{static_cast<int32_t>(model.config().bos_token_id)};
+  std::unique_ptr<Model> model;
+  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
+  std::vector<int32_t> prompt{static_cast<int32_t>(runner->config().bos_token_id)};
   const std::vector<int32_t> encoded = tokenizer.encode(options.prompt);
   prompt.insert(prompt.end(), encoded.begin(), encoded.end());
 
   GenerateOptions generate_options;
   generate_options.max_tokens = options.max_tokens;
   generate_options.sampling = {options.temperature, options.top_p, options.seed};
-  generate_options.cache =
-      CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
+  generate_options.cache = device_cache(options.device, options.model, options.cache, "f32");
 
   std::printf("%s", options.prompt.c_str());
   std::string pending;
-  generate(model, prompt, generate_options, [&](int32_t token) {
+  generate(*runner, prompt, generate_options, [&](int32_t token) {
     pending += tokenizer.token_bytes(token);
     const size_t ready = complete_utf8_prefix(pending);
     std::fwrite(pending.data(), 1, ready, stdout);
@@ -81,6 +82,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--cache", options->cache,
                   "Cache format, e.g. content=int4:g64,rope=int4:g64; default: the spec quantmla "
                   "calibrate recorded in the model's config.json, else f32");
+  add_device_option(*cmd, options->device);
   cmd->callback([options] { run_generate(*options); });
 }
 

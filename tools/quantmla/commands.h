@@ -4,11 +4,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "quantmla/eval.h"
 #include "quantmla/model.h"
+#include "quantmla/runner.h"
 
 namespace quantmla::cli {
 
@@ -25,6 +27,19 @@ struct TransformOption {
 void add_transform_options(CLI::App& cmd, TransformOption& option);
 // Loads the model at `dir` and folds the transform into it (none: as loaded).
 Model load_transformed(const std::string& dir, const TransformOption& option);
+
+// --device cpu|cuda: the backend a command runs on.
+void add_device_option(CLI::App& cmd, std::string& device);
+// The engine a command runs: the CPU runner over a model loaded (with its transform) into `holder`,
+// or the CUDA runner over the checkpoint (which refuses a transform: it uploads the weights as
+// stored).
+std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
+                                    const TransformOption& transform,
+                                    std::unique_ptr<Model>& holder);
+// The cache a command runs with on `device`: cache_spec_or_recorded(), where the CPU fallback
+// `fallback` becomes bf16 on the GPU (which has no f32 cache).
+CacheFormat device_cache(const std::string& device, const std::string& model_dir,
+                         const std::string& given, const std::string& fallback);
 
 // --ctx N and --max-windows K, the window protocol's options shared by the evaluators.
 void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);
@@ -63,5 +78,6 @@ void add_compare_merge(CLI::App& app);
 void add_error_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_eval_passkey(CLI::App& app);
+void add_make_random_model(CLI::App& app);
 
 }  // namespace quantmla::cli

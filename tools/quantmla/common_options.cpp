@@ -2,6 +2,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "quantmla/error.h"
 #include "progress.h"
 #include "quantmla/config.h"
 #include "quantmla/io.h"
@@ -44,6 +45,33 @@ void add_ids_option(CLI::App& cmd, std::string& ids) {
   cmd.add_option("--ids", ids, "Token ids, little-endian int32, no BOS")
       ->required()
       ->check(CLI::ExistingFile);
+}
+
+void add_device_option(CLI::App& cmd, std::string& device) {
+  cmd.add_option("--device", device, "Backend: cpu, or cuda (a build with -DQUANTMLA_CUDA=ON)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
+std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
+                                    const TransformOption& transform,
+                                    std::unique_ptr<Model>& holder) {
+  if (device == "cuda") {
+    if (transform.name != "none") {
+      throw InvalidArgument("--transform " + transform.name +
+                            " runs on the CPU only: save a transformed model (quantmla calibrate) "
+                            "and run that on the GPU");
+    }
+    return make_cuda_runner(model_dir);
+  }
+  holder = std::make_unique<Model>(load_transformed(model_dir, transform));
+  return make_cpu_runner(*holder);
+}
+
+CacheFormat device_cache(const std::string& device, const std::string& model_dir,
+                         const std::string& given, const std::string& fallback) {
+  return CacheFormat::parse(cache_spec_or_recorded(
+      model_dir, given, device == "cuda" && fallback == "f32" ? "bf16" : fallback));
 }
 
 Model load_transformed(const std::string& dir, const TransformOption& option) {

@@ -1,0 +1,91 @@
+// The step seam shared by every backend: one forward step over a ragged batch of sequences whose
+// rows live in a PagePool. The CPU runner and the CUDA runner implement it; whatever schedules
+// requests above it never knows which one it drives.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "quantmla/cache_format.h"
+#include "quantmla/config.h"
+#include "quantmla/page_pool.h"
+#include "quantmla/sampler.h"
+
+namespace quantmla {
+
+class Model;
+
+// Which of a chunk's rows the step turns into logits (and samples).
+enum class LogitRows { kNone, kLast, kAll };
+
+// One sequence's part of a step: `tokens` at positions [pool.length(sequence), + tokens.size()).
+// A prefill chunk has many tokens, a decode step one.
+struct SequenceChunk {
+  SequenceId sequence = 0;
+  std::span<const int32_t> tokens;
+  LogitRows logits = LogitRows::kLast;
+  // How its logit rows become tokens: counter_uniform(seed, position of the token drawn).
+  SamplerOptions sampling;
+};
+
+struct StepBatch {
+  std::vector<SequenceChunk> chunks;
+
+  int64_t num_tokens() const;
+  // Rows of logits the step returns: one per kLast chunk, its token count per kAll chunk.
+  int64_t num_logit_rows() const;
+};
+
+// What a step returns, in chunk order. Either span may be empty (not wanted).
+struct StepOutputs {
+  std::span<float> logits;    // [num_logit_rows, vocab]
+  std::span<int32_t> tokens;  // [num_logit_rows]: each row sampled with its chunk's params
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // "cpu", or the GPU's name.
+  virtual std::string device() const = 0;
+  // A pool whose pages this runner reads and writes (host memory for the CPU runner, device
+  // memory for the CUDA one). Throws InvalidArgument for a format the backend cannot run.
+  virtual std::unique_ptr<PagePool> make_pool(const CacheFormat& format, int64_t num_pages) = 0;
+
+  // One forward step. For each chunk: its tokens' rows are written into the pool (the pages must
+  // have been reserved: CapacityError otherwise), every token attends over its sequence's rows up
+  // to its own, the sequence's length is committed, and the requested rows are returned. A failed
+  // step commits nothing. Throws InvalidArgument for an unknown sequence, an empty chunk, a token
+  // id outside the vocabulary, a sequence named twice or a pool of another runner; ShapeError
+  // for output spans of the wrong size.
+  virtual void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) = 0;
+};
+
+// The CPU runner over `model`, which must outlive it.
+std::unique_ptr<Runner> make_cpu_runner(const Model& model);
+
+struct CudaRunnerOptions {
+  int device = 0;
+  // Largest number of tokens one step runs (sizes the activation workspace, allocated once).
+  int64_t max_batch_tokens = 8192;
+  // Largest number of sequences one step runs.
+  int64_t max_sequences = 256;
+};
+
+// The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws
+// InvalidArgument when this build has no CUDA support (configure with -DQUANTMLA_CUDA=ON) or for
+// a model the kernels cannot run (naming what), CudaError when CUDA fails.
+std::unique_ptr<Runner> make_cuda_runner(const std::filesystem::path& model_dir,
+                                         const CudaRunnerOptions& options = {});
+
+// Checks a step against its pool before any work (shared by the runners): every sequence known and
+// named once, chunks non-empty, token ids in the vocabulary, pages reserved, output sizes.
+void check_step(const StepBatch& batch, const PagePool& pool, const ModelConfig& config,
+                const StepOutputs& outputs);
+
+}  // namespace quantmla

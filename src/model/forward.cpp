@@ -1,0 +1,309 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/gemv_bf16.h"
+#include "kernels/cpu/ops.h"
+#include "model/moe_router.h"
+#include "model/rope.h"
+#include "model/weights.h"
+#include "quantmla/error.h"
+
+namespace quantmla::detail {
+namespace {
+
+using cpu::matmul_nn;
+using cpu::matmul_nt;
+
+size_t sz(int64_t count) { return static_cast<size_t>(count); }
+
+// y[m, out] (+)= x[m, in] W^T, with leading dimensions; one row takes the BF16 GEMV when it can.
+void linear(const Linear& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy,
+            bool accumulate = false) {
+  if (m == 1 && !w.weight_bf16.empty()) {
+    cpu::gemv_bf16(w.weight_bf16.data(), w.in, x, y, w.out, w.in, accumulate);
+  } else {
+    matmul_nt(x, ldx, w.weight.data(), w.in, y, ldy, m, w.out, w.in, accumulate);
+  }
+}
+
+// A segment of at least this many queries (prefill) takes the expanded form of MLA attention.
+constexpr int64_t kExpandedMinQueries = 64;
+constexpr int64_t kExpandedQueryBlock = 256;
+
+// Prefill attention in the expanded form: the cache rows are read back (the values attention sees,
+// quantized formats included), up-projected once (K_nope = C W_UK^T, V = C W_UV^T), then every
+// head attends over [k_nope ; k_pe] with values V. The same function as the absorbed form that
+// decoding uses, at (qk_dim + v_dim) multiply-adds per key and head instead of
+// (kv_lora_rank + rope) + kv_lora_rank: about a fifth for DeepSeek's shapes.
+// q: [n, heads, qk_dim] rows ldq apart, RoPE applied to the q_pe part; out: [n, heads, v_dim].
+void expanded_attention(const RowStore& store, int64_t segment, int64_t layer, const Linear& kv_b,
+                        const float* q, int64_t n, int64_t pos0, int64_t heads, int64_t nope,
+                        int64_t rope_dim, int64_t v_dim, float softmax_scale, float* out) {
+  const int64_t rank = kv_b.in;
+  const int64_t keys = pos0 + n;
+  const int64_t width = rank + rope_dim;
+  const int64_t qk_dim = nope + rope_dim;
+  const int64_t up_width = heads * (nope + v_dim);
+  std::vector<float> rows(sz(keys * width));
+  store.read_rows(segment, layer, keys, rows.data());
+  std::vector<float> up(sz(keys * up_width));
+  matmul_nt(rows.data(), width, kv_b.weight.data(), rank, up.data(), up_width, keys, up_width,
+            rank);
+  std::vector<float> head_keys(sz(keys * qk_dim));
+  std::vector<float> scores;
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    const float* head_up = up.data() + hd * (nope + v_dim);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < keys; ++j) {
+      std::copy_n(head_up + j * up_width, nope, head_keys.data() + j * qk_dim);
+      std::copy_n(rows.data() + j * width + rank, rope_dim, head_keys.data() + j * qk_dim + nope);
+    }
+    for (int64_t begin = 0; begin < n; begin += kExpandedQueryBlock) {
+      const int64_t block = std::min(kExpandedQueryBlock, n - begin);
+      const int64_t visible = pos0 + begin + block;  // keys the block's last query sees
+      scores.resize(sz(block * visible));
+      matmul_nt(q + (begin * heads + hd) * qk_dim, heads * qk_dim, head_keys.data(), qk_dim,
+                scores.data(), visible, block, visible, qk_dim);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < block; ++r) {
+        cpu::softmax_row(scores.data() + r * visible, pos0 + begin + r + 1, visible, softmax_scale);
+      }
+      matmul_nn(scores.data(), visible, head_up + nope, up_width,
+                out + (begin * heads + hd) * v_dim, heads * v_dim, block, v_dim, visible);
+    }
+  }
+}
+
+// out[n, d] (+)= down(silu(gate x) * up x)
+void run_mlp(const Mlp& mlp, const float* x, int64_t n, float* out, bool accumulate) {
+  const int64_t hidden = mlp.gate.in;
+  const int64_t inner = mlp.gate.out;
+  std::vector<float> gate(sz(n * inner));
+  std::vector<float> up(sz(n * inner));
+  linear(mlp.gate, x, hidden, n, gate.data(), inner);
+  linear(mlp.up, x, hidden, n, up.data(), inner);
+  cpu::silu_mul(gate.data(), up.data(), n * inner);
+  linear(mlp.down, gate.data(), inner, n, out, hidden, accumulate);
+}
+
+// x[n, d] += MoE(h[n, d]): tokens are grouped by expert so each expert runs one GEMM.
+void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t n, float* x) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t num_experts = config.n_routed_experts;
+  std::vector<float> router_logits(sz(n * num_experts));
+  linear(moe.router, h, hidden, n, router_logits.data(), num_experts);
+
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(sz(num_experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const ExpertChoice choice =
+        route_token(config, router_logits.data() + t * num_experts, moe.correction_bias);
+    for (size_t k = 0; k < choice.experts.size(); ++k) {
+      assigned[choice.experts[k]].emplace_back(t, choice.weights[k]);
+    }
+  }
+
+  std::vector<float> gathered, expert_out;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& tokens = assigned[e];
+    if (tokens.empty()) continue;
+    const int64_t m = static_cast<int64_t>(tokens.size());
+    gathered.resize(sz(m * hidden));
+    expert_out.resize(sz(m * hidden));
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(h + tokens[i].first * hidden, hidden, gathered.data() + i * hidden);
+    }
+    run_mlp(moe.experts[e], gathered.data(), m, expert_out.data(), false);
+    for (int64_t i = 0; i < m; ++i) {
+      float* target = x + tokens[i].first * hidden;
+      const float* source = expert_out.data() + i * hidden;
+      const float weight = tokens[i].second;
+      for (int64_t d = 0; d < hidden; ++d) target[d] += weight * source[d];
+    }
+  }
+  if (moe.has_shared) run_mlp(moe.shared, h, n, x, /*accumulate=*/true);
+}
+
+}  // namespace
+
+void run_forward(const ModelConfig& c, const ModelWeights& weights,
+                 std::span<const int32_t> tokens, std::span<const ForwardSegment> segments,
+                 RowStore& store, std::span<const int64_t> logit_tokens, std::span<float> logits,
+                 AttentionTrace* trace) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t d = c.hidden_size;
+  const int64_t heads = c.num_heads;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t rope_dim = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t v_dim = c.v_head_dim;
+  const int64_t qk_dim = c.qk_head_dim();
+  const int64_t row_width = rank + rope_dim;
+  const int64_t kv_b_head_rows = nope + v_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float softmax_scale = static_cast<float>(c.softmax_scale());
+  const Rope& rope = *weights.rope;
+  if (trace != nullptr && segments.size() != 1) {
+    throw InvalidArgument("forward: a trace records one sequence, the batch has " +
+                          std::to_string(segments.size()));
+  }
+
+  // Each token's position, and the segments that attend in the absorbed form (decode steps, short
+  // chunks, traced runs) with their tokens gathered in segment order.
+  std::vector<int64_t> position(sz(n));
+  std::vector<bool> expanded(segments.size());
+  std::vector<int64_t> absorbed_tokens;
+  std::vector<int64_t> absorbed_first(segments.size());
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const ForwardSegment& seg = segments[s];
+    for (int64_t i = 0; i < seg.num_tokens; ++i) position[sz(seg.first_token + i)] = seg.pos0 + i;
+    expanded[s] = seg.num_tokens >= kExpandedMinQueries && trace == nullptr;
+    absorbed_first[s] = static_cast<int64_t>(absorbed_tokens.size());
+    if (!expanded[s]) {
+      for (int64_t i = 0; i < seg.num_tokens; ++i) absorbed_tokens.push_back(seg.first_token + i);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(absorbed_tokens.size());
+
+  std::vector<float> x(sz(n * d)), h(sz(n * d));
+  std::vector<float> q(sz(n * heads * qk_dim)), q_low(sz(n * std::max<int64_t>(c.q_lora_rank, 1)));
+  std::vector<float> kv(sz(n * row_width)), latent(sz(n * rank)), k_pe(sz(n * rope_dim));
+  std::vector<float> q_gathered(sz(m * heads * qk_dim)), q_absorbed(sz(m * heads * row_width));
+  std::vector<float> attended(sz(m * heads * rank)), absorbed_out(sz(m * heads * v_dim));
+  std::vector<float> head_out(sz(n * heads * v_dim));
+
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(weights.embed.data() + tokens[t] * d, d, x.data() + t * d);
+  }
+  if (trace != nullptr) {
+    trace->outputs.resize(sz(c.num_layers));
+    trace->queries.resize(trace->record_queries ? sz(c.num_layers) : 0);
+    trace->latents.resize(trace->record_cache_rows ? sz(c.num_layers) : 0);
+    trace->rope_keys.resize(trace->record_cache_rows ? sz(c.num_layers) : 0);
+  }
+
+  // The absorbed form for the gathered tokens: [W_UK_h^T q_nope_h ; RoPE(q_pe_h)] per head, the
+  // attention inside the row store per segment, then W_UV per head.
+  const auto absorbed_attention = [&](int64_t l, const AttentionWeights& attn) {
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(q.data() + absorbed_tokens[i] * heads * qk_dim, heads * qk_dim,
+                  q_gathered.data() + i * heads * qk_dim);
+    }
+    // One token: the per-head products are too small to split, so the heads run in parallel.
+    const bool bf16_decode = m == 1 && !attn.kv_b.weight_bf16.empty();
+#pragma omp parallel for schedule(static) if (m == 1)
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const int64_t w_uk = hd * kv_b_head_rows * rank;
+      if (bf16_decode) {
+        cpu::gemv_t_bf16(attn.kv_b.weight_bf16.data() + w_uk, rank, q_gathered.data() + hd * qk_dim,
+                         q_absorbed.data() + hd * row_width, nope, rank, false);
+      } else {
+        matmul_nn(q_gathered.data() + hd * qk_dim, heads * qk_dim, attn.kv_b.weight.data() + w_uk,
+                  rank, q_absorbed.data() + hd * row_width, heads * row_width, m, rank, nope);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      float* q_pe_out = q_absorbed.data() + i * heads * row_width + rank;
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        std::copy_n(q_gathered.data() + (i * heads + hd) * qk_dim + nope, rope_dim,
+                    q_pe_out + hd * row_width);
+      }
+      rope.apply(q_pe_out, heads, row_width, position[sz(absorbed_tokens[i])]);
+    }
+
+    for (size_t s = 0; s < segments.size(); ++s) {
+      if (expanded[s]) continue;
+      const int64_t first = absorbed_first[s];
+      const CacheQuery query{q_absorbed.data() + first * heads * row_width, segments[s].num_tokens,
+                             heads, segments[s].pos0, softmax_scale};
+      store.attend(static_cast<int64_t>(s), l, query, attended.data() + first * heads * rank);
+    }
+
+#pragma omp parallel for schedule(static) if (m == 1)
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const int64_t w_uv = (hd * kv_b_head_rows + nope) * rank;
+      if (bf16_decode) {
+        cpu::gemv_bf16(attn.kv_b.weight_bf16.data() + w_uv, rank, attended.data() + hd * rank,
+                       absorbed_out.data() + hd * v_dim, v_dim, rank, false);
+      } else {
+        matmul_nt(attended.data() + hd * rank, heads * rank, attn.kv_b.weight.data() + w_uv, rank,
+                  absorbed_out.data() + hd * v_dim, heads * v_dim, m, v_dim, rank);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(absorbed_out.data() + i * heads * v_dim, heads * v_dim,
+                  head_out.data() + absorbed_tokens[i] * heads * v_dim);
+    }
+    if (trace != nullptr) {
+      trace->outputs[l] = head_out;
+      if (trace->record_queries) trace->queries[l] = q_absorbed;
+      if (trace->record_cache_rows) {
+        trace->latents[l] = latent;
+        trace->rope_keys[l] = k_pe;
+      }
+    }
+  };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DecoderLayer& layer = weights.layers[l];
+    const AttentionWeights& attn = layer.attention;
+    cpu::rms_norm(x.data(), d, layer.input_norm.data(), n, d, eps, h.data(), d);
+
+    // Queries: [n, heads, nope + rope].
+    if (c.q_lora_rank > 0) {
+      const int64_t q_rank = c.q_lora_rank;
+      linear(attn.q_a, h.data(), d, n, q_low.data(), q_rank);
+      cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
+                    q_rank);
+      linear(attn.q_b, q_low.data(), q_rank, n, q.data(), heads * qk_dim);
+    } else {
+      linear(attn.q, h.data(), d, n, q.data(), heads * qk_dim);
+    }
+
+    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
+    linear(attn.kv_a, h.data(), d, n, kv.data(), row_width);
+    cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
+      rope.apply(k_pe.data() + t * rope_dim, 1, rope_dim, position[sz(t)]);
+    }
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const ForwardSegment& seg = segments[s];
+      store.write(static_cast<int64_t>(s), l, seg.pos0, seg.num_tokens,
+                  latent.data() + seg.first_token * rank, k_pe.data() + seg.first_token * rope_dim);
+    }
+
+    if (m > 0) absorbed_attention(l, attn);
+    for (size_t s = 0; s < segments.size(); ++s) {
+      if (!expanded[s]) continue;
+      const ForwardSegment& seg = segments[s];
+      float* seg_q = q.data() + seg.first_token * heads * qk_dim;
+      for (int64_t i = 0; i < seg.num_tokens; ++i) {
+        rope.apply(seg_q + i * heads * qk_dim + nope, heads, qk_dim, seg.pos0 + i);
+      }
+      expanded_attention(store, static_cast<int64_t>(s), l, attn.kv_b, seg_q, seg.num_tokens,
+                         seg.pos0, heads, nope, rope_dim, v_dim, softmax_scale,
+                         head_out.data() + seg.first_token * heads * v_dim);
+    }
+    linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
+
+    cpu::rms_norm(x.data(), d, layer.post_attention_norm.data(), n, d, eps, h.data(), d);
+    if (layer.is_moe) {
+      run_moe(c, layer.moe, h.data(), n, x.data());
+    } else {
+      run_mlp(layer.mlp, h.data(), n, x.data(), /*accumulate=*/true);
+    }
+  }
+
+  const int64_t rows = static_cast<int64_t>(logit_tokens.size());
+  if (rows == 0) return;
+  std::vector<float> final_rows(sz(rows * d));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.data() + logit_tokens[r] * d, d, final_rows.data() + r * d);
+  }
+  cpu::rms_norm(final_rows.data(), d, weights.final_norm.data(), rows, d, eps, h.data(), d);
+  linear(weights.lm_head, h.data(), d, rows, logits.data(), c.vocab_size);
+}
+
+}  // namespace quantmla::detail

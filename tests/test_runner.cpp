@@ -1,0 +1,238 @@
+// The step seam: the page pool's bookkeeping, and the CPU runner on ragged batches against the
+// single-sequence forward pass it shares its engine with.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <span>
+#include <vector>
+
+#include "error_matchers.h"
+#include "model_fixtures.h"
+#include "quantmla/error.h"
+#include "quantmla/io.h"
+#include "quantmla/page_pool.h"
+#include "quantmla/runner.h"
+
+namespace quantmla {
+namespace {
+
+using testing::error_message;
+using testing::expect_contains;
+using testing::mla_tiny;
+using testing::mla_tiny_moe;
+using testing::shared_dir;
+
+const CacheShape kShape{3, 512, 64};
+
+TEST(PagePool, ReservesAllOrNothingAndFreesEveryPage) {
+  const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+  auto pool = PagePool::on_host(kShape, format, 10);
+  EXPECT_EQ(pool->record_bytes(), 324);
+  EXPECT_EQ(PagePool::bytes_per_page(kShape, format), 3 * 64 * 324);
+  const SequenceId a = pool->add_sequence(), b = pool->add_sequence();
+  pool->reserve(a, 1);
+  EXPECT_EQ(pool->capacity(a), 64);
+  pool->reserve(a, 64);  // already held
+  EXPECT_EQ(pool->used_pages(), 1);
+  pool->reserve(a, 300);  // 5 pages
+  EXPECT_EQ(pool->block_table(a).size(), 5u);
+  const std::string message =
+      error_message<CapacityError>([&] { pool->reserve(b, 6 * 64 + 1); });
+  expect_contains(message, {"needs 7 more pages", "5 of 10 are free"});
+  EXPECT_TRUE(pool->block_table(b).empty());  // nothing taken
+  pool->reserve(b, 5 * 64);
+  EXPECT_EQ(pool->free_pages(), 0);
+  std::set<int32_t> pages;
+  for (SequenceId s : {a, b}) {
+    for (int32_t page : pool->block_table(s)) EXPECT_TRUE(pages.insert(page).second) << page;
+  }
+  EXPECT_EQ(pages.size(), 10u);
+  pool->set_length(a, 300);
+  EXPECT_THROW(pool->set_length(a, 321), CapacityError);
+  pool->remove_sequence(a);
+  EXPECT_EQ(pool->free_pages(), 5);
+  EXPECT_FALSE(pool->has_sequence(a));
+  EXPECT_THROW(pool->length(a), InvalidArgument);
+  EXPECT_THROW(pool->remove_sequence(a), InvalidArgument);
+  EXPECT_THROW(pool->record(3, b, 0), InvalidArgument);
+  EXPECT_THROW(pool->record(0, b, 5 * 64), InvalidArgument);
+  pool->remove_sequence(b);
+  EXPECT_EQ(pool->free_pages(), 10);
+  EXPECT_THROW(PagePool::on_host(kShape, format, 0), InvalidArgument);
+}
+
+// A byte budget turns into pages of the format: a smaller record gives proportionally more.
+TEST(PagePool, ByteBudgetGivesPagesInProportionToTheRecord) {
+  const int64_t budget = int64_t{1} << 30;
+  const int64_t bf16 = PagePool::pages_for_bytes(kShape, CacheFormat::parse("bf16"), budget);
+  const int64_t int4 = PagePool::pages_for_bytes(
+      kShape, CacheFormat::parse("content=int4:g64,rope=int4:g64"), budget);
+  EXPECT_EQ(bf16, budget / (3 * 64 * 1152));
+  EXPECT_EQ(int4, budget / (3 * 64 * 324));
+  EXPECT_GT(int4, 3 * bf16);
+}
+
+std::vector<int32_t> text_ids(size_t count, size_t offset = 0) {
+  std::vector<int32_t> ids = read_ids_file(shared_dir() / "reference/wikitext2-test.ids.i32");
+  return {ids.begin() + static_cast<std::ptrdiff_t>(offset),
+          ids.begin() + static_cast<std::ptrdiff_t>(offset + count)};
+}
+
+// Logits of `prefix` then `chunk` run alone through Model::forward: [chunk size, vocab].
+std::vector<float> alone(const Model& model, const CacheFormat& format,
+                         const std::vector<int32_t>& prefix, const std::vector<int32_t>& chunk) {
+  const int64_t vocab = model.config().vocab_size;
+  auto cache = model.make_cache(static_cast<int64_t>(prefix.size() + chunk.size()), format);
+  if (!prefix.empty()) {
+    std::vector<float> ignored(prefix.size() * static_cast<size_t>(vocab));
+    model.forward(prefix, *cache, ignored);
+  }
+  std::vector<float> logits(chunk.size() * static_cast<size_t>(vocab));
+  model.forward(chunk, *cache, logits);
+  return logits;
+}
+
+struct Case {
+  size_t prefix;  // tokens cached before the step
+  size_t chunk;   // tokens the step runs
+  LogitRows rows;
+};
+
+// One step mixing a long prefill chunk (expanded attention), short chunks and single-token
+// decodes of sequences with cached prefixes gives every sequence the logits it gets alone.
+TEST(CpuRunner, RaggedBatchGivesEachSequenceItsOwnLogits) {
+  const std::vector<Case> cases = {{0, 100, LogitRows::kAll}, {30, 1, LogitRows::kLast},
+                                   {70, 10, LogitRows::kAll}, {0, 5, LogitRows::kLast},
+                                   {129, 1, LogitRows::kAll}, {64, 70, LogitRows::kLast},
+                                   {12, 3, LogitRows::kNone}};
+  for (const Model* model : {&mla_tiny(), &mla_tiny_moe()}) {
+    for (const char* spec : {"f32", "bf16", "content=int4:g64,rope=int4:g32"}) {
+      const CacheFormat format = CacheFormat::parse(spec);
+      auto runner = make_cpu_runner(*model);
+      auto pool = runner->make_pool(format, 64);
+      const int64_t vocab = model->config().vocab_size;
+      std::vector<std::vector<int32_t>> prefixes, chunks;
+      StepBatch batch;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        prefixes.push_back(text_ids(cases[i].prefix, 1000 * i));
+        chunks.push_back(text_ids(cases[i].chunk, 1000 * i + cases[i].prefix));
+        const SequenceId seq = pool->add_sequence();
+        pool->reserve(seq, static_cast<int64_t>(cases[i].prefix + cases[i].chunk));
+        if (!prefixes[i].empty()) {
+          StepBatch prefill;
+          prefill.chunks.push_back({seq, prefixes[i], LogitRows::kNone});
+          runner->step(prefill, *pool, {});
+        }
+        batch.chunks.push_back({seq, chunks[i], cases[i].rows});
+      }
+      std::vector<float> logits(static_cast<size_t>(batch.num_logit_rows() * vocab));
+      runner->step(batch, *pool, {logits, {}});
+
+      float max_diff = 0.0f;
+      size_t row = 0;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_EQ(pool->length(batch.chunks[i].sequence),
+                  static_cast<int64_t>(cases[i].prefix + cases[i].chunk));
+        const std::vector<float> reference = alone(*model, format, prefixes[i], chunks[i]);
+        const size_t first = cases[i].rows == LogitRows::kAll ? 0 : cases[i].chunk - 1;
+        const size_t count = cases[i].rows == LogitRows::kAll    ? cases[i].chunk
+                             : cases[i].rows == LogitRows::kLast ? 1
+                                                                 : 0;
+        for (size_t r = 0; r < count; ++r, ++row) {
+          for (int64_t v = 0; v < vocab; ++v) {
+            const float ours = logits[row * vocab + v];
+            ASSERT_FALSE(std::isnan(ours)) << spec << " case " << i;
+            max_diff = std::max(max_diff, std::abs(ours - reference[(first + r) * vocab + v]));
+          }
+        }
+      }
+      EXPECT_EQ(row, static_cast<size_t>(batch.num_logit_rows()));
+      std::printf("[ %s, %s ] ragged batch vs alone: max |dlogit| %.3g\n",
+                  model->config().model_type.c_str(), spec, max_diff);
+      // FP32 rows: the same function up to summation order. Rounded records: FP32 noise between
+      // the batch's GEMMs and a lone decode's GEMV can move a value across a rounding boundary
+      // of the format (one BF16 ulp, one INT4 step), which moves the logits a little more.
+      EXPECT_LE(max_diff, std::string(spec) == "f32" ? 1e-4f : 1e-2f) << spec;
+    }
+  }
+}
+
+// Greedy tokens are the argmax of the step's logits; sampled ones depend on (seed, position)
+// only, not on the batch the sequence ran in.
+TEST(CpuRunner, SamplesOnItsLogitRows) {
+  const Model& model = mla_tiny();
+  auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::parse("bf16"), 8);
+  const std::vector<int32_t> prompt = text_ids(20);
+  const int64_t vocab = model.config().vocab_size;
+  const auto run = [&](const SamplerOptions& sampling, bool with_neighbour) {
+    const SequenceId seq = pool->add_sequence();
+    pool->reserve(seq, 20);
+    StepBatch batch;
+    batch.chunks.push_back({seq, prompt, LogitRows::kAll, sampling});
+    SequenceId other = -1;
+    if (with_neighbour) {
+      other = pool->add_sequence();
+      pool->reserve(other, 5);
+      batch.chunks.push_back({other, std::span(prompt).first(5), LogitRows::kLast, {}});
+    }
+    std::vector<float> logits(static_cast<size_t>(batch.num_logit_rows() * vocab));
+    std::vector<int32_t> tokens(static_cast<size_t>(batch.num_logit_rows()));
+    runner->step(batch, *pool, {logits, tokens});
+    pool->remove_sequence(seq);
+    if (other >= 0) pool->remove_sequence(other);
+    return std::make_pair(logits, tokens);
+  };
+  const auto [greedy_logits, greedy] = run({}, false);
+  for (size_t r = 0; r < 20; ++r) {
+    const auto row = std::span(greedy_logits).subspan(r * vocab, static_cast<size_t>(vocab));
+    EXPECT_EQ(greedy[r], std::max_element(row.begin(), row.end()) - row.begin()) << r;
+  }
+  const SamplerOptions hot{1.5f, 0.9f, 1234};
+  const auto alone_tokens = run(hot, false).second;
+  const auto batched_tokens = run(hot, true).second;
+  EXPECT_TRUE(std::equal(alone_tokens.begin(), alone_tokens.end(), batched_tokens.begin()));
+  EXPECT_NE(alone_tokens, greedy);  // at temperature 1.5 some of 20 draws leave the argmax
+  const auto other_seed = run({1.5f, 0.9f, 99}, false).second;
+  EXPECT_NE(other_seed, alone_tokens);
+}
+
+TEST(CpuRunner, RefusesBadStepsAndCommitsNothing) {
+  const Model& model = mla_tiny();
+  auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::parse("bf16"), 4);
+  const SequenceId seq = pool->add_sequence();
+  pool->reserve(seq, 64);
+  const std::vector<int32_t> ids = text_ids(8);
+  const int64_t vocab = model.config().vocab_size;
+  const auto step = [&](std::vector<SequenceChunk> chunks, std::span<float> logits = {}) {
+    runner->step(StepBatch{std::move(chunks)}, *pool, {logits, {}});
+  };
+  expect_contains(error_message<InvalidArgument>([&] { step({{seq + 7, ids}}); }),
+                  {"sequence 7", "not in the pool"});
+  expect_contains(error_message<InvalidArgument>([&] { step({{seq, ids}, {seq, ids}}); }),
+                  {"appears twice"});
+  expect_contains(error_message<InvalidArgument>([&] { step({{seq, {}}}); }), {"no tokens"});
+  const std::vector<int32_t> bad = {1, 2, static_cast<int32_t>(vocab)};
+  expect_contains(error_message<InvalidArgument>([&] { step({{seq, bad}}); }),
+                  {"token id 4096", "index 2", "[0, 4096)"});
+  std::vector<float> small(10);
+  expect_contains(error_message<ShapeError>([&] { step({{seq, ids}}, small); }),
+                  {"holds 10 floats", "1 rows of 4096"});
+  const std::vector<int32_t> long_chunk = text_ids(65);
+  expect_contains(error_message<CapacityError>([&] { step({{seq, long_chunk}}); }),
+                  {"positions up to 65", "hold 64 tokens"});
+  EXPECT_THROW(runner->step(StepBatch{}, *pool, {}), InvalidArgument);
+  auto other_shape = PagePool::on_host({2, 512, 64}, CacheFormat::parse("bf16"), 1);
+  const SequenceId other = other_shape->add_sequence();
+  other_shape->reserve(other, 8);
+  EXPECT_THROW(runner->step(StepBatch{{{other, ids}}}, *other_shape, {}), ShapeError);
+  EXPECT_EQ(pool->length(seq), 0);  // nothing committed
+}
+
+}  // namespace
+}  // namespace quantmla
