@@ -51,6 +51,11 @@ struct KldOptions {
   // The model that runs with the baseline cache; null = the model under test. Set it to the
   // untransformed model when the model under test has transforms folded in.
   const Model* baseline_model = nullptr;
+  // Runner version: the baseline's runner (null: the runner under test), windows a step (0: as
+  // max_batch_tokens and about 2 GiB of baseline probabilities allow).
+  Runner* baseline_runner = nullptr;
+  int64_t windows_per_step = 0;
+  int64_t max_batch_tokens = 8192;
   std::function<void(int64_t, int64_t)> progress;  // (windows done, windows total)
 };
 
@@ -86,6 +91,11 @@ KldResult summarize_kld(const CacheFormat& format, KldTally tally);
 
 // One result per format; the baseline runs once per window and every format is compared with it.
 std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t> ids,
+                                    const std::vector<CacheFormat>& formats,
+                                    const KldOptions& options);
+// The same through runners (any backend; options.baseline_runner for the baseline), several
+// windows a step.
+std::vector<KldResult> evaluate_kld(Runner& runner, std::span<const int32_t> ids,
                                     const std::vector<CacheFormat>& formats,
                                     const KldOptions& options);
 

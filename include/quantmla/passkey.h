@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "quantmla/model.h"
+#include "quantmla/runner.h"
 
 namespace quantmla {
 
@@ -29,9 +30,10 @@ std::vector<PasskeyPrompt> load_passkey_prompts(const std::string& path);
 
 struct PasskeyOptions {
   CacheFormat cache = CacheFormat::f32();
-  // Called after each prompt with (prompts done, prompts total), one call at a time (prompts
-  // run side by side on the OpenMP threads).
+  // Called after each round of prompts with (prompts done, prompts total).
   std::function<void(int64_t, int64_t)> progress;
+  // Prompt tokens a step runs: prompts run side by side as many as this holds.
+  int64_t max_batch_tokens = 8192;
 };
 
 struct PasskeyCount {
@@ -51,6 +53,9 @@ struct PasskeyResult {
 // Throws InvalidArgument for a prompt with token ids outside the vocabulary or longer, with its
 // answer, than the model's positions (naming the prompt).
 PasskeyResult evaluate_passkey(const Model& model, const std::vector<PasskeyPrompt>& prompts,
+                               const PasskeyOptions& options);
+// The same through a runner (any backend).
+PasskeyResult evaluate_passkey(Runner& runner, const std::vector<PasskeyPrompt>& prompts,
                                const PasskeyOptions& options);
 
 }  // namespace quantmla

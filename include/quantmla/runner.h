@@ -46,6 +46,12 @@ struct StepOutputs {
   std::span<int32_t> tokens;  // [num_logit_rows]: each row sampled with its chunk's params
 };
 
+// What the last step did, for benchmarks.
+struct StepStats {
+  int64_t weight_bytes_read = 0;  // weights the step's GEMMs read (routed experts: those chosen)
+  int64_t gemm_flops = 0;         // 2 m n k over the step's GEMMs
+};
+
 class Runner {
  public:
   virtual ~Runner() = default;
@@ -64,6 +70,8 @@ class Runner {
   // id outside the vocabulary, a sequence named twice or a pool of another runner; ShapeError
   // for output spans of the wrong size.
   virtual void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) = 0;
+  // Counted by the CUDA runner; zeros where a backend does not count.
+  virtual StepStats last_step_stats() const { return {}; }
 };
 
 // The CPU runner over `model`, which must outlive it.

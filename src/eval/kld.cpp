@@ -72,8 +72,21 @@ KldTally merge_kld_tallies(std::vector<KldTally> tallies) {
 std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t> ids,
                                     const std::vector<CacheFormat>& formats,
                                     const KldOptions& options) {
+  const auto runner = make_cpu_runner(model);
+  const auto baseline_runner =
+      options.baseline_model != nullptr ? make_cpu_runner(*options.baseline_model) : nullptr;
+  KldOptions cpu = options;
+  cpu.baseline_runner = baseline_runner.get();
+  cpu.windows_per_step = 1;  // one window fills the cores
+  return evaluate_kld(*runner, ids, formats, cpu);
+}
+
+std::vector<KldResult> evaluate_kld(Runner& runner, std::span<const int32_t> ids,
+                                    const std::vector<CacheFormat>& formats,
+                                    const KldOptions& options) {
+  const ModelConfig& config = runner.config();
   const int64_t ctx = options.ctx;
-  const int64_t total_windows = count_windows(model, ids.size(), ctx, 0);
+  const int64_t total_windows = count_windows(config, ids.size(), ctx, 0);
   if (options.first_window < 0 || options.first_window >= total_windows) {
     throw InvalidArgument("first window " + std::to_string(options.first_window) +
                           " is outside the text's " + std::to_string(total_windows) +
@@ -82,63 +95,91 @@ std::vector<KldResult> evaluate_kld(const Model& model, std::span<const int32_t>
   const int64_t end_window =
       options.max_windows > 0 ? std::min(total_windows, options.first_window + options.max_windows)
                               : total_windows;
-  const int64_t vocab = model.config().vocab_size;
+  const int64_t vocab = config.vocab_size;
   const int64_t scored = ctx - 1;
 
-  const Model& baseline_model = options.baseline_model ? *options.baseline_model : model;
+  Runner& baseline_runner = options.baseline_runner ? *options.baseline_runner : runner;
+  const ModelConfig& baseline_config = baseline_runner.config();
   // The distributions are compared token by token, over the same windows.
-  if (baseline_model.config().vocab_size != vocab || baseline_model.max_positions() < ctx) {
+  if (baseline_config.vocab_size != vocab || baseline_config.max_position_embeddings < ctx) {
     throw InvalidArgument("baseline model (vocabulary " +
-                          std::to_string(baseline_model.config().vocab_size) + ", " +
-                          std::to_string(baseline_model.max_positions()) +
+                          std::to_string(baseline_config.vocab_size) + ", " +
+                          std::to_string(baseline_config.max_position_embeddings) +
                           " positions) cannot score the model's windows (vocabulary " +
                           std::to_string(vocab) + ", ctx " + std::to_string(ctx) + ")");
   }
-  auto baseline_cache = baseline_model.make_cache(ctx, options.baseline);
-  std::vector<std::unique_ptr<MlaCache>> caches;
-  for (const CacheFormat& format : formats) caches.push_back(model.make_cache(ctx, format));
+  // Windows a step: as the runner's token budget allows, and the baseline's log-probabilities of
+  // every window of the step (doubles) within about 2 GiB.
+  const int64_t per_step = std::clamp<int64_t>(
+      options.windows_per_step > 0
+          ? options.windows_per_step
+          : std::min(options.max_batch_tokens / ctx, (int64_t{1} << 27) / (scored * vocab)),
+      1, end_window - options.first_window);
+  const int64_t pages = per_step * PagePool::pages_for_tokens(ctx);
+  auto baseline_pool = baseline_runner.make_pool(options.baseline, pages);
+  std::vector<std::unique_ptr<PagePool>> pools;
+  for (const CacheFormat& format : formats) pools.push_back(runner.make_pool(format, pages));
 
-  std::vector<int32_t> window;
-  std::vector<float> logits(static_cast<size_t>(ctx * vocab));
-  // The baseline's log-probabilities and probabilities of every scored position of the window,
-  // computed once and shared by all formats.
-  std::vector<double> base_logp(static_cast<size_t>(scored * vocab));
+  std::vector<std::vector<int32_t>> windows(static_cast<size_t>(per_step));
+  std::vector<float> logits(static_cast<size_t>(per_step * ctx * vocab));
+  // The baseline's log-probabilities and probabilities of every scored position of the step's
+  // windows, computed once and shared by all formats.
+  std::vector<double> base_logp(static_cast<size_t>(per_step * scored * vocab));
   std::vector<double> base_p(base_logp.size());
   std::vector<double> logp(static_cast<size_t>(vocab));
-  std::vector<int32_t> baseline_argmax(static_cast<size_t>(scored));
+  std::vector<int32_t> baseline_argmax(static_cast<size_t>(per_step * scored));
   std::vector<KldTally> tallies(formats.size());
   double baseline_nll = 0.0;
 
-  for (int64_t w = options.first_window; w < end_window; ++w) {
-    fill_window(model, ids, ctx, w, window);
-    baseline_cache->set_length(0);
-    baseline_model.forward(window, *baseline_cache, logits);
-    for (int64_t i = 0; i < scored; ++i) {
-      const float* row = logits.data() + i * vocab;
-      double* row_logp = base_logp.data() + i * vocab;
-      log_softmax(row, vocab, row_logp);
-      for (int64_t v = 0; v < vocab; ++v) base_p[i * vocab + v] = std::exp(row_logp[v]);
-      baseline_nll -= row_logp[window[i + 1]];
-      baseline_argmax[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  // Runs the step's windows through `run` on `pool`, all logits back.
+  const auto run_windows = [&](Runner& run, PagePool& pool, int64_t count) {
+    StepBatch batch;
+    for (int64_t b = 0; b < count; ++b) {
+      const SequenceId seq = pool.add_sequence();
+      pool.reserve(seq, ctx);
+      batch.chunks.push_back({seq, windows[b], LogitRows::kAll, {}});
     }
-    for (size_t f = 0; f < formats.size(); ++f) {
-      caches[f]->set_length(0);
-      model.forward(window, *caches[f], logits);
-      KldTally& tally = tallies[f];
+    run.step(batch, pool, {std::span(logits).first(static_cast<size_t>(count * ctx * vocab)), {}});
+    for (const SequenceChunk& chunk : batch.chunks) pool.remove_sequence(chunk.sequence);
+  };
+
+  for (int64_t first = options.first_window; first < end_window; first += per_step) {
+    const int64_t count = std::min(per_step, end_window - first);
+    for (int64_t b = 0; b < count; ++b) fill_window(config, ids, ctx, first + b, windows[b]);
+    run_windows(baseline_runner, *baseline_pool, count);
+    for (int64_t b = 0; b < count; ++b) {
       for (int64_t i = 0; i < scored; ++i) {
-        const float* row = logits.data() + i * vocab;
-        log_softmax(row, vocab, logp.data());
-        const double* p = base_p.data() + i * vocab;
-        const double* lp = base_logp.data() + i * vocab;
-        double kld = 0.0;
-        for (int64_t v = 0; v < vocab; ++v) kld += p[v] * (lp[v] - logp[v]);
-        tally.klds.push_back(static_cast<float>(std::max(kld, 0.0)));
-        tally.nll -= logp[window[i + 1]];
-        tally.top1_agree += std::max_element(row, row + vocab) - row == baseline_argmax[i] ? 1 : 0;
+        const float* row = logits.data() + (b * ctx + i) * vocab;
+        const int64_t k = b * scored + i;
+        double* row_logp = base_logp.data() + k * vocab;
+        log_softmax(row, vocab, row_logp);
+        for (int64_t v = 0; v < vocab; ++v) base_p[k * vocab + v] = std::exp(row_logp[v]);
+        baseline_nll -= row_logp[windows[b][i + 1]];
+        baseline_argmax[k] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
       }
     }
-    if (options.progress)
-      options.progress(w + 1 - options.first_window, end_window - options.first_window);
+    for (size_t f = 0; f < formats.size(); ++f) {
+      run_windows(runner, *pools[f], count);
+      KldTally& tally = tallies[f];
+      for (int64_t b = 0; b < count; ++b) {
+        for (int64_t i = 0; i < scored; ++i) {
+          const float* row = logits.data() + (b * ctx + i) * vocab;
+          const int64_t k = b * scored + i;
+          log_softmax(row, vocab, logp.data());
+          const double* p = base_p.data() + k * vocab;
+          const double* lp = base_logp.data() + k * vocab;
+          double kld = 0.0;
+          for (int64_t v = 0; v < vocab; ++v) kld += p[v] * (lp[v] - logp[v]);
+          tally.klds.push_back(static_cast<float>(std::max(kld, 0.0)));
+          tally.nll -= logp[windows[b][i + 1]];
+          tally.top1_agree +=
+              std::max_element(row, row + vocab) - row == baseline_argmax[k] ? 1 : 0;
+        }
+      }
+    }
+    if (options.progress) {
+      options.progress(first + count - options.first_window, end_window - options.first_window);
+    }
   }
 
   std::vector<KldResult> results;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
@@ -64,7 +65,15 @@ std::vector<PasskeyPrompt> load_passkey_prompts(const std::string& path) {
 
 PasskeyResult evaluate_passkey(const Model& model, const std::vector<PasskeyPrompt>& prompts,
                                const PasskeyOptions& options) {
-  const int64_t vocab = model.config().vocab_size;
+  const auto runner = make_cpu_runner(model);
+  return evaluate_passkey(*runner, prompts, options);
+}
+
+PasskeyResult evaluate_passkey(Runner& runner, const std::vector<PasskeyPrompt>& prompts,
+                               const PasskeyOptions& options) {
+  const ModelConfig& config = runner.config();
+  const int64_t vocab = config.vocab_size;
+  int64_t max_total = 1, min_length = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (const int32_t id : prompts[i].prompt) {
       if (id < 0 || id >= vocab) {
@@ -73,50 +82,97 @@ PasskeyResult evaluate_passkey(const Model& model, const std::vector<PasskeyProm
                               std::to_string(vocab) + ")");
       }
     }
-    const size_t total = prompts[i].prompt.size() + prompts[i].answer.size();
-    if (static_cast<int64_t>(total) > model.max_positions()) {
+    const auto total = static_cast<int64_t>(prompts[i].prompt.size() + prompts[i].answer.size());
+    if (total > config.max_position_embeddings) {
       throw InvalidArgument("pass-key prompt " + std::to_string(i) + ": " +
                             std::to_string(prompts[i].prompt.size()) + " tokens + " +
                             std::to_string(prompts[i].answer.size()) +
                             " answer tokens exceed the model's " +
-                            std::to_string(model.max_positions()) + " positions");
+                            std::to_string(config.max_position_embeddings) + " positions");
     }
+    max_total = std::max(max_total, total);
+    min_length = std::min(min_length, static_cast<int64_t>(prompts[i].prompt.size()));
   }
-  GenerateOptions generate_options;
-  generate_options.sampling.temperature = 0.0f;  // greedy
-  generate_options.stop_at_eos = false;          // an early EOS is a wrong answer, not a stop
-  generate_options.cache = options.cache;
+  if (options.max_batch_tokens < 1) {
+    throw InvalidArgument("pass-key: max_batch_tokens must be positive, got " +
+                          std::to_string(options.max_batch_tokens));
+  }
 
-  // Prompts are independent: they run side by side, one per thread (the model is read-only, each
-  // has its own cache), longest first so the threads finish together. Inside the parallel loop
-  // the forward's own parallel loops and BLAS run single-threaded.
+  // Prompts run side by side, longest first, as many a round as the step's token budget holds;
+  // a prompt longer than the budget is prefilled in chunks over several steps. Then the answers
+  // are decoded greedily, one token of every prompt of the round a step (an early EOS is a wrong
+  // answer, not a stop).
   const int64_t count = static_cast<int64_t>(prompts.size());
   std::vector<int64_t> order(prompts.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
     return prompts[a].prompt.size() > prompts[b].prompt.size();
   });
+  const int64_t budget = options.max_batch_tokens;
+  // A round's prompts hold at most max(budget, longest) tokens, and each of them at most two
+  // pages more (its last partial page, its answer).
+  const int64_t round_prompts = std::min<int64_t>(count, budget / std::max<int64_t>(min_length, 1) + 1);
+  auto pool = runner.make_pool(
+      options.cache, PagePool::pages_for_tokens(std::max(budget, max_total)) + 2 * round_prompts);
   std::vector<std::vector<int32_t>> outputs(prompts.size());
-  std::exception_ptr failure;
   int64_t done = 0;
-#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
-  for (int64_t k = 0; k < count; ++k) {
-    const PasskeyPrompt& prompt = prompts[order[k]];
-    try {
-      GenerateOptions prompt_options = generate_options;
-      prompt_options.max_tokens = static_cast<int64_t>(prompt.answer.size());
-      outputs[order[k]] = generate(model, prompt.prompt, prompt_options);
-    } catch (...) {
-#pragma omp critical(passkey_failure)
-      if (!failure) failure = std::current_exception();
+  for (int64_t next = 0; next < count;) {
+    std::vector<int64_t> round;
+    std::vector<SequenceId> seqs;
+    int64_t tokens = 0;
+    while (next < count) {
+      const PasskeyPrompt& prompt = prompts[order[next]];
+      const auto length = static_cast<int64_t>(prompt.prompt.size());
+      const int64_t pages = PagePool::pages_for_tokens(length + prompt.answer.size());
+      if (!round.empty() && (tokens + length > budget || pages > pool->free_pages())) break;
+      round.push_back(order[next++]);
+      tokens += length;
+      seqs.push_back(pool->add_sequence());
+      pool->reserve(seqs.back(), length + static_cast<int64_t>(prompt.answer.size()));
     }
-#pragma omp critical(passkey_progress)
-    {
-      ++done;
-      if (options.progress) options.progress(done, count);
+    // Prefill, in chunks of at most the budget (only a prompt alone in its round is chunked).
+    std::vector<int32_t> sampled(round.size());
+    for (int64_t offset = 0;; offset += budget) {
+      StepBatch batch;
+      for (size_t r = 0; r < round.size(); ++r) {
+        const std::vector<int32_t>& ids = prompts[round[r]].prompt;
+        const auto length = static_cast<int64_t>(ids.size());
+        if (offset >= length) continue;
+        const int64_t n = std::min(budget, length - offset);
+        batch.chunks.push_back({seqs[r], std::span(ids).subspan(offset, n),
+                                offset + n == length ? LogitRows::kLast : LogitRows::kNone,
+                                {}});
+      }
+      if (batch.chunks.empty()) break;
+      std::vector<int32_t> tokens_out(static_cast<size_t>(batch.num_logit_rows()));
+      runner.step(batch, *pool, {{}, tokens_out});
+      size_t row = 0;
+      for (const SequenceChunk& chunk : batch.chunks) {
+        if (chunk.logits == LogitRows::kNone) continue;
+        const size_t r = std::find(seqs.begin(), seqs.end(), chunk.sequence) - seqs.begin();
+        outputs[round[r]].push_back(tokens_out[row++]);
+      }
     }
+    for (size_t step = 1;; ++step) {
+      StepBatch batch;
+      for (size_t r = 0; r < round.size(); ++r) {
+        std::vector<int32_t>& out = outputs[round[r]];
+        if (out.size() < prompts[round[r]].answer.size() && out.size() == step) {
+          batch.chunks.push_back({seqs[r], std::span(&out.back(), 1), LogitRows::kLast, {}});
+        }
+      }
+      if (batch.chunks.empty()) break;
+      std::vector<int32_t> tokens_out(batch.chunks.size());
+      runner.step(batch, *pool, {{}, tokens_out});
+      for (size_t c = 0; c < batch.chunks.size(); ++c) {
+        const size_t r = std::find(seqs.begin(), seqs.end(), batch.chunks[c].sequence) - seqs.begin();
+        outputs[round[r]].push_back(tokens_out[c]);
+      }
+    }
+    for (SequenceId seq : seqs) pool->remove_sequence(seq);
+    done += static_cast<int64_t>(round.size());
+    if (options.progress) options.progress(done, count);
   }
-  if (failure) std::rethrow_exception(failure);
 
   PasskeyResult result;
   for (size_t i = 0; i < prompts.size(); ++i) {

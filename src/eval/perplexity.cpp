@@ -48,30 +48,10 @@ double token_nll(std::span<const float> logits, int32_t target) {
 
 PerplexityResult evaluate_perplexity(const Model& model, std::span<const int32_t> ids,
                                      const PerplexityOptions& options) {
-  const ModelConfig& config = model.config();
-  const int64_t ctx = options.ctx;
-  const int64_t windows = count_windows(model, ids.size(), ctx, options.max_windows);
-  const int64_t segment = ctx - 1;
-  const int64_t vocab = config.vocab_size;
-  auto cache = model.make_cache(ctx, options.cache);
-  std::vector<int32_t> window(static_cast<size_t>(ctx));
-  std::vector<float> logits(static_cast<size_t>(ctx * vocab));
-  PerplexityResult result;
-  for (int64_t w = 0; w < windows; ++w) {
-    fill_window(model, ids, ctx, w, window);
-    cache->set_length(0);
-    model.forward(window, *cache, logits);
-    for (int64_t i = 0; i < segment; ++i) {
-      result.total_nll +=
-          token_nll(std::span<const float>(logits.data() + i * vocab, static_cast<size_t>(vocab)),
-                    window[i + 1]);
-    }
-    result.tokens += segment;
-    ++result.windows;
-    if (options.progress) options.progress(w + 1, windows);
-  }
-  result.ppl = std::exp(result.total_nll / static_cast<double>(result.tokens));
-  return result;
+  const auto runner = make_cpu_runner(model);
+  PerplexityOptions cpu = options;
+  cpu.windows_per_step = 1;  // one window fills the cores
+  return evaluate_perplexity(*runner, ids, cpu);
 }
 
 PerplexityResult evaluate_perplexity(Runner& runner, std::span<const int32_t> ids,

@@ -21,6 +21,7 @@ struct EvalPasskeyOptions {
   int64_t per_cell = 0;  // 0 = every prompt of a (ctx, depth) cell
   bool json = false;
   TransformOption transform;
+  std::string device = "cpu";
 };
 
 // The prompts to run: those of --ctx, the first --per-cell of each (ctx, depth) cell.
@@ -51,13 +52,14 @@ std::string depth_key(double depth) {
 void run_eval_passkey(const EvalPasskeyOptions& options) {
   const std::vector<PasskeyPrompt> prompts =
       select_prompts(load_passkey_prompts(options.prompts), options);
-  const Model model = load_transformed(options.model, options.transform);
+  std::unique_ptr<Model> model;
+  const std::unique_ptr<Runner> runner =
+      make_runner(options.device, options.model, options.transform, model);
   PasskeyOptions passkey_options;
-  passkey_options.cache =
-      CacheFormat::parse(cache_spec_or_recorded(options.model, options.cache, "f32"));
+  passkey_options.cache = device_cache(options.device, options.model, options.cache, "f32");
   ProgressBar progress("eval-passkey");
   passkey_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  const PasskeyResult result = evaluate_passkey(model, prompts, passkey_options);
+  const PasskeyResult result = evaluate_passkey(*runner, prompts, passkey_options);
 
   // The prompts answered wrongly, with what came out instead: what a user looks at next.
   nlohmann::json failures = nlohmann::json::array();
@@ -129,6 +131,7 @@ void add_eval_passkey(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_transform_options(*cmd, options->transform);
+  add_device_option(*cmd, options->device);
   cmd->add_flag("--json", options->json,
                 "Print one JSON object {acc, acc_by_ctx, acc_by_depth, n, correct, cache, "
                 "transform, failures: [{index, ctx, depth, answer, output}]}");

@@ -63,6 +63,7 @@ struct KldRun {
   int64_t max_windows = 0;
   std::string baseline = "bf16";
   TransformOption transform;
+  std::string device = "cpu";
 };
 void add_kld_run_options(CLI::App& cmd, KldRun& run);
 std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>& formats,

@@ -95,14 +95,20 @@ void add_kld_run_options(CLI::App& cmd, KldRun& run) {
                  "original of a saved calibrated model (default: --model, without --transform)")
       ->check(CLI::ExistingDirectory);
   add_transform_options(cmd, run.transform);
+  add_device_option(cmd, run.device);
 }
 
 std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>& formats,
                                const char* progress_label) {
-  const Model model = load_transformed(run.model, run.transform);
+  std::unique_ptr<Model> model, original;
+  const std::unique_ptr<Runner> runner = make_runner(run.device, run.model, run.transform, model);
   // The reference distribution: the baseline model (by default this one without its --transform)
-  // with the baseline cache.
-  const Model original = Model::load(run.baseline_model.empty() ? run.model : run.baseline_model);
+  // with the baseline cache. On the GPU without a separate baseline model: the same runner.
+  std::unique_ptr<Runner> baseline;
+  if (!run.baseline_model.empty() || (run.transform.name != "none" && run.device == "cpu")) {
+    baseline = make_runner(run.device, run.baseline_model.empty() ? run.model : run.baseline_model,
+                           {}, original);
+  }
   const std::vector<int32_t> ids = read_ids_file(run.ids);
   ProgressBar progress(progress_label);
   KldOptions options;
@@ -110,9 +116,10 @@ std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>
   options.first_window = run.first_window;
   options.max_windows = run.max_windows;
   options.baseline = CacheFormat::parse(run.baseline);
-  options.baseline_model = &original;
+  options.baseline_runner = baseline.get();
+  if (run.device == "cpu") options.windows_per_step = 1;  // one window fills the cores
   options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  return evaluate_kld(model, ids, formats, options);
+  return evaluate_kld(*runner, ids, formats, options);
 }
 
 }  // namespace quantmla::cli

@@ -1,0 +1,342 @@
+// The CUDA runner on a production-shape model (make-random-model): decode step time at several
+// batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
+// the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
+//   bench_runner --model DIR [--json FILE] [--repeats N] [--max-seconds S]
+//
+// Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
+// bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
+// GemmRunner, random data). A decode step is one Runner::step over B sequences of `context` cached
+// tokens (their pages filled with random rows by the quantize-on-write kernel, each sequence its
+// own pages), one new token each, sampled greedily on the GPU; host clock around the synchronous
+// step, median of the repeats after two warm-ups. Its bound is the weight bytes the step's GEMMs
+// read (routed experts: those chosen; the runner counts them) over the copy bandwidth. A shape
+// whose cache does not fit next to the weights is reported as such.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_array.h"
+#include "kernels/cuda/gemm.h"
+#include "quantmla/dtype.h"
+#include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
+#include "quantmla/runner.h"
+
+namespace {
+
+using namespace quantmla;
+using gpu::DeviceArray;
+
+__device__ float hash_uniform(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+__global__ void random_f32(float* out, int64_t n, float scale, uint64_t seed) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = scale * hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
+}
+
+__global__ void random_bf16(uint16_t* out, int64_t n, uint64_t seed) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    out[i] = static_cast<uint16_t>(__float_as_uint(hash_uniform(seed * 0x9e3779b97f4a7c15ull + i)) >> 16);
+  }
+}
+
+// Token i of the fill: sequence `first_seq + i / per_seq`, position `i % per_seq`.
+__global__ void fill_positions(int32_t* seq_ids, int32_t* positions, int64_t count,
+                               int64_t per_seq, int32_t first_seq) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  seq_ids[i] = first_seq + static_cast<int32_t>(i / per_seq);
+  positions[i] = static_cast<int32_t>(i % per_seq);
+}
+
+unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double measure_copy_gbps() {
+  const size_t bytes = size_t{4} << 30;
+  DeviceArray<uint8_t> a(bytes), b(bytes);
+  a.fill_bytes(1);
+  cudaEvent_t start, stop;
+  QUANTMLA_CUDA_CHECK(cudaEventCreate(&start));
+  QUANTMLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int r = 0; r < 6; ++r) {
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(start));
+    QUANTMLA_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop));
+    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (r > 0) ms.push_back(t);
+  }
+  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
+}
+
+double measure_gemm_tflops() {
+  const int64_t n = 8192;
+  DeviceArray<uint16_t> x(n * n), w(n * n);
+  DeviceArray<float> y(n * n);
+  random_bf16<<<blocks(n * n), 256>>>(x.data(), n * n, 1);
+  random_bf16<<<blocks(n * n), 256>>>(w.data(), n * n, 2);
+  gpu::GemmRunner gemm;
+  cudaEvent_t start, stop;
+  QUANTMLA_CUDA_CHECK(cudaEventCreate(&start));
+  QUANTMLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int r = 0; r < 8; ++r) {
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(start));
+    gemm.linear(n, n, n, x.data(), n, w.data(), n, y.data(), n, DType::kF32, 0.0f, nullptr);
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop));
+    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (r > 1) ms.push_back(t);
+  }
+  return 2.0 * n * n * n / (median(ms) * 1e-3) / 1e12;
+}
+
+// B sequences of `context` tokens whose pages hold random rows, each with room for `extra` more.
+std::vector<SequenceId> fill_pool(PagePool& pool, int64_t batch, int64_t context, int64_t extra) {
+  std::vector<SequenceId> seqs;
+  std::vector<int32_t> table;
+  int64_t stride = PagePool::pages_for_tokens(context + extra);
+  for (int64_t b = 0; b < batch; ++b) {
+    seqs.push_back(pool.add_sequence());
+    pool.reserve(seqs.back(), context + extra);
+    pool.set_length(seqs.back(), context);
+    const auto& t = pool.block_table(seqs.back());
+    table.insert(table.end(), t.begin(), t.end());
+  }
+  DeviceArray<int32_t> block_table(table);
+  // One chunk of whole sequences at a time, at most ~1M tokens.
+  const int64_t per_chunk = std::max<int64_t>(1, (int64_t{1} << 20) / context);
+  const int64_t tokens = std::min(batch, per_chunk) * context;
+  DeviceArray<float> c(tokens * gpu::kLatentDim), k_pe(tokens * gpu::kRopeDim);
+  DeviceArray<int32_t> seq_ids(tokens), positions(tokens);
+  for (int64_t layer = 0; layer < pool.shape().num_layers; ++layer) {
+    for (int64_t first = 0; first < batch; first += per_chunk) {
+      const int64_t n = std::min(per_chunk, batch - first) * context;
+      random_f32<<<blocks(n * gpu::kLatentDim), 256>>>(c.data(), n * gpu::kLatentDim, 1.7f,
+                                                        layer * 1000 + first);
+      random_f32<<<blocks(n * gpu::kRopeDim), 256>>>(k_pe.data(), n * gpu::kRopeDim, 3.4f,
+                                                      layer * 1000 + first + 7);
+      fill_positions<<<blocks(n), 256>>>(seq_ids.data(), positions.data(), n, context,
+                                         static_cast<int32_t>(first));
+      gpu::MlaWriteParams write;
+      write.c = c.data();
+      write.k_pe = k_pe.data();
+      write.seq_ids = seq_ids.data();
+      write.positions = positions.data();
+      write.pool = pool.storage().layer_pages(layer);
+      write.block_table = block_table.data();
+      write.block_table_stride = stride;
+      write.num_tokens = n;
+      gpu::mla_write(pool.format(), write, nullptr);
+    }
+  }
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  return seqs;
+}
+
+struct DecodeRow {
+  int64_t batch, context;
+  std::string cache;
+  double step_ms = 0, bound_ms = 0;
+  bool fits = true;
+};
+struct PrefillRow {
+  int64_t prompts, prompt_tokens;
+  double step_ms = 0, tokens_per_s = 0, gemm_tflops = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir, json_path;
+  int repeats = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--model") model_dir = argv[i + 1];
+    if (flag == "--json") json_path = argv[i + 1];
+    if (flag == "--repeats") repeats = std::atoi(argv[i + 1]);
+  }
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "usage: bench_runner --model DIR [--json FILE] [--repeats N]\n");
+    return 2;
+  }
+  try {
+    cudaDeviceProp prop{};
+    QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbps = measure_copy_gbps();
+    const double gemm_tflops = measure_gemm_tflops();
+    std::printf("%s: copy %.0f GB/s (read + write), cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
+                copy_gbps, gemm_tflops);
+
+    CudaRunnerOptions options;
+    options.max_batch_tokens = 8192;
+    options.max_sequences = 256;
+    const auto load_start = std::chrono::steady_clock::now();
+    auto runner = make_cuda_runner(model_dir, options);
+    const double load_s = seconds_since(load_start);
+    const ModelConfig& config = runner->config();
+    size_t free_bytes = 0, total_bytes = 0;
+    QUANTMLA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const int64_t weights_bytes = static_cast<int64_t>(total_bytes - free_bytes);  // + workspaces
+    std::printf("model %s: loaded in %.1f s; device memory in use %.2f GiB, free %.2f GiB\n",
+                model_dir.c_str(), load_s, weights_bytes / double(1 << 30),
+                free_bytes / double(1 << 30));
+
+    const CacheShape shape{config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim};
+    std::vector<std::string> specs = {"bf16", "content=int4:g64,rope=int4:g64"};
+    std::vector<std::pair<std::string, int64_t>> longest;
+    for (const char* spec : {"bf16", "content=fp8,rope=bf16", "content=int4:g64,rope=int4:g64",
+                             "content=int2:g64,rope=int4:g64"}) {
+      const CacheFormat format = CacheFormat::parse(spec);
+      const int64_t per_token = shape.num_layers * format.record_bytes(512, 64);
+      longest.emplace_back(spec, int64_t{100'000'000'000} / per_token);
+    }
+
+    std::vector<DecodeRow> decode;
+    std::mt19937 rng(7);
+    for (const std::string& spec : specs) {
+      const CacheFormat format = CacheFormat::parse(spec);
+      for (int64_t context : {int64_t{1024}, int64_t{16384}}) {
+        for (int64_t batch : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{256}}) {
+          DecodeRow row{batch, context, spec};
+          const int64_t extra = repeats + 4;
+          const int64_t pages = batch * PagePool::pages_for_tokens(context + extra);
+          QUANTMLA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+          const int64_t need = pages * PagePool::bytes_per_page(shape, format);
+          if (need > static_cast<int64_t>(free_bytes) - (int64_t{2} << 30)) {
+            row.fits = false;
+            std::printf("%-32s B %4lld ctx %6lld: cache %.1f GiB does not fit (%.1f GiB free)\n",
+                        spec.c_str(), static_cast<long long>(batch),
+                        static_cast<long long>(context), need / double(1 << 30),
+                        free_bytes / double(1 << 30));
+            decode.push_back(row);
+            continue;
+          }
+          auto pool = runner->make_pool(format, pages);
+          const std::vector<SequenceId> seqs = fill_pool(*pool, batch, context, extra);
+          std::vector<int32_t> next(static_cast<size_t>(batch));
+          for (auto& t : next) t = static_cast<int32_t>(rng() % config.vocab_size);
+          std::vector<double> times;
+          int64_t weight_bytes = 0;
+          for (int r = 0; r < repeats + 2; ++r) {
+            StepBatch step;
+            for (int64_t b = 0; b < batch; ++b) {
+              step.chunks.push_back({seqs[b], std::span(&next[b], 1), LogitRows::kLast, {}});
+            }
+            const auto start = std::chrono::steady_clock::now();
+            runner->step(step, *pool, {{}, next});
+            const double ms = seconds_since(start) * 1e3;
+            if (r >= 2) times.push_back(ms);
+            weight_bytes = runner->last_step_stats().weight_bytes_read;
+          }
+          row.step_ms = median(times);
+          row.bound_ms = weight_bytes / (copy_gbps * 1e9) * 1e3;
+          std::printf("%-32s B %4lld ctx %6lld: step %8.3f ms  weight-read bound %7.3f ms  (%.0f%%)\n",
+                      spec.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
+                      row.step_ms, row.bound_ms, 100.0 * row.bound_ms / row.step_ms);
+          std::fflush(stdout);
+          decode.push_back(row);
+        }
+      }
+    }
+
+    std::vector<PrefillRow> prefill;
+    for (int64_t prompts : {int64_t{1}, int64_t{4}}) {
+      const int64_t len = 2048;
+      const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+      PrefillRow row{prompts, len};
+      std::vector<std::vector<int32_t>> ids(static_cast<size_t>(prompts));
+      for (auto& p : ids) {
+        for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+      }
+      std::vector<double> times;
+      int64_t flops = 0;
+      auto pool = runner->make_pool(format, prompts * PagePool::pages_for_tokens(len));
+      for (int r = 0; r < std::max(3, repeats / 2) + 1; ++r) {
+        StepBatch step;
+        for (int64_t b = 0; b < prompts; ++b) {
+          const SequenceId seq = pool->add_sequence();
+          pool->reserve(seq, len);
+          step.chunks.push_back({seq, ids[b], LogitRows::kLast, {}});
+        }
+        std::vector<int32_t> tokens(static_cast<size_t>(prompts));
+        const auto start = std::chrono::steady_clock::now();
+        runner->step(step, *pool, {{}, tokens});
+        const double ms = seconds_since(start) * 1e3;
+        if (r >= 1) times.push_back(ms);
+        flops = runner->last_step_stats().gemm_flops;
+        for (const SequenceChunk& chunk : step.chunks) pool->remove_sequence(chunk.sequence);
+      }
+      row.step_ms = median(times);
+      row.tokens_per_s = prompts * len / (row.step_ms * 1e-3);
+      row.gemm_tflops = flops / (row.step_ms * 1e-3) / 1e12;
+      std::printf("prefill %lld x %lld tokens: %.1f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
+                  "(%.0f%% of cuBLAS's %.0f)\n",
+                  static_cast<long long>(prompts), static_cast<long long>(len), row.step_ms,
+                  row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops,
+                  gemm_tflops);
+      prefill.push_back(row);
+    }
+
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      out << "{\n  \"device\": \"" << prop.name << "\",\n  \"model\": \"" << model_dir
+          << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"gemm_tflops\": " << gemm_tflops
+          << ",\n  \"device_memory_in_use_bytes\": " << weights_bytes
+          << ",\n  \"load_s\": " << load_s << ",\n  \"decode\": [\n";
+      for (size_t i = 0; i < decode.size(); ++i) {
+        const DecodeRow& r = decode[i];
+        out << "    {\"batch\": " << r.batch << ", \"context\": " << r.context << ", \"cache\": \""
+            << r.cache << "\", \"fits\": " << (r.fits ? "true" : "false")
+            << ", \"step_ms\": " << r.step_ms << ", \"bound_ms\": " << r.bound_ms << "}"
+            << (i + 1 < decode.size() ? ",\n" : "\n");
+      }
+      out << "  ],\n  \"prefill\": [\n";
+      for (size_t i = 0; i < prefill.size(); ++i) {
+        const PrefillRow& r = prefill[i];
+        out << "    {\"prompts\": " << r.prompts << ", \"prompt_tokens\": " << r.prompt_tokens
+            << ", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
+            << ", \"gemm_tflops\": " << r.gemm_tflops << "}"
+            << (i + 1 < prefill.size() ? ",\n" : "\n");
+      }
+      out << "  ],\n  \"longest_context_in_100GB\": {";
+      for (size_t i = 0; i < longest.size(); ++i) {
+        out << "\"" << longest[i].first << "\": " << longest[i].second
+            << (i + 1 < longest.size() ? ", " : "");
+      }
+      out << "}\n}\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,85 @@
+// BF16 GEMMs of the CUDA model runner on cuBLASLt: y = x W^T for the projections (PyTorch Linear
+// weights, row-major [out, in]) and strided-batched products for MLA's per-head absorption. BF16
+// inputs, FP32 accumulation, FP32 or BF16 output. Every pointer is a device pointer, every leading
+// dimension and stride is in elements, all matrices are row-major.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "quantmla/dtype.h"
+
+namespace quantmla::gpu {
+
+// op(W) of a batched product: W as stored, or transposed.
+enum class GemmOp { kN, kT };
+
+// y_b = x_b op(W_b) (+ beta y_b) for b in [0, batch).
+struct BatchedGemmParams {
+  int64_t batch = 1;
+  int64_t m = 0;  // rows of x_b and y_b
+  int64_t n = 0;  // columns of y_b
+  int64_t k = 0;  // columns of x_b
+  // x: batch b at x + b * stride_x, [m, k] BF16 bits with row stride ldx.
+  const uint16_t* x = nullptr;
+  int64_t ldx = 0;
+  int64_t stride_x = 0;
+  // w: batch b at w + b * stride_w; op kN: [k, n] with row stride ldw (x_b W_b), op kT: [n, k]
+  // with row stride ldw (x_b W_b^T). BF16 bits.
+  const uint16_t* w = nullptr;
+  int64_t ldw = 0;
+  int64_t stride_w = 0;
+  GemmOp op_w = GemmOp::kN;
+  // y: batch b at y + b * stride_y, [m, n] FP32 or BF16 (out_dtype) with row stride ldy.
+  void* y = nullptr;
+  int64_t ldy = 0;
+  int64_t stride_y = 0;
+  DType out_dtype = DType::kF32;
+  float beta = 0.0f;  // 0: y is only written (may hold NaN before); 1: y += the product
+};
+
+// Owns a cuBLASLt and a cuBLAS handle, one workspace and a cache of matmul plans (descriptors,
+// layouts and the heuristic's algorithm) keyed by the problem's shape, strides and pointer
+// alignments, so that a repeated shape does no heuristic search and no allocation. The workspace is
+// shared by every call, so one runner serves one stream at a time (calls on two streams at once
+// would race on it): give each concurrent stream its own runner. Not thread-safe.
+class GemmRunner {
+ public:
+  // cuBLASLt's recommendation for Hopper.
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // workspace: a device buffer of workspace_bytes that the caller keeps alive for the runner's
+  // lifetime, or null to let the runner allocate workspace_bytes once, here.
+  explicit GemmRunner(size_t workspace_bytes = kDefaultWorkspaceBytes, void* workspace = nullptr);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // y[m, n] = x[m, k] W[n, k]^T (+ beta y).
+  //   x: [m, k] BF16 bits, row stride ldx >= k.
+  //   w: [n, k] BF16 bits (PyTorch Linear weight), row stride ldw >= k.
+  //   y: [m, n] FP32 or BF16 (out_dtype), row stride ldy >= n. beta = 1 adds the product into y
+  //      (residual adds into the FP32 stream); beta = 0 never reads y.
+  // m == 0 or n == 0 is a no-op. Throws ShapeError for k < 1 or a leading dimension that is too
+  // small, InvalidArgument for a null pointer or an out_dtype other than F32/BF16, CudaError when
+  // cuBLAS fails.
+  void linear(int64_t m, int64_t n, int64_t k, const uint16_t* x, int64_t ldx, const uint16_t* w,
+              int64_t ldw, void* y, int64_t ldy, DType out_dtype, float beta, cudaStream_t stream);
+
+  // Strided-batched product (see BatchedGemmParams). Same errors as linear, and ShapeError for
+  // batch < 1 or a negative stride.
+  void batched(const BatchedGemmParams& params, cudaStream_t stream);
+
+  // Plans in the cache (tests, diagnostics).
+  size_t cached_plans() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace quantmla::gpu

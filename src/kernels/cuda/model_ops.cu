@@ -1,0 +1,322 @@
+// Kernels of model_ops.h: memory-bound elementwise and per-row work, one block per row where a
+// row needs a reduction, grid-stride loops elsewhere. The arithmetic follows the CPU engine's
+// operation by operation (explicit __fmul_rn / __fadd_rn where nvcc would otherwise contract into
+// fused multiply-adds) so that FP32 results agree with it up to the libm differences.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/model_ops.h"
+#include "quantmla/error.h"
+
+namespace quantmla::gpu {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// The bits of quantmla::f32_to_bf16: round to nearest even, NaN kept NaN by setting a quiet bit
+// (CUDA's __float2bfloat16_rn would return its canonical NaN instead).
+__device__ __forceinline__ uint16_t to_bf16_bits(float value) {
+  uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+__device__ __forceinline__ float from_bf16_bits(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
+
+// Stores one value as FP32 or BF16 (the output dtype of a row kernel).
+__device__ __forceinline__ void store(void* base, int64_t index, bool bf16, float value) {
+  if (bf16) {
+    static_cast<uint16_t*>(base)[index] = to_bf16_bits(value);
+  } else {
+    static_cast<float*>(base)[index] = value;
+  }
+}
+
+void check_out_dtype(const char* who, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    throw InvalidArgument(std::string(who) + ": output dtype must be F32 or BF16, got " +
+                          std::string(dtype_name(dtype)));
+  }
+}
+
+// Rows become grid.x, which holds 2^31 - 1 blocks.
+void check_rows(const char* who, int64_t rows) {
+  if (rows < 0 || rows > INT_MAX) {
+    throw ShapeError(std::string(who) + ": " + str(rows) + " rows (need 0 <= rows <= 2^31 - 1)");
+  }
+}
+
+// Enough blocks of 256 threads for `count` elements, capped: the kernels loop over the rest.
+unsigned grid_for(int64_t count) {
+  const int64_t blocks = (count + kRowThreads - 1) / kRowThreads;
+  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    embed_kernel(const int32_t* ids, const uint16_t* table, float* x, int64_t d, int64_t vocab) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = ids[t];
+  float* out = x + t * d;
+  if (id < 0 || id >= vocab) {
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[i] = quiet_nan();
+    return;
+  }
+  const uint16_t* row = table + id * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[i] = from_bf16_bits(row[i]);
+}
+
+// Sum over the block in double; every thread gets the total.
+__device__ double block_sum(double value, double* shared /* [kRowThreads / 32] */) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) shared[warp] = value;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kRowThreads / 32; ++w) total += shared[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_kernel(const float* x, int64_t ldx, const float* weight, void* out, int64_t ldo,
+                    bool bf16, int64_t width, float eps) {
+  __shared__ double partial[kRowThreads / 32];
+  const float* in = x + static_cast<int64_t>(blockIdx.x) * ldx;
+  double sum_squares = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += kRowThreads) {
+    const double v = in[i];
+    sum_squares += v * v;  // exact: a product of two floats fits a double
+  }
+  sum_squares = block_sum(sum_squares, partial);
+  const float inv_rms =
+      static_cast<float>(1.0 / sqrt(sum_squares / static_cast<double>(width) + eps));
+  const int64_t row_out = static_cast<int64_t>(blockIdx.x) * ldo;
+  for (int64_t i = threadIdx.x; i < width; i += kRowThreads) {
+    store(out, row_out + i, bf16, __fmul_rn(weight[i], __fmul_rn(in[i], inv_rms)));
+  }
+}
+
+__global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
+                            const float* inv_freq, float attention_factor, int64_t count) {
+  const int64_t t = blockIdx.x;
+  const int64_t v = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (v >= count) return;
+  const int i = threadIdx.x;
+  const float angle = __fmul_rn(static_cast<float>(positions[t]), inv_freq[i]);
+  float sin_value = 0.0f;
+  float cos_value = 0.0f;
+  sincosf(angle, &sin_value, &cos_value);  // the accurate one: angles reach 1e5 and more
+  cos_value = __fmul_rn(cos_value, attention_factor);
+  sin_value = __fmul_rn(sin_value, attention_factor);
+  float* pair = x + t * ld_token + v * ld_vec + 2 * i;
+  const float even = pair[0];
+  const float odd = pair[1];
+  pair[0] = __fsub_rn(__fmul_rn(even, cos_value), __fmul_rn(odd, sin_value));
+  pair[1] = __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value));
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    silu_mul_kernel(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
+                    int64_t inner) {
+  const int64_t total = n * inner;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = index / inner;
+    const int64_t i = index - r * inner;
+    const float g = gate_up[r * ld_gate_up + i];
+    const float u = gate_up[r * ld_gate_up + inner + i];
+    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    out[r * ldo + i] = to_bf16_bits(__fmul_rn(silu, u));
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    convert_kernel(const float* in, uint16_t* out, int64_t count) {
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < count;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[index] = to_bf16_bits(in[index]);
+  }
+}
+
+constexpr int kQueryDim = 576;
+constexpr int kQueryContent = 512;
+constexpr int kPackThreads = 128;
+
+// One block per (token, padded head).
+__global__ void __launch_bounds__(kPackThreads)
+    pack_queries_kernel(const __grid_constant__ PackQueriesParams p) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  uint16_t* out = p.out + (t * p.heads_padded + h) * kQueryDim;
+  if (h >= p.heads) {
+    for (int c = threadIdx.x; c < kQueryDim; c += kPackThreads) out[c] = 0;
+    return;
+  }
+  if (p.q_abs != nullptr) {
+    const float* abs = p.q_abs + t * p.abs_token_stride + h * p.abs_head_stride;
+    for (int c = threadIdx.x; c < kQueryContent; c += kPackThreads) out[c] = to_bf16_bits(abs[c]);
+  }
+  const float* pe = p.q_pe + t * p.pe_token_stride + h * p.pe_head_stride;
+  for (int c = threadIdx.x; c < kQueryDim - kQueryContent; c += kPackThreads) {
+    out[kQueryContent + c] = to_bf16_bits(pe[c]);
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    gather_rows_kernel(const float* src, int64_t ld_src, int64_t src_rows, const int32_t* rows,
+                       void* dst, int64_t ld_dst, bool bf16, int64_t width) {
+  const int64_t i = blockIdx.x;
+  const int64_t row = rows[i];
+  const bool valid = row >= 0 && row < src_rows;
+  const float* in = src + (valid ? row : 0) * ld_src;
+  for (int64_t c = threadIdx.x; c < width; c += kRowThreads) {
+    store(dst, i * ld_dst + c, bf16, valid ? in[c] : quiet_nan());
+  }
+}
+
+}  // namespace
+
+void embed(const int32_t* ids, const uint16_t* table, float* x, int64_t n, int64_t d, int64_t vocab,
+           cudaStream_t stream) {
+  check_rows("embed", n);
+  if (d < 1 || vocab < 1) {
+    throw ShapeError("embed: d " + str(d) + ", vocab " + str(vocab) + " (need both >= 1)");
+  }
+  if (n == 0) return;
+  if (ids == nullptr || table == nullptr || x == nullptr) {
+    throw InvalidArgument("embed: ids, table and x must be device pointers, got null");
+  }
+  embed_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(ids, table, x, d, vocab);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(const float* x, int64_t ldx, const float* weight, void* out, int64_t ldo,
+              DType out_dtype, int64_t n, int64_t width, float eps, cudaStream_t stream) {
+  check_rows("rms_norm", n);
+  check_out_dtype("rms_norm", out_dtype);
+  if (width < 1 || ldx < width || ldo < width) {
+    throw ShapeError("rms_norm: width " + str(width) + ", ldx " + str(ldx) + ", ldo " + str(ldo) +
+                     " (need width >= 1, ldx >= width, ldo >= width)");
+  }
+  if (out_dtype == DType::kBF16 && static_cast<const void*>(x) == out) {
+    throw InvalidArgument("rms_norm: a BF16 output cannot overwrite its FP32 input in place");
+  }
+  if (out_dtype == DType::kF32 && static_cast<const void*>(x) == out && ldo != ldx) {
+    throw InvalidArgument("rms_norm: in place needs ldo == ldx, got " + str(ldo) + " and " +
+                          str(ldx));
+  }
+  if (n == 0) return;
+  if (x == nullptr || weight == nullptr || out == nullptr) {
+    throw InvalidArgument("rms_norm: x, weight and out must be device pointers, got null");
+  }
+  rms_norm_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(
+      x, ldx, weight, out, ldo, out_dtype == DType::kBF16, width, eps);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void rope(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
+          const float* inv_freq, float attention_factor, int64_t n, int64_t count, int dim,
+          cudaStream_t stream) {
+  check_rows("rope", n);
+  if (dim < 2 || dim > 512 || dim % 2 != 0) {
+    throw ShapeError("rope: dim " + std::to_string(dim) + " (need an even dim in [2, 512])");
+  }
+  // Not a full overlap check (layouts may put vectors outside tokens), the obvious mistakes only.
+  if (count < 0 || (count > 1 && ld_vec < dim) || (n > 1 && ld_token < dim)) {
+    throw ShapeError("rope: count " + str(count) + ", dim " + std::to_string(dim) + ", ld_vec " +
+                     str(ld_vec) + ", ld_token " + str(ld_token) +
+                     " (need count >= 0, ld_vec >= dim and ld_token >= dim: vectors must not "
+                     "overlap)");
+  }
+  if (n == 0 || count == 0) return;
+  if (x == nullptr || positions == nullptr || inv_freq == nullptr) {
+    throw InvalidArgument("rope: x, positions and inv_freq must be device pointers, got null");
+  }
+  const int half = dim / 2;
+  const int vectors_per_block = half >= kRowThreads ? 1 : kRowThreads / half;
+  const int64_t chunks = (count + vectors_per_block - 1) / vectors_per_block;
+  if (chunks > 65535) {
+    throw ShapeError("rope: count " + str(count) +
+                     " vectors per token is more than the grid holds");
+  }
+  const dim3 block(static_cast<unsigned>(half), static_cast<unsigned>(vectors_per_block));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(chunks));
+  rope_kernel<<<grid, block, 0, stream>>>(x, ld_token, ld_vec, positions, inv_freq,
+                                          attention_factor, count);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
+              int64_t inner, cudaStream_t stream) {
+  if (n < 0 || inner < 1 || ld_gate_up < 2 * inner || ldo < inner) {
+    throw ShapeError("silu_mul: n " + str(n) + ", inner " + str(inner) + ", ld_gate_up " +
+                     str(ld_gate_up) + ", ldo " + str(ldo) +
+                     " (need n >= 0, inner >= 1, ld_gate_up >= 2 * inner, ldo >= inner)");
+  }
+  if (n == 0) return;
+  if (gate_up == nullptr || out == nullptr) {
+    throw InvalidArgument("silu_mul: gate_up and out must be device pointers, got null");
+  }
+  silu_mul_kernel<<<grid_for(n * inner), kRowThreads, 0, stream>>>(gate_up, ld_gate_up, out, ldo, n,
+                                                                   inner);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f32_to_bf16(const float* in, uint16_t* out, int64_t count, cudaStream_t stream) {
+  if (count < 0) throw ShapeError("convert_f32_to_bf16: count " + str(count) + " < 0");
+  if (count == 0) return;
+  if (in == nullptr || out == nullptr) {
+    throw InvalidArgument("convert_f32_to_bf16: in and out must be device pointers, got null");
+  }
+  convert_kernel<<<grid_for(count), kRowThreads, 0, stream>>>(in, out, count);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void pack_absorbed_queries(const PackQueriesParams& p, cudaStream_t stream) {
+  check_rows("pack_absorbed_queries", p.tokens);
+  if (p.heads < 1 || p.heads_padded < p.heads || p.heads_padded % 16 != 0 ||
+      p.heads_padded > 65535) {
+    throw ShapeError("pack_absorbed_queries: heads " + std::to_string(p.heads) + ", heads_padded " +
+                     std::to_string(p.heads_padded) +
+                     " (need heads >= 1 and heads_padded >= heads a multiple of 16)");
+  }
+  if (p.tokens == 0) return;
+  if (p.q_pe == nullptr || p.out == nullptr) {
+    throw InvalidArgument("pack_absorbed_queries: q_pe and out must be device pointers, got null");
+  }
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads_padded));
+  pack_queries_kernel<<<grid, kPackThreads, 0, stream>>>(p);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const float* src, int64_t ld_src, int64_t src_rows, const int32_t* rows, int64_t m,
+                 void* dst, int64_t ld_dst, DType dst_dtype, int64_t width, cudaStream_t stream) {
+  check_rows("gather_rows", m);
+  check_out_dtype("gather_rows", dst_dtype);
+  if (width < 1 || ld_src < width || ld_dst < width || src_rows < 0) {
+    throw ShapeError("gather_rows: width " + str(width) + ", ld_src " + str(ld_src) + ", ld_dst " +
+                     str(ld_dst) + ", src_rows " + str(src_rows) +
+                     " (need width >= 1, ld_src >= width, ld_dst >= width)");
+  }
+  if (m == 0) return;
+  if (src == nullptr || rows == nullptr || dst == nullptr) {
+    throw InvalidArgument("gather_rows: src, rows and dst must be device pointers, got null");
+  }
+  gather_rows_kernel<<<static_cast<unsigned>(m), kRowThreads, 0, stream>>>(
+      src, ld_src, src_rows, rows, dst, ld_dst, dst_dtype == DType::kBF16, width);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quantmla::gpu

@@ -1,0 +1,542 @@
+// Kernels of moe_ops.h. Routing is one warp per token with the token's scores in shared memory;
+// the top-k selections are rounds of warp-wide arg-max with the lower index winning ties, which is
+// what route_token's stable sort on "greater" produces. The sort is a chunked counting sort whose
+// ranks come from each chunk's own order, so it is stable and needs no atomics beyond the integer
+// histogram (whose counts do not depend on the order of the increments).
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/moe_ops.h"
+#include "quantmla/error.h"
+
+namespace quantmla::gpu {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+constexpr int kRouteWarps = 4;
+constexpr int kExpertsPerLane = kMaxRoutedExperts / 32;
+
+struct RouteKernelParams {
+  const float* logits;  // [n, E], row stride ld_logits
+  int64_t ld_logits;
+  const float* bias;  // [E] or null
+  int32_t* experts;   // [n, top_k]
+  float* weights;     // [n, top_k]
+  int64_t n;
+  MoeRouteParams config;
+};
+
+// Warp-wide arg-max: the largest value, the lower index on ties. Every lane gets the winner.
+__device__ __forceinline__ void warp_argmax(float& value, int& index) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_value = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+    if (other_value > value || (other_value == value && other_index < index)) {
+      value = other_value;
+      index = other_index;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    moe_route_kernel(const __grid_constant__ RouteKernelParams p) {
+  __shared__ float scores_of_warp[kRouteWarps][kMaxRoutedExperts];
+  __shared__ float group_score_of_warp[kRouteWarps][kMaxExpertGroups];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.n) return;  // whole warps: the shuffles below see full warps
+  const MoeRouteParams& c = p.config;
+  const int num_experts = c.num_experts;
+  float* scores = scores_of_warp[warp];
+  float* group_scores = group_score_of_warp[warp];
+  const float* logits = p.logits + t * p.ld_logits;
+
+  // Expert e = lane + 32 j lives in slot j of its lane.
+  float score[kExpertsPerLane];
+  if (c.scoring == MoeScoring::kSigmoid) {
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      score[j] = e < num_experts ? __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logits[e]))) : 0.0f;
+    }
+  } else {
+    float max_logit = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      score[j] = e < num_experts ? logits[e] : -INFINITY;
+      max_logit = fmaxf(max_logit, score[j]);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
+    }
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < num_experts) scores[e] = score[j] = expf(__fsub_rn(score[j], max_logit));
+    }
+    __syncwarp();
+    // The CPU's sum runs in index order in FP32; a serial sum by one lane keeps that order
+    // (E <= 256 additions, negligible next to the router GEMM).
+    float sum = 0.0f;
+    if (lane == 0) {
+      for (int e = 0; e < num_experts; ++e) sum = __fadd_rn(sum, scores[e]);
+    }
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) score[j] = __fdiv_rn(score[j], sum);
+  }
+
+  float choice[kExpertsPerLane];
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    choice[j] = score[j];
+    if (c.method == MoeTopkMethod::kNoauxTc && p.bias != nullptr && e < num_experts) {
+      choice[j] = __fadd_rn(choice[j], p.bias[e]);
+    }
+  }
+  __syncwarp();  // the softmax's lane 0 has finished reading scores[]
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e < num_experts) scores[e] = choice[j];
+  }
+  __syncwarp();
+
+  if (c.method != MoeTopkMethod::kGreedy) {
+    const int group_size = num_experts / c.n_group;
+    const bool sum_top_two = c.method == MoeTopkMethod::kNoauxTc && group_size >= 2;
+    if (lane < c.n_group) {
+      // The two largest members, duplicates counted twice (the CPU sorts the members).
+      float best = -INFINITY;
+      float second = -INFINITY;
+      for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
+        const float v = scores[e];
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      group_scores[lane] = sum_top_two ? __fadd_rn(best, second) : best;
+    }
+    __syncwarp();
+    // Every lane picks the same topk_group groups (n_group <= 8 values, lower index on ties).
+    unsigned kept = 0;
+    for (int r = 0; r < c.topk_group; ++r) {
+      int best_group = -1;
+      for (int g = 0; g < c.n_group; ++g) {
+        if ((kept >> g) & 1u) continue;
+        if (best_group < 0 || group_scores[g] > group_scores[best_group]) best_group = g;
+      }
+      kept |= 1u << best_group;
+    }
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < num_experts && !((kept >> (e / group_size)) & 1u)) choice[j] = 0.0f;
+    }
+  }
+
+  // Scores are needed again for the weights: restore the unbiased ones.
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e < num_experts) scores[e] = score[j];
+  }
+  __syncwarp();
+
+  unsigned taken = 0;  // bit j: expert lane + 32 j chosen already (or past E)
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    if (lane + 32 * j >= num_experts) taken |= 1u << j;
+  }
+  int chosen[kMaxExpertsPerToken];
+  for (int r = 0; r < c.top_k; ++r) {
+    float value = -INFINITY;
+    int index = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (((taken >> j) & 1u) == 0 && (index == INT_MAX || choice[j] > value)) {
+        value = choice[j];  // slots are visited in increasing e, so ">" keeps the lower index
+        index = e;
+      }
+    }
+    warp_argmax(value, index);
+    if (index % 32 == lane) taken |= 1u << (index / 32);
+    chosen[r] = index;
+  }
+
+  if (lane == 0) {
+    float w[kMaxExpertsPerToken];
+    for (int r = 0; r < c.top_k; ++r) w[r] = scores[chosen[r]];
+    const bool is_v3 = c.method == MoeTopkMethod::kNoauxTc;
+    if (c.norm_topk_prob && (is_v3 || c.top_k > 1)) {
+      float denominator = 0.0f;
+      for (int r = 0; r < c.top_k; ++r) denominator = __fadd_rn(denominator, w[r]);
+      denominator = __fadd_rn(denominator, 1e-20f);
+      for (int r = 0; r < c.top_k; ++r) w[r] = __fdiv_rn(w[r], denominator);
+    }
+    // V3 scales always; the V2 reference code scales only when it does not renormalize.
+    if (is_v3 || !c.norm_topk_prob) {
+      for (int r = 0; r < c.top_k; ++r) w[r] = __fmul_rn(w[r], c.routed_scaling_factor);
+    }
+    for (int r = 0; r < c.top_k; ++r) {
+      p.experts[t * c.top_k + r] = chosen[r];
+      p.weights[t * c.top_k + r] = w[r];
+    }
+  }
+}
+
+// ---- sort ----
+
+constexpr int kSortChunk = 256;  // entries per block of the histogram and scatter kernels
+constexpr int kMaxSortExperts = 4096;
+
+// chunk_counts[c, e] = entries of chunk c with expert e.
+__global__ void __launch_bounds__(kSortChunk)
+    sort_histogram_kernel(const int32_t* experts, int64_t entries, int num_experts,
+                          int32_t* chunk_counts) {
+  extern __shared__ int32_t histogram[];  // [num_experts]
+  for (int e = threadIdx.x; e < num_experts; e += kSortChunk) histogram[e] = 0;
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortChunk + threadIdx.x;
+  if (i < entries) {
+    const int32_t e = experts[i];
+    if (e >= 0 && e < num_experts) atomicAdd(&histogram[e], 1);
+  }
+  __syncthreads();
+  int32_t* out = chunk_counts + static_cast<int64_t>(blockIdx.x) * num_experts;
+  for (int e = threadIdx.x; e < num_experts; e += kSortChunk) out[e] = histogram[e];
+}
+
+constexpr int kScanThreads = 1024;
+
+// One block: counts, offsets, and chunk_counts[c, e] rewritten as the first slot of chunk c's
+// entries of expert e.
+__global__ void __launch_bounds__(kScanThreads)
+    sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries,
+                     int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
+  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+  for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
+    int32_t total = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      int32_t& cell = chunk_counts[c * num_experts + e];
+      const int32_t count = cell;
+      cell = total;
+      total += count;
+    }
+    counts[e] = total;
+    first_slot[e] = total;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // E <= 4096 additions
+    int32_t running = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      const int32_t count = first_slot[e];
+      first_slot[e] = running;
+      running += count;
+    }
+    first_slot[num_experts] = running;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) offsets[e] = first_slot[e];
+  for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
+    for (int64_t c = 0; c < chunks; ++c) chunk_counts[c * num_experts + e] += first_slot[e];
+  }
+  for (int64_t s = first_slot[num_experts] + threadIdx.x; s < entries; s += kScanThreads) {
+    token_of_slot[s] = -1;
+  }
+}
+
+__global__ void __launch_bounds__(kSortChunk)
+    sort_scatter_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
+                        const int32_t* chunk_first_slot, int32_t* slot_of, int32_t* token_of_slot) {
+  __shared__ int32_t chunk_experts[kSortChunk];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortChunk + threadIdx.x;
+  const int32_t e = i < entries ? experts[i] : -1;
+  chunk_experts[threadIdx.x] = e;
+  __syncthreads();
+  if (i >= entries) return;
+  if (e < 0 || e >= num_experts) {
+    slot_of[i] = -1;
+    return;
+  }
+  int32_t rank = 0;  // earlier entries of this chunk with the same expert: the stable order
+  for (int j = 0; j < static_cast<int>(threadIdx.x); ++j) rank += chunk_experts[j] == e;
+  const int32_t slot = chunk_first_slot[static_cast<int64_t>(blockIdx.x) * num_experts + e] + rank;
+  slot_of[i] = slot;
+  token_of_slot[slot] = static_cast<int32_t>(i / k);
+}
+
+// ---- gather / combine ----
+
+constexpr int kCopyThreads = 256;
+
+template <bool kVector>
+__global__ void __launch_bounds__(kCopyThreads)
+    moe_gather_kernel(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token_of_slot,
+                      uint16_t* sorted, int64_t ld_sorted, int64_t d) {
+  const int64_t s = blockIdx.x;
+  const int64_t token = token_of_slot[s];
+  const bool valid = token >= 0 && token < n;
+  uint16_t* out = sorted + s * ld_sorted;
+  const uint16_t* in = h + (valid ? token : 0) * ld_h;
+  if constexpr (kVector) {  // 8 BF16 values per 16-byte access
+    const int64_t vectors = d / 8;
+    for (int64_t v = threadIdx.x; v < vectors; v += kCopyThreads) {
+      reinterpret_cast<uint4*>(out)[v] =
+          valid ? reinterpret_cast<const uint4*>(in)[v] : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < d; c += kCopyThreads) out[c] = valid ? in[c] : 0;
+  }
+}
+
+__global__ void __launch_bounds__(kCopyThreads)
+    moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+                       const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d) {
+  const int64_t total = n * d;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = index / d;
+    const int64_t c = index - t * d;
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int32_t slot = slot_of[t * k + j];
+      if (slot < 0) continue;
+      sum = __fmaf_rn(weights[t * k + j], expert_out[slot * ld_expert_out + c], sum);
+    }
+    float& target = x[t * ld_x + c];
+    target = __fadd_rn(target, sum);
+  }
+}
+
+unsigned grid_for(int64_t count) {
+  const int64_t blocks = (count + kCopyThreads - 1) / kCopyThreads;
+  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+}  // namespace
+
+MoeRouteParams moe_route_params(const ModelConfig& config) {
+  MoeRouteParams p;
+  p.num_experts = static_cast<int>(config.n_routed_experts);
+  p.top_k = static_cast<int>(config.num_experts_per_tok);
+  if (config.scoring_func == "softmax") {
+    p.scoring = MoeScoring::kSoftmax;
+  } else if (config.scoring_func == "sigmoid") {
+    p.scoring = MoeScoring::kSigmoid;
+  } else {
+    throw InvalidArgument("unsupported scoring_func \"" + config.scoring_func + "\"");
+  }
+  if (config.topk_method == "greedy") {
+    p.method = MoeTopkMethod::kGreedy;
+  } else if (config.topk_method == "group_limited_greedy") {
+    p.method = MoeTopkMethod::kGroupLimitedGreedy;
+  } else if (config.topk_method == "noaux_tc") {
+    p.method = MoeTopkMethod::kNoauxTc;
+  } else {
+    throw InvalidArgument("unsupported topk_method \"" + config.topk_method + "\"");
+  }
+  p.n_group = static_cast<int>(config.n_group);
+  p.topk_group = static_cast<int>(config.topk_group);
+  p.norm_topk_prob = config.norm_topk_prob;
+  p.routed_scaling_factor = static_cast<float>(config.routed_scaling_factor);
+  return p;
+}
+
+void moe_route(const float* router_logits, int64_t ld_logits, const float* correction_bias,
+               int32_t* out_experts, float* out_weights, int64_t n, const MoeRouteParams& params,
+               cudaStream_t stream) {
+  const MoeRouteParams& c = params;
+  if (c.num_experts < 1 || c.num_experts > kMaxRoutedExperts) {
+    throw InvalidArgument("moe_route: " + std::to_string(c.num_experts) +
+                          " experts (the kernel takes 1.." + std::to_string(kMaxRoutedExperts) +
+                          ")");
+  }
+  if (c.top_k < 1 || c.top_k > kMaxExpertsPerToken || c.top_k > c.num_experts) {
+    throw InvalidArgument("moe_route: top_k " + std::to_string(c.top_k) + " with " +
+                          std::to_string(c.num_experts) + " experts (the kernel takes 1.." +
+                          std::to_string(kMaxExpertsPerToken) + ", at most E)");
+  }
+  if (c.method != MoeTopkMethod::kGreedy &&
+      (c.n_group < 1 || c.n_group > kMaxExpertGroups || c.num_experts % c.n_group != 0 ||
+       c.topk_group < 1 || c.topk_group > c.n_group)) {
+    throw InvalidArgument("moe_route: n_group " + std::to_string(c.n_group) + ", topk_group " +
+                          std::to_string(c.topk_group) + " with " + std::to_string(c.num_experts) +
+                          " experts (need n_group in 1.." + std::to_string(kMaxExpertGroups) +
+                          " dividing E and topk_group in 1..n_group)");
+  }
+  if (n < 0 || ld_logits < c.num_experts) {
+    throw ShapeError("moe_route: n " + str(n) + ", ld_logits " + str(ld_logits) + " for " +
+                     std::to_string(c.num_experts) + " experts (need n >= 0, ld_logits >= E)");
+  }
+  const int64_t blocks = (n + kRouteWarps - 1) / kRouteWarps;
+  if (blocks > INT_MAX) throw ShapeError("moe_route: " + str(n) + " tokens are too many");
+  if (n == 0) return;
+  if (router_logits == nullptr || out_experts == nullptr || out_weights == nullptr) {
+    throw InvalidArgument(
+        "moe_route: router_logits, out_experts and out_weights must be device pointers, got null");
+  }
+  RouteKernelParams kernel{
+      router_logits, ld_logits, correction_bias, out_experts, out_weights, n, c};
+  moe_route_kernel<<<static_cast<unsigned>(blocks), 32 * kRouteWarps, 0, stream>>>(kernel);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+size_t moe_sort_workspace_bytes(int64_t n, int k, int num_experts) {
+  const int64_t entries = n * k;
+  const int64_t chunks = (entries + kSortChunk - 1) / kSortChunk;
+  return static_cast<size_t>(chunks) * static_cast<size_t>(num_experts) * sizeof(int32_t);
+}
+
+void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
+              const MoeSortBuffers& buffers, cudaStream_t stream) {
+  if (num_experts < 1 || num_experts > kMaxSortExperts || k < 1 || n < 0) {
+    throw InvalidArgument("moe_sort: " + std::to_string(num_experts) + " experts, k " +
+                          std::to_string(k) + ", n " + str(n) + " (need E in 1.." +
+                          std::to_string(kMaxSortExperts) + ", k >= 1, n >= 0)");
+  }
+  const int64_t entries = n * k;
+  const int64_t chunks = (entries + kSortChunk - 1) / kSortChunk;
+  if (entries > INT_MAX) {
+    throw ShapeError("moe_sort: " + str(entries) + " entries do not fit int32 slots");
+  }
+  if (buffers.counts == nullptr || buffers.offsets == nullptr ||
+      (entries > 0 && (buffers.slot_of == nullptr || buffers.token_of_slot == nullptr ||
+                       buffers.workspace == nullptr || experts == nullptr))) {
+    throw InvalidArgument(
+        "moe_sort: experts, counts, offsets, slot_of, token_of_slot and the "
+        "workspace must be device pointers, got null");
+  }
+  if (reinterpret_cast<uintptr_t>(buffers.workspace) % alignof(int32_t) != 0) {
+    throw InvalidArgument("moe_sort: the workspace must be 4-byte aligned");
+  }
+  auto* chunk_counts = static_cast<int32_t*>(buffers.workspace);
+  const size_t histogram_bytes = static_cast<size_t>(num_experts) * sizeof(int32_t);
+  if (chunks > 0) {
+    sort_histogram_kernel<<<static_cast<unsigned>(chunks), kSortChunk, histogram_bytes, stream>>>(
+        experts, entries, num_experts, chunk_counts);
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+  }
+  // With no entries this still writes zero counts and offsets.
+  sort_scan_kernel<<<1, kScanThreads, histogram_bytes + sizeof(int32_t), stream>>>(
+      chunk_counts, chunks, num_experts, entries, buffers.counts, buffers.offsets,
+      buffers.token_of_slot);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+  if (chunks > 0) {
+    sort_scatter_kernel<<<static_cast<unsigned>(chunks), kSortChunk, 0, stream>>>(
+        experts, entries, k, num_experts, chunk_counts, buffers.slot_of, buffers.token_of_slot);
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token_of_slot,
+                int64_t slots, uint16_t* sorted, int64_t ld_sorted, int64_t d,
+                cudaStream_t stream) {
+  if (slots < 0 || slots > INT_MAX || d < 1 || ld_h < d || ld_sorted < d || n < 0) {
+    throw ShapeError("moe_gather: slots " + str(slots) + ", d " + str(d) + ", ld_h " + str(ld_h) +
+                     ", ld_sorted " + str(ld_sorted) + ", n " + str(n) +
+                     " (need 0 <= slots <= 2^31 - 1, d >= 1, ld_h >= d, ld_sorted >= d)");
+  }
+  if (slots == 0) return;
+  if (h == nullptr || token_of_slot == nullptr || sorted == nullptr) {
+    throw InvalidArgument(
+        "moe_gather: h, token_of_slot and sorted must be device pointers, got "
+        "null");
+  }
+  const bool vector = d % 8 == 0 && ld_h % 8 == 0 && ld_sorted % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(sorted) % 16 == 0;
+  const auto blocks = static_cast<unsigned>(slots);
+  if (vector) {
+    moe_gather_kernel<true>
+        <<<blocks, kCopyThreads, 0, stream>>>(h, ld_h, n, token_of_slot, sorted, ld_sorted, d);
+  } else {
+    moe_gather_kernel<false>
+        <<<blocks, kCopyThreads, 0, stream>>>(h, ld_h, n, token_of_slot, sorted, ld_sorted, d);
+  }
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+                 const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+                 cudaStream_t stream) {
+  if (n < 0 || k < 1 || d < 1 || ld_expert_out < d || ld_x < d) {
+    throw ShapeError("moe_combine: n " + str(n) + ", k " + std::to_string(k) + ", d " + str(d) +
+                     ", ld_expert_out " + str(ld_expert_out) + ", ld_x " + str(ld_x) +
+                     " (need n >= 0, k >= 1, d >= 1, ld_expert_out >= d, ld_x >= d)");
+  }
+  if (n == 0) return;
+  if (expert_out == nullptr || slot_of == nullptr || weights == nullptr || x == nullptr) {
+    throw InvalidArgument(
+        "moe_combine: expert_out, slot_of, weights and x must be device pointers, got null");
+  }
+  moe_combine_kernel<<<grid_for(n * d), kCopyThreads, 0, stream>>>(
+      expert_out, ld_expert_out, slot_of, weights, x, ld_x, n, k, d);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+void moe_expert_mlps(GemmRunner& gemm, const int32_t* host_offsets, int num_experts,
+                     const uint16_t* sorted, int64_t ld_sorted, const MoeExpertWeights& weights,
+                     int64_t d, int64_t inner, float* gate_up, uint16_t* act, float* out,
+                     int64_t ld_out, cudaStream_t stream) {
+  if (host_offsets == nullptr || num_experts < 1) {
+    throw InvalidArgument("moe_expert_mlps: host_offsets null or " + std::to_string(num_experts) +
+                          " experts");
+  }
+  if (host_offsets[0] != 0) {
+    throw InvalidArgument("moe_expert_mlps: offsets[0] is " + std::to_string(host_offsets[0]) +
+                          ", not 0");
+  }
+  for (int e = 0; e < num_experts; ++e) {
+    if (host_offsets[e + 1] < host_offsets[e]) {
+      throw InvalidArgument("moe_expert_mlps: offsets decrease at expert " + std::to_string(e) +
+                            " (" + std::to_string(host_offsets[e]) + " then " +
+                            std::to_string(host_offsets[e + 1]) + ")");
+    }
+  }
+  const int64_t slots = host_offsets[num_experts];
+  if (slots == 0) return;
+  if (weights.gate == nullptr || weights.up == nullptr || weights.down == nullptr) {
+    throw InvalidArgument("moe_expert_mlps: the gate, up and down pointer arrays must be set");
+  }
+  const int64_t ld_gate_up = 2 * inner;
+  for (int e = 0; e < num_experts; ++e) {
+    const int64_t begin = host_offsets[e];
+    const int64_t rows = host_offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    if (weights.gate[e] == nullptr || weights.up[e] == nullptr || weights.down[e] == nullptr) {
+      throw InvalidArgument("moe_expert_mlps: expert " + std::to_string(e) + " has " + str(rows) +
+                            " rows but a null weight");
+    }
+    const uint16_t* x = sorted + begin * ld_sorted;
+    float* y = gate_up + begin * ld_gate_up;
+    gemm.linear(rows, inner, d, x, ld_sorted, weights.gate[e], d, y, ld_gate_up, DType::kF32, 0.0f,
+                stream);
+    gemm.linear(rows, inner, d, x, ld_sorted, weights.up[e], d, y + inner, ld_gate_up, DType::kF32,
+                0.0f, stream);
+  }
+  silu_mul(gate_up, ld_gate_up, act, inner, slots, inner, stream);
+  for (int e = 0; e < num_experts; ++e) {
+    const int64_t begin = host_offsets[e];
+    const int64_t rows = host_offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    gemm.linear(rows, d, inner, act + begin * inner, inner, weights.down[e], inner,
+                out + begin * ld_out, ld_out, DType::kF32, 0.0f, stream);
+  }
+}
+
+}  // namespace quantmla::gpu

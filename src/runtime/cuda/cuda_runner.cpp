@@ -1,0 +1,707 @@
+// The CUDA runner: the whole DeepSeek forward on one GPU over a device PagePool. Weights are
+// uploaded once as BF16 (checkpoint BF16 tensors byte for byte, others rounded one tensor at a
+// time, never a host copy of the whole model); GEMMs run on cuBLASLt (BF16 in, FP32 accumulate);
+// the residual stream stays FP32; attention writes the new rows with mla_write and reads the pool
+// with mla_decode, prefill chunks included (s_q = the chunk's length, causal by position).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/sampling.h"
+#include "model/rope.h"
+#include "quantmla/dtype.h"
+#include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
+#include "quantmla/runner.h"
+#include "quantmla/safetensors.h"
+
+namespace quantmla {
+namespace {
+
+size_t sz(int64_t count) { return static_cast<size_t>(count); }
+
+// One cudaMalloc for many buffers, each aligned to 256 bytes: the weights, and the step's
+// activations (sized once for the largest step).
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() { cudaFree(base_); }
+
+  // First pass: count; second pass (after allocate()): hand out.
+  template <class T>
+  T* take(int64_t count) {
+    const int64_t bytes = (count * static_cast<int64_t>(sizeof(T)) + 255) / 256 * 256;
+    const int64_t offset = used_;
+    used_ += bytes;
+    if (base_ == nullptr) return nullptr;
+    if (used_ > size_) throw InvalidArgument("device arena overrun (internal)");
+    return reinterpret_cast<T*>(static_cast<uint8_t*>(base_) + offset);
+  }
+  void allocate() {
+    size_ = used_;
+    used_ = 0;
+    QUANTMLA_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(std::max<int64_t>(size_, 256))));
+  }
+  int64_t bytes() const { return size_; }
+
+ private:
+  void* base_ = nullptr;
+  int64_t used_ = 0;
+  int64_t size_ = 0;
+};
+
+class DevicePageStorage final : public PageStorage {
+ public:
+  DevicePageStorage(int64_t num_layers, int64_t layer_bytes) : layer_bytes_(layer_bytes) {
+    QUANTMLA_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(num_layers * layer_bytes)));
+  }
+  ~DevicePageStorage() override { cudaFree(base_); }
+  PoolMemory memory() const override { return PoolMemory::kDevice; }
+  uint8_t* layer_pages(int64_t layer) override { return base_ + layer * layer_bytes_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  int64_t layer_bytes_;
+};
+
+struct DeviceLinear {
+  const uint16_t* w = nullptr;  // [out, in] BF16
+  int64_t out = 0, in = 0;
+};
+struct DeviceMlp {
+  DeviceLinear gate, up, down;
+};
+struct DeviceLayer {
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  DeviceLinear q_a, q_b, q, kv_a, kv_b, o;
+  const float* q_a_norm = nullptr;
+  const float* kv_a_norm = nullptr;
+  bool is_moe = false;
+  DeviceMlp mlp;  // dense layers
+  DeviceLinear router;
+  const float* correction_bias = nullptr;
+  std::vector<const uint16_t*> expert_gate, expert_up, expert_down;  // host arrays of pointers
+  bool has_shared = false;
+  DeviceMlp shared;
+};
+
+// Uploads the checkpoint's tensors: matrices as BF16, vectors (norms, biases) as FP32.
+class WeightUploader {
+ public:
+  WeightUploader(const TensorStore& store, DeviceArena& arena, bool counting)
+      : store_(store), arena_(arena), counting_(counting) {}
+
+  DeviceLinear linear(const std::string& name, int64_t out, int64_t in) {
+    const TensorView& view = store_.get(name + ".weight", {out, in});
+    uint16_t* device = arena_.take<uint16_t>(view.numel());
+    if (!counting_) {
+      if (view.dtype == DType::kBF16) {
+        QUANTMLA_CUDA_CHECK(cudaMemcpy(device, view.data, view.nbytes, cudaMemcpyHostToDevice));
+      } else {
+        const std::vector<float> values = to_f32(view);
+        std::vector<uint16_t> bits(values.size());
+        for (size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+        QUANTMLA_CUDA_CHECK(
+            cudaMemcpy(device, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+      }
+    }
+    return {device, out, in};
+  }
+  const float* vector(const std::string& name, int64_t size) {
+    const TensorView& view = store_.get(name, {size});
+    float* device = arena_.take<float>(size);
+    if (!counting_) {
+      const std::vector<float> values = to_f32(view);
+      QUANTMLA_CUDA_CHECK(
+          cudaMemcpy(device, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+    }
+    return device;
+  }
+  DeviceMlp mlp(const std::string& prefix, int64_t hidden, int64_t inner) {
+    return {linear(prefix + ".gate_proj", inner, hidden), linear(prefix + ".up_proj", inner, hidden),
+            linear(prefix + ".down_proj", hidden, inner)};
+  }
+
+ private:
+  const TensorStore& store_;
+  DeviceArena& arena_;
+  bool counting_;
+};
+
+struct DeviceModel {
+  const uint16_t* embed = nullptr;  // [vocab, hidden] BF16
+  std::vector<DeviceLayer> layers;
+  const float* final_norm = nullptr;
+  DeviceLinear lm_head;
+  const float* inv_freq = nullptr;
+};
+
+DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceArena& arena,
+                         bool counting, const std::vector<float>& inv_freq) {
+  WeightUploader up(store, arena, counting);
+  DeviceModel model;
+  model.embed = up.linear("model.embed_tokens", c.vocab_size, c.hidden_size).w;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    DeviceLayer layer;
+    layer.input_norm = up.vector(p + "input_layernorm.weight", c.hidden_size);
+    layer.post_norm = up.vector(p + "post_attention_layernorm.weight", c.hidden_size);
+    const std::string a = p + "self_attn.";
+    const int64_t qk = c.qk_head_dim();
+    if (c.q_lora_rank > 0) {
+      layer.q_a = up.linear(a + "q_a_proj", c.q_lora_rank, c.hidden_size);
+      layer.q_a_norm = up.vector(a + "q_a_layernorm.weight", c.q_lora_rank);
+      layer.q_b = up.linear(a + "q_b_proj", c.num_heads * qk, c.q_lora_rank);
+    } else {
+      layer.q = up.linear(a + "q_proj", c.num_heads * qk, c.hidden_size);
+    }
+    layer.kv_a = up.linear(a + "kv_a_proj_with_mqa", c.cache_row_width(), c.hidden_size);
+    layer.kv_a_norm = up.vector(a + "kv_a_layernorm.weight", c.kv_lora_rank);
+    layer.kv_b = up.linear(a + "kv_b_proj", c.num_heads * (c.qk_nope_head_dim + c.v_head_dim),
+                           c.kv_lora_rank);
+    layer.o = up.linear(a + "o_proj", c.hidden_size, c.num_heads * c.v_head_dim);
+    layer.is_moe = c.is_moe_layer(l);
+    if (layer.is_moe) {
+      const std::string m = p + "mlp.";
+      layer.router = up.linear(m + "gate", c.n_routed_experts, c.hidden_size);
+      if (c.topk_method == "noaux_tc") {
+        layer.correction_bias = up.vector(m + "gate.e_score_correction_bias", c.n_routed_experts);
+      }
+      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        const DeviceMlp expert =
+            up.mlp(m + "experts." + std::to_string(e), c.hidden_size, c.moe_intermediate_size);
+        layer.expert_gate.push_back(expert.gate.w);
+        layer.expert_up.push_back(expert.up.w);
+        layer.expert_down.push_back(expert.down.w);
+      }
+      if (c.n_shared_experts > 0) {
+        layer.has_shared = true;
+        layer.shared = up.mlp(m + "shared_experts", c.hidden_size,
+                              c.n_shared_experts * c.moe_intermediate_size);
+      }
+    } else {
+      layer.mlp = up.mlp(p + "mlp", c.hidden_size, c.intermediate_size);
+    }
+    model.layers.push_back(std::move(layer));
+  }
+  model.final_norm = up.vector("model.norm.weight", c.hidden_size);
+  if (c.tie_word_embeddings && !store.contains("lm_head.weight")) {
+    model.lm_head = {model.embed, c.vocab_size, c.hidden_size};
+  } else {
+    model.lm_head = up.linear("lm_head", c.vocab_size, c.hidden_size);
+  }
+  float* freq = arena.take<float>(static_cast<int64_t>(inv_freq.size()));
+  if (!counting) {
+    QUANTMLA_CUDA_CHECK(
+        cudaMemcpy(freq, inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  }
+  model.inv_freq = freq;
+  return model;
+}
+
+// What the GPU kernels need of a model; anything else is refused at load, naming the value.
+void check_model(const ModelConfig& c) {
+  const auto refuse = [](const std::string& what) {
+    throw InvalidArgument("the CUDA runner cannot run this model: " + what);
+  };
+  if (c.kv_lora_rank != gpu::kLatentDim || c.qk_rope_head_dim != gpu::kRopeDim) {
+    refuse("kv_lora_rank " + std::to_string(c.kv_lora_rank) + " and qk_rope_head_dim " +
+           std::to_string(c.qk_rope_head_dim) + " (the kernels need " +
+           std::to_string(gpu::kLatentDim) + " and " + std::to_string(gpu::kRopeDim) + ")");
+  }
+  if (c.n_routed_experts > gpu::kMaxRoutedExperts) {
+    refuse(std::to_string(c.n_routed_experts) + " routed experts (at most " +
+           std::to_string(gpu::kMaxRoutedExperts) + ")");
+  }
+  if (c.n_routed_experts > 0 && c.num_experts_per_tok > gpu::kMaxExpertsPerToken) {
+    refuse(std::to_string(c.num_experts_per_tok) + " experts per token (at most " +
+           std::to_string(gpu::kMaxExpertsPerToken) + ")");
+  }
+  if (c.n_routed_experts > 0 && c.n_group > gpu::kMaxExpertGroups) {
+    refuse(std::to_string(c.n_group) + " expert groups (at most " +
+           std::to_string(gpu::kMaxExpertGroups) + ")");
+  }
+}
+
+class CudaRunner final : public Runner {
+ public:
+  CudaRunner(const std::filesystem::path& dir, const CudaRunnerOptions& options)
+      : options_(options) {
+    QUANTMLA_CUDA_CHECK(cudaSetDevice(options.device));
+    cudaDeviceProp prop{};
+    QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
+    device_name_ = prop.name;
+    if (!std::filesystem::exists(dir / "config.json")) {
+      throw IoError("model directory " + dir.string() + " has no config.json");
+    }
+    config_ = ModelConfig::from_file(dir / "config.json");
+    check_model(config_);
+    if (options.max_batch_tokens < 1 || options.max_sequences < 1) {
+      throw InvalidArgument("CUDA runner: max_batch_tokens " +
+                            std::to_string(options.max_batch_tokens) + " and max_sequences " +
+                            std::to_string(options.max_sequences) + " must be positive");
+    }
+    const Rope rope(config_);
+    attention_factor_ = rope.attention_factor();
+    const TensorStore store = TensorStore::open_dir(dir);
+    upload_model(config_, store, weights_arena_, /*counting=*/true, rope.inv_freq());
+    weights_arena_.allocate();
+    model_ = upload_model(config_, store, weights_arena_, /*counting=*/false, rope.inv_freq());
+    size_activations();
+    activations_.allocate();
+    size_activations();
+    QUANTMLA_CUDA_CHECK(cudaStreamCreate(&stream_));
+    gemm_ = std::make_unique<gpu::GemmRunner>();
+    if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
+    std::fprintf(stderr,
+                 "cuda runner: %s, weights %.2f GiB (BF16), activations %.2f GiB for %lld tokens "
+                 "a step\n",
+                 device_name_.c_str(), weights_arena_.bytes() / double(1 << 30),
+                 activations_.bytes() / double(1 << 30),
+                 static_cast<long long>(options.max_batch_tokens));
+  }
+  ~CudaRunner() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  std::string device() const override { return device_name_; }
+  StepStats last_step_stats() const override { return stats_; }
+
+  std::unique_ptr<PagePool> make_pool(const CacheFormat& format, int64_t num_pages) override {
+    gpu::check_gpu_format(format);
+    const CacheShape shape{config_.num_layers, config_.kv_lora_rank, config_.qk_rope_head_dim};
+    const int64_t layer_bytes = std::max<int64_t>(num_pages, 1) * kPageTokens *
+                                format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
+    return std::make_unique<PagePool>(
+        shape, format, num_pages,
+        std::make_unique<DevicePageStorage>(shape.num_layers, layer_bytes));
+  }
+
+  void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) override {
+    if (pool.memory() != PoolMemory::kDevice) {
+      throw InvalidArgument("step: the CUDA runner needs a pool made by make_pool (device memory)");
+    }
+    check_step(batch, pool, config_, outputs);
+    const int64_t n = batch.num_tokens();
+    if (n > options_.max_batch_tokens ||
+        static_cast<int64_t>(batch.chunks.size()) > options_.max_sequences) {
+      throw InvalidArgument("step: " + std::to_string(n) + " tokens of " +
+                            std::to_string(batch.chunks.size()) +
+                            " sequences, the runner was sized for " +
+                            std::to_string(options_.max_batch_tokens) + " tokens and " +
+                            std::to_string(options_.max_sequences) + " sequences");
+    }
+    stats_ = {};
+    prepare(batch, pool);
+    for (int64_t l = 0; l < config_.num_layers; ++l) run_layer(l, pool);
+    finish(batch, pool, outputs);
+  }
+
+ private:
+  // Chunks of equal length share one attention call (s_q = that length), so the step's tokens are
+  // laid out group by group; logits come back in the caller's chunk order.
+  struct Group {
+    int64_t first_chunk;  // in the grouped order
+    int64_t num_chunks;
+    int64_t first_token;
+    int64_t s_q;
+    std::unique_ptr<gpu::MlaDecodePlan> plan;
+  };
+
+  void size_activations() {
+    DeviceArena& a = activations_;
+    const ModelConfig& c = config_;
+    const int64_t t = options_.max_batch_tokens;
+    const int64_t heads = c.num_heads, hp = gpu::padded_heads(static_cast<int>(heads));
+    const int64_t k = std::max<int64_t>(c.num_experts_per_tok, 1);
+    const int64_t inner = std::max({c.intermediate_size, c.n_shared_experts *
+                                                             c.moe_intermediate_size});
+    buf_.ids = a.take<int32_t>(t);
+    buf_.positions = a.take<int32_t>(t);
+    buf_.seq_ids = a.take<int32_t>(t);
+    buf_.x = a.take<float>(t * c.hidden_size);
+    buf_.h = a.take<uint16_t>(t * c.hidden_size);
+    buf_.q_low = a.take<float>(t * std::max<int64_t>(c.q_lora_rank, 1));
+    buf_.q_low_bf16 = a.take<uint16_t>(t * std::max<int64_t>(c.q_lora_rank, 1));
+    buf_.q = a.take<float>(t * heads * c.qk_head_dim());
+    buf_.q_bf16 = a.take<uint16_t>(t * heads * c.qk_head_dim());
+    buf_.kv = a.take<float>(t * c.cache_row_width());
+    buf_.latent = a.take<float>(t * c.kv_lora_rank);
+    buf_.k_pe = a.take<float>(t * c.qk_rope_head_dim);
+    buf_.q_dec = a.take<uint16_t>(t * hp * gpu::kKeyDim);
+    buf_.attn = a.take<uint16_t>(t * hp * gpu::kLatentDim);
+    buf_.head_out = a.take<uint16_t>(t * heads * c.v_head_dim);
+    buf_.gate_up = a.take<float>(t * 2 * inner);
+    buf_.act = a.take<uint16_t>(t * inner);
+    buf_.block_table = a.take<int32_t>(options_.max_sequences * max_pages_per_sequence());
+    buf_.seq_lens = a.take<int32_t>(options_.max_sequences);
+    buf_.logit_rows = a.take<int32_t>(t);
+    buf_.final_rows = a.take<float>(t * c.hidden_size);
+    buf_.logits = a.take<float>(t * c.vocab_size);
+    buf_.sample_params = a.take<gpu::SampleParams>(t);
+    buf_.sampled = a.take<int32_t>(t);
+    if (c.n_routed_experts > 0) {
+      const int64_t e = c.n_routed_experts, slots = t * k;
+      buf_.router_logits = a.take<float>(t * e);
+      buf_.experts = a.take<int32_t>(slots);
+      buf_.expert_weights = a.take<float>(slots);
+      buf_.sort.counts = a.take<int32_t>(e);
+      buf_.sort.offsets = a.take<int32_t>(e + 1);
+      buf_.sort.slot_of = a.take<int32_t>(slots);
+      buf_.sort.token_of_slot = a.take<int32_t>(slots);
+      buf_.sort.workspace = a.take<uint8_t>(static_cast<int64_t>(
+          gpu::moe_sort_workspace_bytes(t, static_cast<int>(k), static_cast<int>(e))));
+      buf_.sorted = a.take<uint16_t>(slots * c.hidden_size);
+      buf_.expert_gate_up = a.take<float>(slots * 2 * c.moe_intermediate_size);
+      buf_.expert_act = a.take<uint16_t>(slots * c.moe_intermediate_size);
+      buf_.expert_out = a.take<float>(slots * c.hidden_size);
+    }
+  }
+
+  int64_t max_pages_per_sequence() const {
+    return PagePool::pages_for_tokens(config_.max_position_embeddings);
+  }
+
+  // Lays out the step: token order by group, block table, positions, decode plans.
+  void prepare(const StepBatch& batch, PagePool& pool) {
+    const int64_t chunks = static_cast<int64_t>(batch.chunks.size());
+    order_.resize(sz(chunks));
+    for (int64_t i = 0; i < chunks; ++i) order_[sz(i)] = i;
+    std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
+      return batch.chunks[a].tokens.size() < batch.chunks[b].tokens.size();
+    });
+    int64_t stride = 1;
+    for (const SequenceChunk& chunk : batch.chunks) {
+      stride = std::max<int64_t>(stride, pool.block_table(chunk.sequence).size());
+    }
+    if (stride > max_pages_per_sequence()) {
+      throw InvalidArgument("step: a sequence holds " + std::to_string(stride) +
+                            " pages, more than max_position_embeddings allows");
+    }
+    block_stride_ = stride;
+    host_ids_.clear();
+    host_positions_.clear();
+    host_seq_ids_.clear();
+    host_seq_lens_.assign(sz(chunks), 0);
+    host_block_table_.assign(sz(chunks * stride), 0);
+    chunk_first_token_.assign(sz(chunks), 0);
+    groups_.clear();
+    for (int64_t g = 0; g < chunks; ++g) {
+      const SequenceChunk& chunk = batch.chunks[order_[sz(g)]];
+      const int64_t s_q = static_cast<int64_t>(chunk.tokens.size());
+      const int64_t pos0 = pool.length(chunk.sequence);
+      if (groups_.empty() || groups_.back().s_q != s_q) {
+        groups_.push_back({g, 0, static_cast<int64_t>(host_ids_.size()), s_q, nullptr});
+      }
+      ++groups_.back().num_chunks;
+      chunk_first_token_[sz(order_[sz(g)])] = static_cast<int64_t>(host_ids_.size());
+      for (int64_t i = 0; i < s_q; ++i) {
+        host_ids_.push_back(chunk.tokens[sz(i)]);
+        host_positions_.push_back(static_cast<int32_t>(pos0 + i));
+        host_seq_ids_.push_back(static_cast<int32_t>(g));
+      }
+      host_seq_lens_[sz(g)] = static_cast<int32_t>(pos0 + s_q);
+      const std::vector<int32_t>& table = pool.block_table(chunk.sequence);
+      std::copy(table.begin(), table.end(), host_block_table_.begin() + g * stride);
+    }
+    const int hp = gpu::padded_heads(config_.num_heads);
+    for (Group& group : groups_) {
+      const std::vector<int32_t> lens(host_seq_lens_.begin() + group.first_chunk,
+                                      host_seq_lens_.begin() + group.first_chunk + group.num_chunks);
+      group.plan = std::make_unique<gpu::MlaDecodePlan>(pool.format(), lens,
+                                                        static_cast<int>(group.s_q), hp);
+    }
+    const auto upload = [&](auto* device, const auto& host) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(host[0]),
+                                          cudaMemcpyHostToDevice, stream_));
+    };
+    upload(buf_.ids, host_ids_);
+    upload(buf_.positions, host_positions_);
+    upload(buf_.seq_ids, host_seq_ids_);
+    upload(buf_.seq_lens, host_seq_lens_);
+    upload(buf_.block_table, host_block_table_);
+    n_ = static_cast<int64_t>(host_ids_.size());
+    gpu::embed(buf_.ids, model_.embed, buf_.x, n_, config_.hidden_size, config_.vocab_size,
+               stream_);
+  }
+
+  void run_layer(int64_t l, PagePool& pool) {
+    const ModelConfig& c = config_;
+    const DeviceLayer& layer = model_.layers[sz(l)];
+    const int64_t d = c.hidden_size, heads = c.num_heads, qk = c.qk_head_dim();
+    const int64_t nope = c.qk_nope_head_dim, v_dim = c.v_head_dim, rank = c.kv_lora_rank;
+    const int hp = gpu::padded_heads(static_cast<int>(heads));
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const int64_t n = n_;
+    const auto linear = [&](const DeviceLinear& w, const uint16_t* x, int64_t ldx, void* y,
+                            int64_t ldy, DType out, float beta) {
+      gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta);
+    };
+
+    gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    if (c.q_lora_rank > 0) {
+      linear(layer.q_a, buf_.h, d, buf_.q_low, c.q_lora_rank, DType::kF32, 0.0f);
+      gpu::rms_norm(buf_.q_low, c.q_lora_rank, layer.q_a_norm, buf_.q_low_bf16, c.q_lora_rank,
+                    DType::kBF16, n, c.q_lora_rank, eps, stream_);
+      linear(layer.q_b, buf_.q_low_bf16, c.q_lora_rank, buf_.q, heads * qk, DType::kF32, 0.0f);
+    } else {
+      linear(layer.q, buf_.h, d, buf_.q, heads * qk, DType::kF32, 0.0f);
+    }
+    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
+    const int64_t width = c.cache_row_width();
+    linear(layer.kv_a, buf_.h, d, buf_.kv, width, DType::kF32, 0.0f);
+    gpu::rms_norm(buf_.kv, width, layer.kv_a_norm, buf_.latent, rank, DType::kF32, n, rank, eps,
+                  stream_);
+    gpu::rope(buf_.kv + rank, width, c.qk_rope_head_dim, buf_.positions, model_.inv_freq,
+              attention_factor_, n, 1, static_cast<int>(c.qk_rope_head_dim), stream_);
+    QUANTMLA_CUDA_CHECK(cudaMemcpy2DAsync(buf_.k_pe, c.qk_rope_head_dim * 4, buf_.kv + rank,
+                                          width * 4, c.qk_rope_head_dim * 4, sz(n),
+                                          cudaMemcpyDeviceToDevice, stream_));
+    gpu::rope(buf_.q + nope, heads * qk, qk, buf_.positions, model_.inv_freq, attention_factor_,
+              n, heads, static_cast<int>(c.qk_rope_head_dim), stream_);
+
+    uint8_t* pages = pool.storage().layer_pages(l);
+    gpu::MlaWriteParams write;
+    write.c = buf_.latent;
+    write.k_pe = buf_.k_pe;
+    write.seq_ids = buf_.seq_ids;
+    write.positions = buf_.positions;
+    write.pool = pages;
+    write.block_table = buf_.block_table;
+    write.block_table_stride = block_stride_;
+    write.num_tokens = n;
+    gpu::mla_write(pool.format(), write, stream_);
+
+    // Absorbed queries: q_dec[t, h] = [bf16(q_nope_h W_UK_h) ; bf16(q_pe_h)], padding heads 0.
+    gpu::convert_f32_to_bf16(buf_.q, buf_.q_bf16, n * heads * qk, stream_);
+    gpu::BatchedGemmParams absorb;
+    absorb.batch = heads;
+    absorb.m = n;
+    absorb.n = rank;
+    absorb.k = nope;
+    absorb.x = buf_.q_bf16;
+    absorb.ldx = heads * qk;
+    absorb.stride_x = qk;
+    absorb.w = layer.kv_b.w;  // per head: W_UK_h [nope, rank] rows, then W_UV_h [v, rank]
+    absorb.ldw = rank;
+    absorb.stride_w = (nope + v_dim) * rank;
+    absorb.op_w = gpu::GemmOp::kN;
+    absorb.y = buf_.q_dec;
+    absorb.ldy = hp * gpu::kKeyDim;
+    absorb.stride_y = gpu::kKeyDim;
+    absorb.out_dtype = DType::kBF16;
+    gemm_->batched(absorb, stream_);
+    count(heads * nope * rank, n * heads * nope * rank);
+    gpu::PackQueriesParams pack;
+    pack.q_pe = buf_.q + nope;
+    pack.pe_token_stride = heads * qk;
+    pack.pe_head_stride = qk;
+    pack.out = buf_.q_dec;
+    pack.tokens = n;
+    pack.heads = static_cast<int>(heads);
+    pack.heads_padded = hp;
+    gpu::pack_absorbed_queries(pack, stream_);
+
+    for (const Group& group : groups_) {
+      gpu::MlaDecodeParams p;
+      p.q = buf_.q_dec + group.first_token * hp * gpu::kKeyDim;
+      p.pool = pages;
+      p.block_table = buf_.block_table + group.first_chunk * block_stride_;
+      p.block_table_stride = block_stride_;
+      p.seq_lens = buf_.seq_lens + group.first_chunk;
+      p.out = buf_.attn + group.first_token * hp * gpu::kLatentDim;
+      p.batch = static_cast<int>(group.num_chunks);
+      p.s_q = static_cast<int>(group.s_q);
+      p.num_heads = hp;
+      p.softmax_scale = static_cast<float>(c.softmax_scale());
+      gpu::mla_decode(pool.format(), p, *group.plan, stream_);
+    }
+
+    // Values: o_h = W_UV_h attended_h, then o_proj added into the residual stream.
+    gpu::BatchedGemmParams values;
+    values.batch = heads;
+    values.m = n;
+    values.n = v_dim;
+    values.k = rank;
+    values.x = buf_.attn;
+    values.ldx = hp * gpu::kLatentDim;
+    values.stride_x = gpu::kLatentDim;
+    values.w = layer.kv_b.w + nope * rank;
+    values.ldw = rank;
+    values.stride_w = (nope + v_dim) * rank;
+    values.op_w = gpu::GemmOp::kT;
+    values.y = buf_.head_out;
+    values.ldy = heads * v_dim;
+    values.stride_y = v_dim;
+    values.out_dtype = DType::kBF16;
+    gemm_->batched(values, stream_);
+    count(heads * v_dim * rank, n * heads * v_dim * rank);
+    linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
+
+    gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    if (layer.is_moe) {
+      run_moe(layer);
+      if (layer.has_shared) run_mlp(layer.shared);
+    } else {
+      run_mlp(layer.mlp);
+    }
+  }
+
+  // y[m, out] = x W^T through cuBLASLt, counted for last_step_stats.
+  void gemm(int64_t m, int64_t out, int64_t in, const uint16_t* x, int64_t ldx, const uint16_t* w,
+            void* y, int64_t ldy, DType out_dtype, float beta) {
+    gemm_->linear(m, out, in, x, ldx, w, in, y, ldy, out_dtype, beta, stream_);
+    count(out * in, m * out * in);
+  }
+  void count(int64_t weights, int64_t multiply_adds) {
+    stats_.weight_bytes_read += 2 * weights;
+    stats_.gemm_flops += 2 * multiply_adds;
+  }
+
+  // x += down(silu(gate h) * up h)
+  void run_mlp(const DeviceMlp& mlp) {
+    const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
+    gemm(n, inner, d, buf_.h, d, mlp.gate.w, buf_.gate_up, 2 * inner, DType::kF32, 0.0f);
+    gemm(n, inner, d, buf_.h, d, mlp.up.w, buf_.gate_up + inner, 2 * inner, DType::kF32, 0.0f);
+    gpu::silu_mul(buf_.gate_up, 2 * inner, buf_.act, inner, n, inner, stream_);
+    gemm(n, d, inner, buf_.act, inner, mlp.down.w, buf_.x, d, DType::kF32, 1.0f);
+  }
+
+  void run_moe(const DeviceLayer& layer) {
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
+    const int k = static_cast<int>(c.num_experts_per_tok);
+    gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
+    gpu::moe_route(buf_.router_logits, e, layer.correction_bias, buf_.experts, buf_.expert_weights,
+                   n, route_, stream_);
+    gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), buf_.sort, stream_);
+    host_offsets_.resize(sz(e + 1));
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), buf_.sort.offsets, (e + 1) * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int64_t slots = host_offsets_.back();
+    gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+    const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
+                                        layer.expert_down.data()};
+    gpu::moe_expert_mlps(*gemm_, host_offsets_.data(), static_cast<int>(e), buf_.sorted, d,
+                         weights, d, c.moe_intermediate_size, buf_.expert_gate_up, buf_.expert_act,
+                         buf_.expert_out, d, stream_);
+    const int64_t inner = c.moe_intermediate_size;
+    for (int64_t i = 0; i < e; ++i) {
+      const int64_t rows = host_offsets_[sz(i + 1)] - host_offsets_[sz(i)];
+      if (rows > 0) count(3 * inner * d, 3 * rows * inner * d);
+    }
+    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
+                     d, stream_);
+  }
+
+  // Final norm and LM head for the rows that need logits (in the caller's chunk order), sampling,
+  // and the lengths committed.
+  void finish(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) {
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size, vocab = c.vocab_size;
+    std::vector<int32_t> rows;
+    std::vector<gpu::SampleParams> params;
+    for (size_t i = 0; i < batch.chunks.size(); ++i) {
+      const SequenceChunk& chunk = batch.chunks[i];
+      const int64_t first = chunk_first_token_[i];
+      const int64_t count = static_cast<int64_t>(chunk.tokens.size());
+      const int64_t pos0 = pool.length(chunk.sequence);
+      const auto add = [&](int64_t t) {
+        rows.push_back(static_cast<int32_t>(first + t));
+        params.push_back({chunk.sampling.temperature, chunk.sampling.top_p, chunk.sampling.seed,
+                          static_cast<uint64_t>(pos0 + t + 1)});
+      };
+      if (chunk.logits == LogitRows::kAll) {
+        for (int64_t t = 0; t < count; ++t) add(t);
+      } else if (chunk.logits == LogitRows::kLast) {
+        add(count - 1);
+      }
+    }
+    const int64_t r = static_cast<int64_t>(rows.size());
+    if (r > 0 && (!outputs.logits.empty() || !outputs.tokens.empty())) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.logit_rows, rows.data(), rows.size() * 4,
+                                          cudaMemcpyHostToDevice, stream_));
+      gpu::gather_rows(buf_.x, d, n_, buf_.logit_rows, r, buf_.final_rows, d, DType::kF32, d,
+                       stream_);
+      gpu::rms_norm(buf_.final_rows, d, model_.final_norm, buf_.h, d, DType::kBF16, r, d,
+                    static_cast<float>(c.rms_norm_eps), stream_);
+      gemm(r, vocab, d, buf_.h, d, model_.lm_head.w, buf_.logits, vocab, DType::kF32, 0.0f);
+      if (!outputs.tokens.empty()) {
+        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.sample_params, params.data(),
+                                            params.size() * sizeof(params[0]),
+                                            cudaMemcpyHostToDevice, stream_));
+        gpu::sample_tokens(buf_.logits, vocab, r, vocab, buf_.sample_params, buf_.sampled,
+                           stream_);
+        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.tokens.data(), buf_.sampled, r * 4,
+                                            cudaMemcpyDeviceToHost, stream_));
+      }
+      if (!outputs.logits.empty()) {
+        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.logits.data(), buf_.logits, r * vocab * 4,
+                                            cudaMemcpyDeviceToHost, stream_));
+      }
+    }
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (const SequenceChunk& chunk : batch.chunks) {
+      pool.set_length(chunk.sequence,
+                      pool.length(chunk.sequence) + static_cast<int64_t>(chunk.tokens.size()));
+    }
+  }
+
+  struct Buffers {
+    int32_t *ids, *positions, *seq_ids, *block_table, *seq_lens, *logit_rows, *sampled;
+    float *x, *q_low, *q, *kv, *latent, *k_pe, *gate_up, *final_rows, *logits;
+    uint16_t *h, *q_low_bf16, *q_bf16, *q_dec, *attn, *head_out, *act;
+    gpu::SampleParams* sample_params;
+    float* router_logits = nullptr;
+    int32_t* experts = nullptr;
+    float* expert_weights = nullptr;
+    gpu::MoeSortBuffers sort;
+    uint16_t* sorted = nullptr;
+    float* expert_gate_up = nullptr;
+    uint16_t* expert_act = nullptr;
+    float* expert_out = nullptr;
+  };
+
+  CudaRunnerOptions options_;
+  std::string device_name_;
+  ModelConfig config_;
+  float attention_factor_ = 1.0f;
+  DeviceArena weights_arena_;
+  DeviceArena activations_;
+  DeviceModel model_;
+  Buffers buf_{};
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<gpu::GemmRunner> gemm_;
+  StepStats stats_;
+  gpu::MoeRouteParams route_;
+  // The step being run.
+  int64_t n_ = 0;
+  int64_t block_stride_ = 1;
+  std::vector<int64_t> order_, chunk_first_token_;
+  std::vector<Group> groups_;
+  std::vector<int32_t> host_ids_, host_positions_, host_seq_ids_, host_seq_lens_;
+  std::vector<int32_t> host_block_table_, host_offsets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_cuda_runner(const std::filesystem::path& model_dir,
+                                         const CudaRunnerOptions& options) {
+  return std::make_unique<CudaRunner>(model_dir, options);
+}
+
+}  // namespace quantmla
