@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "kernels/cuda/device_array.h"
 #include "quantmla/cache.h"
 #include "quantmla/cache_format.h"
@@ -35,36 +36,19 @@ using gpu::kKeyDim;
 using gpu::kLatentDim;
 using gpu::kRopeDim;
 
-// Hash-based uniform in [-1, 1): random rows without a generator state per thread.
-__device__ float hash_uniform(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
-
 // Rows like the fixture's: a few large content channels, one high-energy RoPE pair.
 __global__ void random_rows(float* c, float* k_pe, int64_t tokens, uint64_t seed) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= tokens * kKeyDim) return;
   const int64_t token = i / kKeyDim;
   const int d = static_cast<int>(i % kKeyDim);
-  const float u = hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
+  const float u = bench::seeded_uniform(seed, i);
   if (d < kLatentDim) {
     c[token * kLatentDim + d] = 1.7f * u * (d % 37 == 0 ? 6.0f : 1.0f);
   } else {
     const int r = d - kLatentDim;
     k_pe[token * kRopeDim + r] = 3.4f * u * (r / 2 == 21 ? 4.0f : 1.0f);
   }
-}
-
-__global__ void random_bf16(uint16_t* out, int64_t n, uint64_t seed) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float v = 1.7f * hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
-  out[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
 }
 
 // Token t of the fill: sequence t / tokens_per_seq, position t % tokens_per_seq.
@@ -78,36 +62,6 @@ __global__ void fill_positions(int32_t* ids, int32_t* positions, int64_t first, 
 
 unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
-}
-
-struct Event {
-  cudaEvent_t event;
-  Event() { QUANTMLA_CUDA_CHECK(cudaEventCreate(&event)); }
-  ~Event() { cudaEventDestroy(event); }
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device copy of a large buffer, counting bytes read plus written.
-double copy_bandwidth_gbps() {
-  const size_t bytes = size_t{2} << 30;
-  DeviceArray<uint8_t> a(bytes), b(bytes);
-  a.fill_bytes(1);
-  Event start, stop;
-  std::vector<double> times;
-  for (int r = 0; r < 12; ++r) {
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event));
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event));
-    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
-    float ms = 0;
-    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
-    if (r >= 2) times.push_back(ms);
-  }
-  return 2.0 * static_cast<double>(bytes) / (median(times) * 1e-3) / 1e9;
 }
 
 struct FormatRun {
@@ -171,7 +125,7 @@ int main(int argc, char** argv) {
     int driver = 0, runtime = 0;
     QUANTMLA_CUDA_CHECK(cudaDriverGetVersion(&driver));
     QUANTMLA_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    const double copy_gbps = copy_bandwidth_gbps();
+    const double copy_gbps = bench::copy_bandwidth_gbps();
     std::printf("%s, %d SMs, L2 %d MB, driver %d, runtime %d; copy bandwidth %.0f GB/s\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, driver, runtime,
                 copy_gbps);
@@ -203,14 +157,14 @@ int main(int argc, char** argv) {
     DeviceArray<int32_t> d_table(table);
     DeviceArray<uint8_t> flush(size_t{256} << 20);
     DeviceArray<uint16_t> d_q(static_cast<size_t>(max_batch) * 128 * kKeyDim);
-    random_bf16<<<blocks_for(d_q.size(), 256), 256>>>(d_q.data(), d_q.size(), 7);
+    bench::random_bf16<<<bench::fill_blocks(d_q.size()), 256>>>(d_q.data(), d_q.size(), 1.7f, 7);
     QUANTMLA_CUDA_CHECK_LAUNCH();
     DeviceArray<uint16_t> d_out(static_cast<size_t>(max_batch) * 128 * kLatentDim);
     DeviceArray<float> d_lse(static_cast<size_t>(max_batch) * 128);
 
     std::vector<Row> rows;
     std::vector<std::string> skipped;
-    Event start, stop;
+    bench::Event start, stop;
     for (const FormatRun& run : formats) {
       if (!only.empty() && only.rfind(run.name + ",", 0) != 0) continue;
       if (heads_only == 128 && !run.heavy) continue;
@@ -302,7 +256,7 @@ int main(int argc, char** argv) {
             if (first > 500.0) times.push_back(first);
             const int repeats = std::clamp(static_cast<int>(300.0 / first), 3, 25);
             while (static_cast<int>(times.size()) < repeats) times.push_back(timed());
-            const double ms = median(times);
+            const double ms = bench::median(times);
             QUANTMLA_CUDA_CHECK(cudaGraphExecDestroy(graph_exec));
             QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
             QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));

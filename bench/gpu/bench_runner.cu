@@ -1,7 +1,9 @@
 // The CUDA runner on a production-shape model (make-random-model): decode step time at several
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
-//   bench_runner --model DIR [--json FILE] [--repeats N] [--max-seconds S]
+//   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P]
+//   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
+//   prefill of P 2K-token prompts)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/gemm.h"
@@ -35,30 +38,8 @@ namespace {
 using namespace quantmla;
 using gpu::DeviceArray;
 
-__device__ float hash_uniform(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
-
-__global__ void random_f32(float* out, int64_t n, float scale, uint64_t seed) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = scale * hash_uniform(seed * 0x9e3779b97f4a7c15ull + i);
-}
-
-__global__ void random_bf16(uint16_t* out, int64_t n, uint64_t seed) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    out[i] = static_cast<uint16_t>(__float_as_uint(hash_uniform(seed * 0x9e3779b97f4a7c15ull + i)) >> 16);
-  }
-}
-
-// Token i of the fill: sequence `first_seq + i / per_seq`, position `i % per_seq`.
-__global__ void fill_positions(int32_t* seq_ids, int32_t* positions, int64_t count,
-                               int64_t per_seq, int32_t first_seq) {
+__global__ void fill_positions(int32_t* seq_ids, int32_t* positions, int64_t count, int64_t per_seq,
+                               int32_t first_seq) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
   seq_ids[i] = first_seq + static_cast<int32_t>(i / per_seq);
@@ -67,41 +48,16 @@ __global__ void fill_positions(int32_t* seq_ids, int32_t* positions, int64_t cou
 
 unsigned blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double measure_copy_gbps() {
-  const size_t bytes = size_t{4} << 30;
-  DeviceArray<uint8_t> a(bytes), b(bytes);
-  a.fill_bytes(1);
-  cudaEvent_t start, stop;
-  QUANTMLA_CUDA_CHECK(cudaEventCreate(&start));
-  QUANTMLA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int r = 0; r < 6; ++r) {
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(start));
-    QUANTMLA_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop));
-    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (r > 0) ms.push_back(t);
-  }
-  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
 }
 
 double measure_gemm_tflops() {
   const int64_t n = 8192;
   DeviceArray<uint16_t> x(n * n), w(n * n);
   DeviceArray<float> y(n * n);
-  random_bf16<<<blocks(n * n), 256>>>(x.data(), n * n, 1);
-  random_bf16<<<blocks(n * n), 256>>>(w.data(), n * n, 2);
+  bench::random_bf16<<<bench::fill_blocks(n * n), 256>>>(x.data(), n * n, 1.0f, 1);
+  bench::random_bf16<<<bench::fill_blocks(n * n), 256>>>(w.data(), n * n, 1.0f, 2);
   gpu::GemmRunner gemm;
   cudaEvent_t start, stop;
   QUANTMLA_CUDA_CHECK(cudaEventCreate(&start));
@@ -116,7 +72,7 @@ double measure_gemm_tflops() {
     QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     if (r > 1) ms.push_back(t);
   }
-  return 2.0 * n * n * n / (median(ms) * 1e-3) / 1e12;
+  return 2.0 * n * n * n / (bench::median(ms) * 1e-3) / 1e12;
 }
 
 // B sequences of `context` tokens whose pages hold random rows, each with room for `extra` more.
@@ -140,10 +96,10 @@ std::vector<SequenceId> fill_pool(PagePool& pool, int64_t batch, int64_t context
   for (int64_t layer = 0; layer < pool.shape().num_layers; ++layer) {
     for (int64_t first = 0; first < batch; first += per_chunk) {
       const int64_t n = std::min(per_chunk, batch - first) * context;
-      random_f32<<<blocks(n * gpu::kLatentDim), 256>>>(c.data(), n * gpu::kLatentDim, 1.7f,
-                                                        layer * 1000 + first);
-      random_f32<<<blocks(n * gpu::kRopeDim), 256>>>(k_pe.data(), n * gpu::kRopeDim, 3.4f,
-                                                      layer * 1000 + first + 7);
+      bench::random_f32<<<bench::fill_blocks(n * gpu::kLatentDim), 256>>>(
+          c.data(), n * gpu::kLatentDim, 1.7f, layer * 1000 + first);
+      bench::random_f32<<<bench::fill_blocks(n * gpu::kRopeDim), 256>>>(
+          k_pe.data(), n * gpu::kRopeDim, 3.4f, layer * 1000 + first + 7);
       fill_positions<<<blocks(n), 256>>>(seq_ids.data(), positions.data(), n, context,
                                          static_cast<int32_t>(first));
       gpu::MlaWriteParams write;
@@ -167,6 +123,7 @@ struct DecodeRow {
   std::string cache;
   double step_ms = 0, bound_ms = 0;
   bool fits = true;
+  bool graph = false;  // the timed steps replayed a captured CUDA graph
 };
 struct PrefillRow {
   int64_t prompts, prompt_tokens;
@@ -178,20 +135,32 @@ struct PrefillRow {
 int main(int argc, char** argv) {
   std::string model_dir, json_path;
   int repeats = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string only_kind;  // --only decode:B | prefill:P
+  int64_t only_size = 0;
+  for (int i = 1; i + 1 < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--model") model_dir = argv[i + 1];
-    if (flag == "--json") json_path = argv[i + 1];
-    if (flag == "--repeats") repeats = std::atoi(argv[i + 1]);
+    if (flag == "--only") {
+      const std::string value = argv[++i];
+      const size_t colon = value.find(':');
+      only_kind = value.substr(0, colon);
+      only_size = colon == std::string::npos ? 0 : std::atoll(value.c_str() + colon + 1);
+    }
+    if (flag == "--model") model_dir = argv[++i];
+    if (flag == "--json") json_path = argv[++i];
+    if (flag == "--repeats") repeats = std::atoi(argv[++i]);
   }
-  if (model_dir.empty()) {
-    std::fprintf(stderr, "usage: bench_runner --model DIR [--json FILE] [--repeats N]\n");
+  const bool only = !only_kind.empty();
+  if (model_dir.empty() ||
+      (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
+    std::fprintf(stderr,
+                 "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
+                 "decode:B|prefill:P]\n");
     return 2;
   }
   try {
     cudaDeviceProp prop{};
     QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    const double copy_gbps = measure_copy_gbps();
+    const double copy_gbps = bench::copy_bandwidth_gbps();
     const double gemm_tflops = measure_gemm_tflops();
     std::printf("%s: copy %.0f GB/s (read + write), cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
                 copy_gbps, gemm_tflops);
@@ -223,9 +192,11 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> decode;
     std::mt19937 rng(7);
     for (const std::string& spec : specs) {
+      if (only && spec != "bf16") continue;
       const CacheFormat format = CacheFormat::parse(spec);
       for (int64_t context : {int64_t{1024}, int64_t{16384}}) {
         for (int64_t batch : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{256}}) {
+          if (only && (only_kind != "decode" || context != 1024 || batch != only_size)) continue;
           DecodeRow row{batch, context, spec};
           const int64_t extra = repeats + 4;
           const int64_t pages = batch * PagePool::pages_for_tokens(context + extra);
@@ -256,12 +227,15 @@ int main(int argc, char** argv) {
             const double ms = seconds_since(start) * 1e3;
             if (r >= 2) times.push_back(ms);
             weight_bytes = runner->last_step_stats().weight_bytes_read;
+            row.graph = runner->last_step_stats().graph_replayed;
           }
-          row.step_ms = median(times);
+          row.step_ms = bench::median(times);
           row.bound_ms = weight_bytes / (copy_gbps * 1e9) * 1e3;
-          std::printf("%-32s B %4lld ctx %6lld: step %8.3f ms  weight-read bound %7.3f ms  (%.0f%%)\n",
-                      spec.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
-                      row.step_ms, row.bound_ms, 100.0 * row.bound_ms / row.step_ms);
+          std::printf(
+              "%-32s B %4lld ctx %6lld: step %8.3f ms  weight-read bound %7.3f ms  (%.0f%%)%s\n",
+              spec.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
+              row.step_ms, row.bound_ms, 100.0 * row.bound_ms / row.step_ms,
+              row.graph ? "  graph" : "");
           std::fflush(stdout);
           decode.push_back(row);
         }
@@ -269,18 +243,20 @@ int main(int argc, char** argv) {
     }
 
     std::vector<PrefillRow> prefill;
-    for (int64_t prompts : {int64_t{1}, int64_t{4}}) {
+    for (int64_t prompts : only ? std::vector<int64_t>{only_size} : std::vector<int64_t>{1, 4}) {
+      if (only && (only_kind != "prefill" || prompts != only_size)) continue;
       const int64_t len = 2048;
       const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
       PrefillRow row{prompts, len};
       std::vector<std::vector<int32_t>> ids(static_cast<size_t>(prompts));
       for (auto& p : ids) {
-        for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+        for (int64_t i = 0; i < len; ++i)
+          p.push_back(static_cast<int32_t>(rng() % config.vocab_size));
       }
       std::vector<double> times;
       int64_t flops = 0;
       auto pool = runner->make_pool(format, prompts * PagePool::pages_for_tokens(len));
-      for (int r = 0; r < std::max(3, repeats / 2) + 1; ++r) {
+      for (int r = 0; r < (only ? repeats : std::max(3, repeats / 2)) + 1; ++r) {
         StepBatch step;
         for (int64_t b = 0; b < prompts; ++b) {
           const SequenceId seq = pool->add_sequence();
@@ -295,14 +271,14 @@ int main(int argc, char** argv) {
         flops = runner->last_step_stats().gemm_flops;
         for (const SequenceChunk& chunk : step.chunks) pool->remove_sequence(chunk.sequence);
       }
-      row.step_ms = median(times);
+      row.step_ms = bench::median(times);
       row.tokens_per_s = prompts * len / (row.step_ms * 1e-3);
       row.gemm_tflops = flops / (row.step_ms * 1e-3) / 1e12;
-      std::printf("prefill %lld x %lld tokens: %.1f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
-                  "(%.0f%% of cuBLAS's %.0f)\n",
-                  static_cast<long long>(prompts), static_cast<long long>(len), row.step_ms,
-                  row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops,
-                  gemm_tflops);
+      std::printf(
+          "prefill %lld x %lld tokens: %.1f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
+          "(%.0f%% of cuBLAS's %.0f)\n",
+          static_cast<long long>(prompts), static_cast<long long>(len), row.step_ms,
+          row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops, gemm_tflops);
       prefill.push_back(row);
     }
 
@@ -316,8 +292,8 @@ int main(int argc, char** argv) {
         const DecodeRow& r = decode[i];
         out << "    {\"batch\": " << r.batch << ", \"context\": " << r.context << ", \"cache\": \""
             << r.cache << "\", \"fits\": " << (r.fits ? "true" : "false")
-            << ", \"step_ms\": " << r.step_ms << ", \"bound_ms\": " << r.bound_ms << "}"
-            << (i + 1 < decode.size() ? ",\n" : "\n");
+            << ", \"graph\": " << (r.graph ? "true" : "false") << ", \"step_ms\": " << r.step_ms
+            << ", \"bound_ms\": " << r.bound_ms << "}" << (i + 1 < decode.size() ? ",\n" : "\n");
       }
       out << "  ],\n  \"prefill\": [\n";
       for (size_t i = 0; i < prefill.size(); ++i) {

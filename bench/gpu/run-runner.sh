@@ -3,9 +3,14 @@
 # from .carry/deps.tar.xz, scripts/device-deps.sh), the GPU kernels' tests, the GPU fixtures of
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
-#   bash bench/gpu/run-runner.sh [STAGES]   STAGES: any of build,ops,runner,ppl,bench (default all)
+#   bash bench/gpu/run-runner.sh [STAGES]
+#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,bench (default build,ops,runner,ppl,bench)
+#   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
+#   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
+#   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k. Every
+#   comparison must agree (bench/gpu/compare_devices.py: PPL within 0.1%, the same prompts pass).
 # Needs .carry/shared (scripts/device-carry.sh): tools/make_gpu_fixtures.py, the mla-tiny tokenizer
-# files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32.
+# files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32, passkey-public.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -23,15 +28,20 @@ if has build; then
     -DQUANTMLA_DEPS_ROOT=/tmp/deps -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
     >"$out/configure.txt" 2>&1 || { tail -20 "$out/configure.txt"; exit 1; }
   start=$(date +%s)
-  ninja -C $build quantmla test_model_ops test_cuda_runner bench_runner >"$out/build.txt" 2>&1 ||
+  ninja -C $build quantmla test_model_ops test_cuda_runner test_gpu_mla test_decode_schedule \
+    bench_runner bench_skinny >"$out/build.txt" 2>&1 ||
     { grep -E "error|Error" -A3 "$out/build.txt" | head -40; exit 1; }
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
 if has ops; then
-  echo "== model ops"
+  echo "== decode schedule, decode kernels, model ops"
+  $build/tests/gpu/test_decode_schedule 2>&1 | tail -1 || status=1
+  $build/tests/gpu/test_gpu_mla 2>&1 | tee "$out/test-gpu-mla.txt" | tail -3 || status=1
   $build/tests/gpu/test_model_ops 2>&1 | tee "$out/test-model-ops.txt" | tail -25 || status=1
+  $build/bench/gpu/bench_skinny --json "$out/skinny.json" 2>&1 | tee "$out/bench-skinny.txt" ||
+    status=1
 fi
 if has runner; then
   echo "== runner vs transformers and the CPU runner"
@@ -40,15 +50,47 @@ if has runner; then
   $build/tests/gpu/test_cuda_runner --fixtures /tmp/fixtures --model models/mla-tiny 2>&1 |
     tee "$out/test-cuda-runner.txt" || status=1
 fi
+# One evaluation on both devices: its JSON lines (cpu, then cuda) appended to $out/$1.jsonl.
+both() {
+  local file=$1
+  shift
+  for device in cpu cuda; do
+    $build/quantmla "$@" --device $device --json 2>>"$out/eval-stderr.txt" >>"$out/$file.jsonl"
+  done
+}
+ids=.carry/shared/reference/wikitext2-test.ids.i32
+prompts=.carry/shared/reference/passkey-public.json
 if has ppl; then
   echo "== eval-ppl, cpu vs cuda (WikiText-2, ctx 1024, first ${PPL_WINDOWS:=100} windows)"
-  ids=.carry/shared/reference/wikitext2-test.ids.i32
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
-    for device in cpu cuda; do
-      $build/quantmla eval-ppl --device $device --ids $ids --ctx 1024 --max-windows $PPL_WINDOWS \
-        --cache $spec --json 2>/dev/null | tee -a "$out/ppl.jsonl"
-    done
+    both ppl eval-ppl --ids $ids --ctx 1024 --max-windows $PPL_WINDOWS --cache $spec
   done
+  python3 bench/gpu/compare_devices.py mla-tiny-ctx1024="$out/ppl.jsonl" || status=1
+fi
+if has calib; then
+  echo "== calibrated INT4/INT4 mla-tiny: eval-ppl and pass-key, cpu vs cuda"
+  start=$(date +%s)
+  $build/quantmla calibrate --cache content=int4:g64,rope=int4:g64 --out /tmp/mla-tiny-q4 \
+    --threads "$nproc_" >"$out/calibrate.txt" 2>&1 ||
+    { tail -5 "$out/calibrate.txt"; status=1; }
+  echo "calibrated in $(($(date +%s) - start)) s"
+  both calib eval-ppl --model /tmp/mla-tiny-q4 --ids $ids --ctx 1024 --max-windows $PPL_WINDOWS
+  both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
+  python3 bench/gpu/compare_devices.py mla-tiny-q4="$out/calib.jsonl" || status=1
+fi
+if has passkey; then
+  echo "== pass-key, cpu vs cuda (mla-tiny, ${PER_CELL:=2} prompts per cell)"
+  both passkey eval-passkey --prompts $prompts --per-cell $PER_CELL --cache bf16
+  python3 bench/gpu/compare_devices.py mla-tiny-passkey="$out/passkey.jsonl" || status=1
+fi
+if has long; then
+  long=.carry/shared/models/mla-tiny-v2-4k
+  echo "== mla-tiny-v2-4k: eval-ppl ctx 4096 (${LONG_WINDOWS:=20} windows), all pass-key prompts"
+  for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
+    both long eval-ppl --model $long --ids $ids --ctx 4096 --max-windows $LONG_WINDOWS --cache $spec
+  done
+  both long eval-passkey --model $long --prompts $prompts --cache bf16
+  python3 bench/gpu/compare_devices.py mla-tiny-v2-4k="$out/long.jsonl" || status=1
 fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"

@@ -4,6 +4,7 @@
 // pointer in the params structs is a device pointer; strides are in elements.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -45,12 +46,19 @@ struct MlaDecodeParams {
   float softmax_scale = 1.0f;
 };
 
+// Device memory for a decode plan, owned by the caller (MlaDecodePlan::workspace_bytes sizes it):
+// 256-byte aligned.
+struct MlaDecodeWorkspace {
+  void* device = nullptr;
+  size_t bytes = 0;
+};
+
 // How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
 // on the device; sequences split into several runs are merged by a combine kernel through their
 // log-sum-exps. It depends on the format and the lengths only, so one plan serves every layer of a
-// step (as FlashMLA's metadata). Holds its device copy and the partial-result workspace, so calls
-// that share a plan must run one after another (one stream), not concurrently.
+// step (as FlashMLA's metadata). Holds (or, in a workspace, points at) its device copy and the
+// partial results, so calls that share a plan must run one after another (one stream).
 class MlaDecodePlan {
  public:
   // seq_lens: a host copy of MlaDecodeParams::seq_lens. pages_per_split = 0 chooses the split so
@@ -59,6 +67,21 @@ class MlaDecodePlan {
   // shorter than s_q.
   MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens, int s_q,
                 int num_heads, int pages_per_split = 0);
+  // Plans into the caller's `workspace` instead of allocating (pages_per_split 0), the schedule
+  // copied in on `stream` (a cudaStream_t). fixed_grid: the launches take a grid fixed by
+  // (format, batch, s_q, num_heads) whatever the lengths, the unused blocks exiting at once, so
+  // that a decode step captured in a CUDA graph can be replayed after the next step's plan is
+  // written to the same workspace; otherwise exactly the schedule's blocks. The workspace must
+  // stay untouched until the plan's calls have run. Throws InvalidArgument as the first
+  // constructor, and for a workspace smaller than workspace_bytes or not 256-byte aligned.
+  MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens, int s_q,
+                int num_heads, const MlaDecodeWorkspace& workspace, bool fixed_grid, void* stream);
+  // Workspace bytes of a fixed-grid plan of `batch` sequences (any lengths).
+  static size_t workspace_bytes(const CacheFormat& format, int batch, int s_q, int num_heads);
+  // Workspace bytes of a plan of these lengths that launches its own grid.
+  static size_t workspace_bytes(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
+                                int s_q, int num_heads);
+
   ~MlaDecodePlan();
   MlaDecodePlan(MlaDecodePlan&&) noexcept;
   MlaDecodePlan& operator=(MlaDecodePlan&&) noexcept;

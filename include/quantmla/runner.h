@@ -50,6 +50,7 @@ struct StepOutputs {
 struct StepStats {
   int64_t weight_bytes_read = 0;  // weights the step's GEMMs read (routed experts: those chosen)
   int64_t gemm_flops = 0;         // 2 m n k over the step's GEMMs
+  bool graph_replayed = false;    // the CUDA runner replayed a captured graph of the step
 };
 
 class Runner {
@@ -83,6 +84,10 @@ struct CudaRunnerOptions {
   int64_t max_batch_tokens = 8192;
   // Largest number of sequences one step runs.
   int64_t max_sequences = 256;
+  // Decode steps (every chunk one token) of up to this many sequences are captured as CUDA graphs,
+  // one per batch size (and pool and block-table width), at their second occurrence, and replayed
+  // after: one launch instead of hundreds. 0 turns graphs off.
+  int64_t max_graph_tokens = 256;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache_common.h"
 #include "kernels/cpu/decode_rows.h"
 #include "model/forward.h"
 #include "quantmla/attention.h"
@@ -33,23 +34,10 @@ class PoolRowStore final : public detail::RowStore {
   }
 
   void attend(int64_t segment, int64_t layer, const CacheQuery& query, float* out) const override {
-    const CacheShape& shape = pool_.shape();
     const TileContext context{this, sequences_[segment], layer};
-    AttentionParams params;
-    params.q = query.q;
-    params.q_head_stride = shape.row_width();
-    params.q_row_stride = query.num_heads * shape.row_width();
+    AttentionParams params = cache_detail::attention_params(pool_.shape(), query, out, nullptr);
     params.decode_keys = decode_keys;
     params.decode_context = &context;
-    params.out = out;
-    params.out_head_stride = shape.kv_lora_rank;
-    params.out_row_stride = query.num_heads * shape.kv_lora_rank;
-    params.n_q = query.n_q;
-    params.num_heads = query.num_heads;
-    params.kv_lora_rank = shape.kv_lora_rank;
-    params.rope_dim = shape.rope_dim;
-    params.q_pos0 = query.q_pos0;
-    params.softmax_scale = query.softmax_scale;
     attention_f32(params);
   }
 
@@ -77,8 +65,7 @@ class PoolRowStore final : public detail::RowStore {
 
   // Rows [first, first + count) of one sequence as FP32 [count, row_width], page by page
   // (records are contiguous only within a page).
-  void decode(SequenceId sequence, int64_t layer, int64_t first, int64_t count,
-              float* rows) const {
+  void decode(SequenceId sequence, int64_t layer, int64_t first, int64_t count, float* rows) const {
     const CacheShape& shape = pool_.shape();
     const CacheFormat& format = pool_.format();
     const int64_t width = shape.row_width();
@@ -156,7 +143,8 @@ class CpuRunner final : public Runner {
         const int64_t position = segments[s].pos0 + logit_tokens[row] - segments[s].first_token;
         outputs.tokens[row] = sample_token(
             logits.subspan(row * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
-            chunk.sampling, counter_uniform(chunk.sampling.seed, static_cast<uint64_t>(position + 1)));
+            chunk.sampling,
+            counter_uniform(chunk.sampling.seed, static_cast<uint64_t>(position + 1)));
       }
     }
   }

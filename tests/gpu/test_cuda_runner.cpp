@@ -10,6 +10,12 @@
 // relative error of at most 2^-9 each. Through a few layers these add up to a few 2^-9 of the
 // logits' scale: the bound is kRelTol * (1 + max |reference logit| of the row), kRelTol = 16 *
 // 2^-9 = 1/32. An argmax may differ only where the reference's top-2 margin is below that bound.
+// Two discontinuities are not covered by a rounding bound: a routed token whose k-th and
+// (k+1)-th expert scores are within the rounding switches an expert, and a cache row within the
+// rounding of an INT4/INT2 step boundary flips a code. So for MoE models at most 1% of the rows
+// (kMaxRowsOverBound) may exceed the bound, and quantized caches are compared for argmax
+// agreement only here; their model-level check is the perplexity within 0.1% of the CPU's
+// (bench/gpu/run-runner.sh, stage ppl).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
 #include "quantmla/model.h"
 #include "quantmla/runner.h"
@@ -32,6 +39,7 @@ using namespace quantmla;
 namespace fs = std::filesystem;
 
 constexpr double kRelTol = 16.0 / 512.0;
+constexpr double kMaxRowsOverBound = 0.01;
 int failures = 0;
 
 void check(bool ok, const std::string& what) {
@@ -46,9 +54,9 @@ int argmax(const float* row, int64_t n) {
 }
 
 struct Comparison {
-  double max_abs = 0.0;     // largest |ours - reference|
+  double max_abs = 0.0;      // largest |ours - reference|
   double worst_ratio = 0.0;  // largest |ours - reference| / bound
-  int64_t rows = 0, argmax_agree = 0, argmax_exempt = 0, nan = 0;
+  int64_t rows = 0, rows_over_bound = 0, argmax_agree = 0, argmax_exempt = 0, nan = 0;
 };
 
 // ours, reference: [rows, vocab].
@@ -60,6 +68,7 @@ Comparison compare_rows(const float* ours, const float* reference, int64_t rows,
     double scale = 0.0;
     for (int64_t v = 0; v < vocab; ++v) scale = std::max(scale, std::abs(double(b[v])));
     const double bound = kRelTol * (1.0 + scale);
+    double row_ratio = 0.0;
     for (int64_t v = 0; v < vocab; ++v) {
       if (std::isnan(a[v])) {
         ++c.nan;
@@ -67,8 +76,10 @@ Comparison compare_rows(const float* ours, const float* reference, int64_t rows,
       }
       const double diff = std::abs(double(a[v]) - b[v]);
       c.max_abs = std::max(c.max_abs, diff);
-      c.worst_ratio = std::max(c.worst_ratio, diff / bound);
+      row_ratio = std::max(row_ratio, diff / bound);
     }
+    c.worst_ratio = std::max(c.worst_ratio, row_ratio);
+    if (row_ratio > 1.0) ++c.rows_over_bound;
     const int best = argmax(b, vocab);
     float second = -INFINITY;
     for (int64_t v = 0; v < vocab; ++v) {
@@ -84,15 +95,31 @@ Comparison compare_rows(const float* ours, const float* reference, int64_t rows,
   return c;
 }
 
-void report(const std::string& what, const Comparison& c) {
-  std::printf("%-48s max|d| %.4g  worst d/bound %.3f  argmax %lld/%lld (+%lld within bound)  "
-              "NaN %lld\n",
-              what.c_str(), c.max_abs, c.worst_ratio, static_cast<long long>(c.argmax_agree),
-              static_cast<long long>(c.rows), static_cast<long long>(c.argmax_exempt),
-              static_cast<long long>(c.nan));
+// How a comparison is judged: every row within the bound (dense model, exact cache), at most
+// kMaxRowsOverBound of them beyond it (routing switches), or argmax agreement only (a quantized
+// cache's code flips; see the top comment).
+enum class Bound { kEveryRow, kMostRows, kArgmaxOnly };
+
+void report(const std::string& what, const Comparison& c, Bound bound) {
+  std::printf(
+      "%-48s max|d| %.4g  worst d/bound %.3f  rows over %lld  argmax %lld/%lld (+%lld "
+      "within bound)  NaN %lld\n",
+      what.c_str(), c.max_abs, c.worst_ratio, static_cast<long long>(c.rows_over_bound),
+      static_cast<long long>(c.argmax_agree), static_cast<long long>(c.rows),
+      static_cast<long long>(c.argmax_exempt), static_cast<long long>(c.nan));
   check(c.nan == 0, what + ": NaN logits");
-  check(c.worst_ratio <= 1.0, what + ": logits outside the BF16 bound");
-  check(c.argmax_agree + c.argmax_exempt == c.rows, what + ": argmax differs beyond the bound");
+  if (bound == Bound::kEveryRow) check(c.worst_ratio <= 1.0, what + ": logits beyond the bound");
+  if (bound == Bound::kMostRows) {
+    check(c.rows_over_bound <= kMaxRowsOverBound * c.rows,
+          what + ": too many rows beyond the bound");
+  }
+  if (bound == Bound::kArgmaxOnly) {
+    // Each flipped code moves its row's logits by up to about one logit (the CPU engine's
+    // DecodeStepsMatchPrefill); argmax agreement still holds away from near-ties on most rows.
+    check(c.argmax_agree + c.argmax_exempt >= 0.95 * c.rows, what + ": argmax differs on >5%");
+  } else {
+    check(c.argmax_agree + c.argmax_exempt == c.rows, what + ": argmax differs beyond the bound");
+  }
 }
 
 // Logits of sequences run as one prefill step each (kAll), all sequences in one step.
@@ -164,18 +191,19 @@ void check_fixture(const fs::path& dir, const std::string& name) {
   const std::vector<std::vector<int32_t>> seqs = {{ids.begin(), ids.begin() + len},
                                                   {ids.begin() + len, ids.end()}};
   const CacheFormat bf16 = CacheFormat::parse("bf16");
+  const Bound moe = cuda->config().n_routed_experts > 0 ? Bound::kMostRows : Bound::kEveryRow;
   report(name + " cuda prefill (bf16 cache)",
-         compare_rows(prefill_all(*cuda, bf16, seqs).data(), logits.data(), 2 * len, vocab));
-  report(name + " cuda chunk 100 + decode (bf16)",
-         compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len,
-                      vocab));
+         compare_rows(prefill_all(*cuda, bf16, seqs).data(), logits.data(), 2 * len, vocab), moe);
+  report(
+      name + " cuda chunk 100 + decode (bf16)",
+      compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len, vocab),
+      moe);
   // The CPU runner on the same fixture (FP32 engine, exact cache): far inside the bound.
   const Model model = Model::load(model_dir);
   const auto cpu = make_cpu_runner(model);
-  const Comparison c =
-      compare_rows(prefill_all(*cpu, CacheFormat::f32(), seqs).data(), logits.data(), 2 * len,
-                   vocab);
-  report(name + " cpu prefill (f32 cache)", c);
+  const Comparison c = compare_rows(prefill_all(*cpu, CacheFormat::f32(), seqs).data(),
+                                    logits.data(), 2 * len, vocab);
+  report(name + " cpu prefill (f32 cache)", c, Bound::kEveryRow);
   check(c.max_abs < 1e-3, name + ": CPU runner farther than 1e-3 from transformers");
 
   // Greedy continuation through the runner's own sampling: identical up to the first step whose
@@ -203,10 +231,9 @@ void check_fixture(const fs::path& dir, const std::string& name) {
   const bool ok = same == got.size() || margin[same] < 2 * kRelTol * (1.0 + scale);
   std::printf("%-48s %zu/%zu tokens identical%s\n", (name + " cuda greedy").c_str(), same,
               got.size(),
-              same == got.size() ? ""
-                                 : (", then a step of reference margin " +
-                                    std::to_string(margin[same]))
-                                       .c_str());
+              same == got.size()
+                  ? ""
+                  : (", then a step of reference margin " + std::to_string(margin[same])).c_str());
   check(ok, name + ": greedy continuation differs at a step with a clear margin");
 }
 
@@ -244,9 +271,108 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
     out.emplace_back(static_cast<size_t>(batch.num_logit_rows() * vocab));
     runner->step(batch, *pool, {out.back(), {}});
   }
+  const bool rounded_only = format.content.bits() >= 16 && format.rope.bits() >= 16;
+  const Bound bound = !rounded_only                         ? Bound::kArgmaxOnly
+                      : model.config().n_routed_experts > 0 ? Bound::kMostRows
+                                                            : Bound::kEveryRow;
   report(model_dir.filename().string() + " cuda vs cpu, " + spec + ", seed " + std::to_string(seed),
          compare_rows(out[1].data(), out[0].data(), static_cast<int64_t>(out[0].size()) / vocab,
-                      vocab));
+                      vocab),
+         bound);
+}
+
+// Decode steps replayed from captured CUDA graphs give the logits of the same steps run
+// launch by launch, bit for bit (same kernels, same inputs), and the graphs are used.
+void check_graphs(const fs::path& model_dir, uint64_t seed) {
+  CudaRunnerOptions plain_options;
+  plain_options.max_graph_tokens = 0;
+  const auto graphs = make_cuda_runner(model_dir);
+  const auto plain = make_cuda_runner(model_dir, plain_options);
+  const int64_t vocab = graphs->config().vocab_size;
+  std::mt19937_64 rng(seed + 1);
+  const int sequences = 3, prompt = 70, steps = 6;
+  std::vector<std::vector<int32_t>> ids(sequences);
+  for (auto& s : ids) {
+    for (int i = 0; i < prompt + steps; ++i) {
+      s.push_back(std::uniform_int_distribution<int32_t>(0, int32_t(vocab) - 1)(rng));
+    }
+  }
+  const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+  std::vector<std::vector<float>> out(2);
+  int replayed = 0;
+  for (int r = 0; r < 2; ++r) {
+    Runner& runner = r == 0 ? *graphs : *plain;
+    auto pool = runner.make_pool(format, sequences * 2);
+    std::vector<SequenceId> seqs;
+    StepBatch prefill;
+    for (int s = 0; s < sequences; ++s) {
+      seqs.push_back(pool->add_sequence());
+      pool->reserve(seqs.back(), prompt + steps);
+      prefill.chunks.push_back(
+          {seqs.back(), std::span(ids[s]).first(prompt), LogitRows::kNone, {}});
+    }
+    runner.step(prefill, *pool, {});
+    std::vector<float> logits(static_cast<size_t>(sequences * vocab));
+    std::vector<int32_t> tokens(sequences);
+    for (int t = 0; t < steps; ++t) {
+      StepBatch decode;
+      for (int s = 0; s < sequences; ++s) {
+        decode.chunks.push_back({seqs[s], std::span(ids[s]).subspan(prompt + t, 1),
+                                 LogitRows::kLast, SamplerOptions{0.8f, 0.9f, 7}});
+      }
+      runner.step(decode, *pool, {logits, tokens});
+      out[r].insert(out[r].end(), logits.begin(), logits.end());
+      for (int32_t token : tokens) out[r].push_back(static_cast<float>(token));
+      if (r == 0 && runner.last_step_stats().graph_replayed) ++replayed;
+    }
+  }
+  size_t differ = 0;
+  for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
+  std::printf("%-48s %d of %d steps replayed, %zu of %zu values differ\n",
+              (model_dir.filename().string() + " graphs vs launches").c_str(), replayed, steps,
+              differ, out[0].size());
+  check(replayed == steps - 1, "decode steps after the first not replayed from a graph");
+  check(differ == 0, "graph replay changed logits or sampled tokens");
+}
+
+// Bad steps are refused before any work, with the runner and the pool still usable after.
+void check_refusals(const fs::path& model_dir) {
+  const auto cuda = make_cuda_runner(model_dir);
+  const int64_t vocab = cuda->config().vocab_size;
+  auto pool = cuda->make_pool(CacheFormat::parse("bf16"), 4);
+  const SequenceId seq = pool->add_sequence();
+  pool->reserve(seq, 64);
+  const std::vector<int32_t> good = {1, 2, 3};
+  const std::vector<int32_t> bad = {1, static_cast<int32_t>(vocab), 3};
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  const auto refused = [&](const std::string& what, const StepBatch& batch, PagePool& p,
+                           const StepOutputs& outputs) {
+    try {
+      cuda->step(batch, p, outputs);
+    } catch (const Error& e) {
+      std::printf("refused as expected (%s): %s\n", what.c_str(), e.what());
+      return;
+    }
+    check(false, what + ": not refused");
+  };
+  refused("token id = vocab", StepBatch{{{seq, bad, LogitRows::kLast, {}}}}, *pool, {logits, {}});
+  refused("logits buffer too small", StepBatch{{{seq, good, LogitRows::kAll, {}}}}, *pool,
+          {logits, {}});
+  const std::vector<int32_t> too_long(65, 1);
+  refused("more tokens than reserved", StepBatch{{{seq, too_long, LogitRows::kNone, {}}}}, *pool,
+          {});
+  const Model model = Model::load(model_dir);
+  const auto cpu = make_cpu_runner(model);
+  auto host_pool = cpu->make_pool(CacheFormat::parse("bf16"), 4);
+  const SequenceId host_seq = host_pool->add_sequence();
+  host_pool->reserve(host_seq, 8);
+  refused("a host pool", StepBatch{{{host_seq, good, LogitRows::kLast, {}}}}, *host_pool,
+          {logits, {}});
+  check(pool->length(seq) == 0, "a refused step changed the sequence's length");
+  cuda->step(StepBatch{{{seq, good, LogitRows::kLast, {}}}}, *pool, {logits, {}});
+  bool finite = true;
+  for (float v : logits) finite = finite && std::isfinite(v);
+  check(finite && pool->length(seq) == 3, "the runner is not usable after refused steps");
 }
 
 }  // namespace
@@ -275,6 +401,8 @@ int main(int argc, char** argv) {
       for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
         check_against_cpu(model, spec, seed);
       }
+      check_graphs(model, seed);
+      check_refusals(model);
     }
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());

@@ -4,6 +4,7 @@
 // check. Exit status 0 when every check passes.
 #include <cstdio>
 #include <map>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +89,15 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
     for (const auto& [key, list] : runs) {
       expect(static_cast<int>(list.size()) <= std::max(1, sms), name + ": a run per SM at most");
     }
+    // A plan in a workspace launches decode_capacity's grid: the schedule must fit in it.
+    const DecodeCapacity capacity =
+        decode_capacity(static_cast<int>(lens.size()), s_q, heads, sms, per_sm);
+    expect(static_cast<int>(schedule.items.size()) <= capacity.items, name + ": items fit");
+    expect(schedule.num_partials <= capacity.partials, name + ": partials fit");
+    expect(static_cast<int>(schedule.combines.size()) <= capacity.combines,
+           name + ": combines fit");
+    expect(schedule.max_splits <= capacity.max_splits, name + ": splits fit");
+    expect(schedule.rows_per_block == capacity.rows_per_block, name + ": rows per block");
   }
 }
 
@@ -121,6 +131,19 @@ int main() {
         }
       }
     }
+  }
+  // The capacity bound against random batches of random lengths (the worst cases are skewed).
+  std::mt19937 rng(20261201);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 300);
+    std::vector<int32_t> lens(static_cast<size_t>(batch));
+    const int spread = 1 << (rng() % 19);
+    for (auto& len : lens) len = 2 + static_cast<int32_t>(rng() % spread);
+    if (trial % 3 == 0) lens[0] = 1 << 18;  // one long sequence among short ones
+    const int sms = 1 + static_cast<int>(rng() % 140);
+    check_schedule(lens, 1 + static_cast<int>(rng() % 2), 16 << (rng() % 3), sms,
+                   1 + static_cast<int>(rng() % 3), 0);
+    ++cases;
   }
   expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 1, 0); });
   expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 1, 0); });

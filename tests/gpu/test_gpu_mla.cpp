@@ -167,6 +167,26 @@ void run_decode_case(const DecodeCase& test) {
   QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> out = d_out.download();
   const std::vector<float> lse = d_lse.download();
+  if (test.pages_per_split == 0) {
+    // The same schedule planned into a caller's workspace, with the fixed grid of a captured step
+    // (padding blocks) and with its own grid: the same bits.
+    for (const bool fixed_grid : {true, false}) {
+      const size_t bytes =
+          fixed_grid
+              ? gpu::MlaDecodePlan::workspace_bytes(format, batch, test.s_q, test.num_heads)
+              : gpu::MlaDecodePlan::workspace_bytes(format, test.lens, test.s_q, test.num_heads);
+      DeviceArray<uint8_t> workspace(bytes);
+      const gpu::MlaDecodePlan placed(format, test.lens, test.s_q, test.num_heads,
+                                      {workspace.data(), bytes}, fixed_grid, nullptr);
+      d_out.fill_bytes(0xff);
+      d_lse.fill_bytes(0xff);
+      gpu::mla_decode(format, params, placed);
+      QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      expect(d_out.download() == out && d_lse.download() == lse,
+             test.format + (fixed_grid ? ": fixed-grid" : ": own-grid") +
+                 " workspace plan differs from the owning plan");
+    }
+  }
 
   const double content_factor = dequant_error_factor(format.content);
   const double rope_factor = dequant_error_factor(format.rope);

@@ -28,6 +28,7 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "quantmla/dtype.h"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
@@ -384,6 +385,327 @@ void run_gemm_errors(gpu::GemmRunner& gemm) {
     untouched &= b == 0x11111111u;
   }
   expect(untouched, "linear m = 0 writes nothing");
+}
+
+// ---------------------------------------------------------------- skinny GEMM
+
+struct SkinnyCase {
+  std::string name;
+  std::vector<int32_t> group_rows;  // rows of each group; empty: dense (offsets null)
+  int64_t rows;                     // dense: the rows; grouped: rows past offsets[groups]
+  int64_t n, k;
+  int64_t pad_x, pad_y;   // row stride = width + pad
+  int64_t gather_tokens;  // > 0: x has that many rows, read through row_index
+  gpu::SkinnyEpilogue epilogue;
+  DType out_dtype;
+  float beta;
+  gpu::SkinnyTiling tiling{};        // tile_n 0: skinny_gemm's own choice
+  bool dense_pointer_array = false;  // dense: the weight through w[0] instead of `weight`
+  bool null_weight_group = false;    // grouped: the first group with rows has no weight (NaN rows)
+  bool graph = false;  // captured in a CUDA graph before the offsets are uploaded, then replayed
+};
+
+// Sums inside the kernel besides the k products: up to 8 warps' partial sums, and y for beta 1.
+constexpr int64_t kSkinnyExtraSums = 8 + 1;
+
+void run_skinny_case(const SkinnyCase& c) {
+  const bool grouped = !c.group_rows.empty();
+  const bool silu = c.epilogue == gpu::SkinnyEpilogue::kSiluMul;
+  const bool bf16 = c.out_dtype == DType::kBF16;
+  const int groups = grouped ? static_cast<int>(c.group_rows.size()) : 1;
+  std::vector<int32_t> offsets(static_cast<size_t>(groups) + 1, 0);
+  for (int g = 0; g < groups; ++g) {
+    offsets[g + 1] = offsets[g] + (grouped ? c.group_rows[g] : static_cast<int32_t>(c.rows));
+  }
+  const int64_t used = offsets[groups];
+  const int64_t max_rows = grouped ? used + c.rows : c.rows;
+  const int64_t x_rows = c.gather_tokens > 0 ? c.gather_tokens : max_rows;
+  const int64_t ldx = c.k + c.pad_x, ldy = c.n + c.pad_y;
+
+  std::vector<float> x;
+  DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(x_rows * ldx), 1.0f, &x));
+  std::vector<int32_t> row_index;
+  if (c.gather_tokens > 0) {
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(x_rows) - 1);
+    row_index.resize(static_cast<size_t>(max_rows));
+    for (auto& t : row_index) t = token(rng);
+    // Outside [0, x_rows): zeros (moe_sort marks the slots past offsets[E] with -1).
+    if (used > 0) row_index[0] = static_cast<int32_t>(x_rows);
+    if (used > 2) row_index[used / 2] = -1;
+  }
+  DeviceArray<int32_t> drow_index(row_index);
+
+  // One allocation per kind holds the matrices of the groups with rows; the others get null.
+  const auto matrix = static_cast<size_t>(c.n * c.k);
+  std::vector<int> slot(static_cast<size_t>(groups), -1);
+  int with_weights = 0, nan_group = -1;
+  for (int g = 0; g < groups; ++g) {
+    if (offsets[g + 1] == offsets[g]) continue;
+    if (c.null_weight_group && nan_group < 0) {
+      nan_group = g;
+      continue;
+    }
+    slot[g] = with_weights++;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.k));
+  std::vector<float> wg, wu;
+  DeviceArray<uint16_t> dwg(random_bf16(matrix * with_weights, scale, &wg));
+  DeviceArray<uint16_t> dwu(silu ? random_bf16(matrix * with_weights, scale, &wu)
+                                 : std::vector<uint16_t>{});
+  std::vector<const uint16_t*> pg(static_cast<size_t>(groups), nullptr), pu = pg;
+  for (int g = 0; g < groups; ++g) {
+    if (slot[g] < 0) continue;
+    pg[g] = dwg.data() + slot[g] * matrix;
+    if (silu) pu[g] = dwu.data() + slot[g] * matrix;
+  }
+  DeviceArray<const uint16_t*> dpg(pg), dpu(pu);
+  DeviceArray<int32_t> doffsets(static_cast<size_t>(groups) + 1);
+  doffsets.fill_bytes(0);  // a graph case uploads the real offsets only after the capture
+  if (!c.graph) doffsets.upload(offsets);
+
+  const size_t esize = bf16 ? 2 : 4;
+  const size_t y_bytes = static_cast<size_t>(max_rows * ldy) * esize;
+  const std::vector<float> y0 = random_f32(static_cast<size_t>(max_rows * ldy), 1.0f);
+  DeviceArray<uint8_t> dy(y_bytes), dy2(y_bytes);
+  const auto fill_y = [&](DeviceArray<uint8_t>& y) {
+    y.fill_bytes(0xff);  // beta 0: what is not written stays NaN
+    if (c.beta != 0.0f) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpy(y.data(), y0.data(), y_bytes, cudaMemcpyHostToDevice));
+    }
+  };
+  fill_y(dy);
+  fill_y(dy2);
+
+  gpu::SkinnyGemmParams p;
+  p.x = dx.data(), p.ldx = ldx, p.x_rows = x_rows;
+  p.row_index = c.gather_tokens > 0 ? drow_index.data() : nullptr;
+  p.offsets = grouped ? doffsets.data() : nullptr;
+  p.groups = groups, p.max_rows = max_rows;
+  if (grouped || c.dense_pointer_array) {
+    p.w = dpg.data();
+    p.w2 = silu ? dpu.data() : nullptr;
+  } else {
+    p.weight = pg[0];
+    p.weight2 = silu ? pu[0] : nullptr;
+  }
+  p.n = c.n, p.k = c.k, p.ldy = ldy, p.out_dtype = c.out_dtype, p.beta = c.beta;
+  p.epilogue = c.epilogue;
+  const gpu::SkinnyTiling tiling = c.tiling.tile_n != 0 ? c.tiling : gpu::skinny_gemm_tiling(p);
+  const auto launch = [&](DeviceArray<uint8_t>& y, cudaStream_t stream) {
+    p.y = y.data();
+    gpu::skinny_gemm(p, tiling, stream);
+  };
+  if (c.graph) {
+    cudaStream_t stream;
+    QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    QUANTMLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    launch(dy, stream);
+    QUANTMLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    QUANTMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    doffsets.upload(offsets);  // the routing of this step, after the capture
+    sync();                    // the fills above ran on the legacy stream
+    QUANTMLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    QUANTMLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
+    QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  } else {
+    launch(dy, kStream);
+  }
+  launch(dy2, kStream);
+  sync();
+  const std::string name = c.name + " (tile_n " + std::to_string(tiling.tile_n) + ", " +
+                           std::to_string(tiling.warps) + " warps)";
+  const auto bytes = dy.download();
+  expect(bytes == dy2.download(), name + ": two runs agree bit for bit");
+
+  std::vector<float> got;
+  std::vector<double> ref, bound;
+  bool rest_untouched = true, nan_rows = true;
+  std::vector<double> gate(static_cast<size_t>(c.n)), up(gate), mg(gate), mu(gate);
+  for (int64_t r = 0; r < max_rows; ++r) {
+    const int g =
+        static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), r) - offsets.begin()) - 1;
+    const bool written = r < used;
+    const int64_t source = c.gather_tokens > 0 ? row_index[r] : r;
+    const float* xr = source >= 0 && source < x_rows ? x.data() + source * ldx : nullptr;
+    if (written && g != nan_group) {
+      const float* wgr = wg.data() + slot[g] * matrix;
+      const float* wur = silu ? wu.data() + slot[g] * matrix : nullptr;
+      for (int64_t j = 0; j < c.n; ++j) {
+        double sg = 0, su = 0, ag = 0, au = 0;
+        for (int64_t i = 0; xr != nullptr && i < c.k; ++i) {
+          const double pg_ = static_cast<double>(xr[i]) * wgr[j * c.k + i];
+          sg += pg_, ag += std::fabs(pg_);
+          if (silu) {
+            const double pu_ = static_cast<double>(xr[i]) * wur[j * c.k + i];
+            su += pu_, au += std::fabs(pu_);
+          }
+        }
+        gate[j] = sg, up[j] = su, mg[j] = ag, mu[j] = au;
+      }
+    }
+    for (int64_t j = 0; j < ldy; ++j) {
+      const size_t at = static_cast<size_t>(r * ldy + j);
+      uint32_t b = 0;
+      std::memcpy(&b, bytes.data() + esize * at, esize);
+      const float value = bf16 ? bf16_to_f32(static_cast<uint16_t>(b)) : std::bit_cast<float>(b);
+      if (!written || j >= c.n) {
+        uint32_t initial = bf16 ? 0xffffu : 0xffffffffu;
+        if (c.beta != 0.0f) std::memcpy(&initial, &y0[at], 4);
+        rest_untouched &= b == initial;
+        continue;
+      }
+      if (g == nan_group) {
+        nan_rows &= std::isnan(value);
+        continue;
+      }
+      const double acc_g = static_cast<double>(c.k + kSkinnyExtraSums) * kAccumulateUnit * mg[j];
+      double exact = gate[j], err = acc_g;
+      if (silu) {
+        const double acc_u = static_cast<double>(c.k + kSkinnyExtraSums) * kAccumulateUnit * mu[j];
+        const double dg = acc_g + kF32Unit * std::fabs(gate[j]);
+        const double du = acc_u + kF32Unit * std::fabs(up[j]);
+        const double s = gate[j] / (1.0 + std::exp(-gate[j]));
+        exact = s * up[j];
+        // |silu'| <= 1.1; expf, the sum, the quotient and the product in FP32 (6 units); where
+        // expf(-g) overflows (g < -88) FP32 gives -0 for a true value below 1e-36.
+        err = 1.1 * dg * (std::fabs(up[j]) + du) + (std::fabs(s) + 1.1 * dg) * du +
+              6 * kF32Unit * std::fabs(exact) + (gate[j] < -88.0 ? std::fabs(exact) : 0.0);
+      } else if (c.beta != 0.0f) {
+        exact += y0[at];
+        err += kAccumulateUnit * std::fabs(y0[at]);
+      }
+      got.push_back(value);
+      ref.push_back(exact);
+      bound.push_back(err + (bf16 ? kBf16Unit : kF32Unit) * (std::fabs(exact) + err));
+    }
+  }
+  check_close(name, got, ref, bound);
+  expect(rest_untouched, name + ": rows past offsets[groups] and columns past n untouched");
+  if (nan_group >= 0) expect(nan_rows, name + ": the group without a weight gets NaN rows");
+}
+
+// Skewed routing: most groups get a few rows, some none, one gets 40.
+std::vector<int32_t> skewed_group_rows(int groups) {
+  std::vector<int32_t> rows(static_cast<size_t>(groups));
+  std::geometric_distribution<int32_t> few(0.3);
+  for (auto& r : rows) r = std::min(few(rng), 20);
+  rows[3] = 0, rows[4] = 0, rows[groups - 1] = 0;
+  rows[groups / 2] = 40;
+  return rows;
+}
+
+// The batch-1 decode: 6 of the groups get one row each.
+std::vector<int32_t> one_row_in(int groups, int chosen) {
+  std::vector<int32_t> order(static_cast<size_t>(groups));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> rows(static_cast<size_t>(groups), 0);
+  for (int i = 0; i < chosen; ++i) rows[order[i]] = 1;
+  return rows;
+}
+
+void run_skinny_cases() {
+  using gpu::SkinnyEpilogue;
+  const auto store = SkinnyEpilogue::kStore;
+  const auto silu = SkinnyEpilogue::kSiluMul;
+  const std::vector<int32_t> dense;  // no groups: offsets null
+  const gpu::SkinnyTiling chosen{};  // skinny_gemm's own tiling
+  const std::vector<SkinnyCase> cases = {
+      {"skinny dense m 1 n 2048 k 2048 F32", dense, 1, 2048, 2048, 0, 0, 0, store, DType::kF32, 0},
+      {"skinny dense m 3 n 1003 k 1408 F32 beta 1, padded", dense, 3, 1003, 1408, 8, 5, 0, store,
+       DType::kF32, 1},
+      {"skinny dense m 16 n 576 k 2048 BF16", dense, 16, 576, 2048, 0, 0, 0, store, DType::kBF16,
+       0},
+      {"skinny dense m 17 n 200 k 8 F32 (w[0])", dense, 17, 200, 8, 0, 3, 0, store, DType::kF32, 0,
+       chosen, true},
+      {"skinny dense m 64 n 1001 k 1408 silu", dense, 64, 1001, 1408, 16, 1, 0, silu, DType::kBF16,
+       0},
+      {"skinny dense m 5 n 77 k 2048 BF16, odd ldy", dense, 5, 77, 2048, 0, 3, 0, store,
+       DType::kBF16, 0},
+      {"skinny dense m 4 n 3000 k 64 gathered (one out of range)", dense, 4, 3000, 64, 0, 0, 9,
+       store, DType::kF32, 0},
+      {"skinny 64 groups skewed n 520 k 1408 silu, gathered", skewed_group_rows(64), 7, 520, 1408,
+       0, 0, 50, silu, DType::kBF16, 0},
+      {"skinny 64 groups skewed n 1000 k 256 F32 beta 1", skewed_group_rows(64), 5, 1000, 256, 0, 4,
+       0, store, DType::kF32, 1},
+      {"skinny 64 groups, 6 with 1 row, n 1408 k 2048 silu", one_row_in(64, 6), 0, 1408, 2048, 0, 0,
+       1, silu, DType::kBF16, 0},
+      {"skinny 64 groups, 6 with 1 row, n 2048 k 1408 BF16 + 6 rows", one_row_in(64, 6), 6, 2048,
+       1408, 0, 0, 0, store, DType::kBF16, 0},
+      {"skinny 64 groups, 6 with 1 row, n 2048 k 1408 F32 graph", one_row_in(64, 6), 2, 2048, 1408,
+       0, 0, 3, store, DType::kF32, 0, chosen, false, false, true},
+      {"skinny 5 groups, one without weight, n 96 k 136", std::vector<int32_t>{3, 0, 20, 1, 2}, 3,
+       96, 136, 0, 0, 0, store, DType::kF32, 0, chosen, false, true},
+  };
+  for (const SkinnyCase& c : cases) run_skinny_case(c);
+  // Every kernel variant, at its fewest and most warps and one between.
+  for (const int tile_n : {8, 16, 32, 64}) {
+    for (const int warps : {1, 3, 8}) {
+      for (const bool gated : {false, true}) {
+        // Wide tiles hold fewer warps (the shared memory): 5 for 64 weight rows, 3 for 128.
+        const int weight_rows = tile_n * (gated ? 2 : 1);
+        const int w = std::min(warps, weight_rows == 128 ? 3 : weight_rows == 64 ? 5 : 8);
+        const std::string variant = " tile " + std::to_string(tile_n);
+        if (gated) {
+          const std::vector<int32_t> groups = {17, 0, 5};
+          run_skinny_case({"skinny 3 groups n 136 k 1408 silu" + variant, groups, 2, 136, 1408, 0,
+                           0, 0, silu, DType::kBF16, 0, gpu::SkinnyTiling{tile_n, w}});
+        } else {
+          run_skinny_case({"skinny dense m 17 n 300 k 1408 F32" + variant, dense, 17, 300, 1408, 0,
+                           1, 0, store, DType::kF32, 0, gpu::SkinnyTiling{tile_n, w}});
+        }
+      }
+    }
+  }
+
+  DeviceArray<uint16_t> a(64 * 64 + 8);
+  DeviceArray<float> y(64 * 64);
+  gpu::SkinnyGemmParams p;
+  p.x = a.data(), p.ldx = 64, p.x_rows = 4, p.max_rows = 4, p.weight = a.data(), p.n = 64;
+  p.k = 64, p.y = y.data(), p.ldy = 64;
+  const auto with = [&](auto change) {
+    gpu::SkinnyGemmParams q = p;
+    change(q);
+    return [q] { gpu::skinny_gemm(q, kStream); };
+  };
+  expect_throws<ShapeError>("skinny_gemm k 12", with([](auto& q) { q.k = 12, q.ldx = 16; }));
+  expect_throws<ShapeError>("skinny_gemm ldx < k", with([](auto& q) { q.ldx = 32; }));
+  expect_throws<ShapeError>("skinny_gemm x_rows < max_rows", with([](auto& q) { q.x_rows = 3; }));
+  expect_throws<InvalidArgument>("skinny_gemm null weight",
+                                 with([](auto& q) { q.weight = nullptr; }));
+  expect_throws<InvalidArgument>("skinny_gemm misaligned x",
+                                 with([&](auto& q) { q.x = a.data() + 1; }));
+  expect_throws<InvalidArgument>("skinny_gemm misaligned weight",
+                                 with([&](auto& q) { q.weight = a.data() + 4; }));
+  expect_throws<InvalidArgument>("skinny_gemm BF16 with beta 1",
+                                 with([](auto& q) { q.out_dtype = DType::kBF16, q.beta = 1; }));
+  expect_throws<InvalidArgument>("skinny_gemm silu into F32", with([&](auto& q) {
+                                   q.epilogue = gpu::SkinnyEpilogue::kSiluMul;
+                                   q.weight2 = a.data();
+                                 }));
+  expect_throws<InvalidArgument>("skinny_gemm groups 2 without offsets",
+                                 with([](auto& q) { q.groups = 2; }));
+  expect_throws<InvalidArgument>("skinny_gemm tile_n 24", [&] {
+    gpu::skinny_gemm(p, gpu::SkinnyTiling{24, 4}, kStream);
+  });
+  expect_throws<InvalidArgument>("skinny_gemm tile 64 gated with 8 warps", [&] {
+    gpu::SkinnyGemmParams q = p;
+    q.epilogue = gpu::SkinnyEpilogue::kSiluMul, q.weight2 = a.data(), q.out_dtype = DType::kBF16;
+    gpu::skinny_gemm(q, gpu::SkinnyTiling{64, 8}, kStream);
+  });
+  // max_rows = 0: nothing happens.
+  y.fill_bytes(0x11);
+  gpu::SkinnyGemmParams none = p;
+  none.max_rows = 0;
+  gpu::skinny_gemm(none, kStream);
+  sync();
+  bool untouched = true;
+  for (const float v : y.download()) untouched &= std::bit_cast<uint32_t>(v) == 0x11111111u;
+  expect(untouched, "skinny_gemm max_rows = 0 writes nothing");
 }
 
 // ---------------------------------------------------------------- model ops
@@ -1397,6 +1719,7 @@ int main(int argc, char** argv) {
     run_batched_cases(gemm, 5, 16);
     run_batched_cases(gemm, 64, 20);
     run_gemm_errors(gemm);
+    run_skinny_cases();
 
     run_embed_case();
     run_rms_norm_case(9, 7168, 4, 0, DType::kF32, false);

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -39,6 +41,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const __grid_constant__ CombineKernelParams p) {
   extern __shared__ float weights[];  // [num_splits]
   const CombineItem item = p.items[blockIdx.x];
+  if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
   const int r = blockIdx.y;
   const float* lse =
       p.partial_lse + static_cast<int64_t>(item.first_partial) * p.rows_per_block + r;
@@ -73,23 +76,108 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = max_lse + logf(total);
 }
 
+// Where a plan's device buffers lie: one block of memory, each part 256-byte aligned, holding the
+// launched grid's work items (padding included), the combine items and the partial results.
+struct PlanLayout {
+  int items = 0;     // decode blocks launched
+  int combines = 0;  // combine blocks launched (0: no combine launch)
+  int partial_rows = 0;
+  int max_splits = 1;  // sizes the combine kernel's shared memory
+  size_t items_offset = 0, combines_offset = 0, partial_out_offset = 0, partial_lse_offset = 0;
+  size_t bytes = 0;
+
+  PlanLayout(int num_items, int num_combines, int rows, int splits)
+      : items(num_items), combines(num_combines), partial_rows(rows), max_splits(splits) {
+    const auto place = [&](size_t part_bytes) {
+      const size_t offset = bytes;
+      bytes += (part_bytes + 255) / 256 * 256;
+      return offset;
+    };
+    items_offset = place(sizeof(WorkItem) * static_cast<size_t>(items));
+    combines_offset = place(sizeof(CombineItem) * static_cast<size_t>(combines));
+    partial_out_offset = place(sizeof(float) * static_cast<size_t>(partial_rows) * kLatentDim);
+    partial_lse_offset = place(sizeof(float) * static_cast<size_t>(partial_rows));
+  }
+};
+
+struct DeviceShape {
+  int multiprocessors = 0;
+  int blocks_per_multiprocessor = 1;
+};
+
+DeviceShape device_shape(const CacheFormat& format, int s_q, int num_heads) {
+  int device = 0;
+  DeviceShape shape;
+  QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
+  QUANTMLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const bool two_tiles = row_tiles_per_block(s_q, num_heads) == 2;
+  visit_gpu_format(format, [&](auto content, auto rope) {
+    using Content = decltype(content);
+    using Rope = decltype(rope);
+    shape.blocks_per_multiprocessor = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
+                                                : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
+  });
+  return shape;
+}
+
+// The fixed layout of a workspace plan of `batch` sequences (decode_capacity).
+PlanLayout capacity_layout(const CacheFormat& format, int batch, int s_q, int num_heads) {
+  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  const DecodeCapacity capacity = decode_capacity(batch, s_q, num_heads, shape.multiprocessors,
+                                                  shape.blocks_per_multiprocessor);
+  return PlanLayout(capacity.items, capacity.combines, capacity.partials * capacity.rows_per_block,
+                    capacity.max_splits);
+}
+
+// The layout of exactly one schedule's blocks (an owning plan, or a workspace plan that launches
+// its own grid).
+PlanLayout exact_layout(const DecodeSchedule& schedule) {
+  return PlanLayout(static_cast<int>(schedule.items.size()),
+                    static_cast<int>(schedule.combines.size()),
+                    schedule.num_partials * schedule.rows_per_block, schedule.max_splits);
+}
+
 }  // namespace
 
 struct MlaDecodePlan::State {
   State(const CacheFormat& plan_format, DecodeSchedule plan_schedule, int plan_batch, int plan_s_q,
-        int plan_heads)
+        int plan_heads, const PlanLayout& plan_layout)
       : format(plan_format),
         schedule(std::move(plan_schedule)),
         batch(plan_batch),
         s_q(plan_s_q),
         num_heads(plan_heads),
-        items(schedule.items),
-        combines(schedule.combines),
-        partial_out(partial_rows() * kLatentDim),
-        partial_lse(partial_rows()) {}
+        layout(plan_layout) {}
 
-  size_t partial_rows() const {
-    return static_cast<size_t>(schedule.num_partials) * schedule.rows_per_block;
+  // Points the buffers at `base` (layout's offsets) and copies the schedule in, padding the grid
+  // with items that exit at once (batch -1).
+  void place(uint8_t* base, cudaStream_t stream, bool async) {
+    items = reinterpret_cast<WorkItem*>(base + layout.items_offset);
+    combines = reinterpret_cast<CombineItem*>(base + layout.combines_offset);
+    partial_out = reinterpret_cast<float*>(base + layout.partial_out_offset);
+    partial_lse = reinterpret_cast<float*>(base + layout.partial_lse_offset);
+    std::vector<uint8_t> host(layout.partial_out_offset, 0);
+    const WorkItem no_item{-1, 0, 0, 0, -1};
+    const CombineItem no_combine{-1, 0, 0, 0};
+    for (int i = 0; i < layout.items; ++i) {
+      const WorkItem& item =
+          i < static_cast<int>(schedule.items.size()) ? schedule.items[i] : no_item;
+      std::memcpy(host.data() + layout.items_offset + i * sizeof(WorkItem), &item, sizeof(item));
+    }
+    for (int i = 0; i < layout.combines; ++i) {
+      const CombineItem& item =
+          i < static_cast<int>(schedule.combines.size()) ? schedule.combines[i] : no_combine;
+      std::memcpy(host.data() + layout.combines_offset + i * sizeof(CombineItem), &item,
+                  sizeof(item));
+    }
+    if (async) {
+      // From pageable memory: staged before the call returns, so `host` may go.
+      QUANTMLA_CUDA_CHECK(
+          cudaMemcpyAsync(base, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+    } else {
+      QUANTMLA_CUDA_CHECK(cudaMemcpy(base, host.data(), host.size(), cudaMemcpyHostToDevice));
+    }
   }
 
   CacheFormat format;
@@ -97,29 +185,67 @@ struct MlaDecodePlan::State {
   int batch;
   int s_q;
   int num_heads;
-  DeviceArray<WorkItem> items;        // the schedule's, on the device
-  DeviceArray<CombineItem> combines;  // likewise
-  DeviceArray<float> partial_out;     // [num_partials, rows_per_block, kLatentDim]
-  DeviceArray<float> partial_lse;     // [num_partials, rows_per_block]
+  PlanLayout layout;
+  std::unique_ptr<DeviceArray<uint8_t>> owned;  // the plan's own memory, when not in a workspace
+  WorkItem* items = nullptr;                    // [layout.items]
+  CombineItem* combines = nullptr;              // [layout.combines]
+  float* partial_out = nullptr;                 // [partial_rows, kLatentDim]
+  float* partial_lse = nullptr;                 // [partial_rows]
 };
 
 MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
                              int s_q, int num_heads, int pages_per_split) {
-  int device = 0;
-  int num_sms = 0;
-  QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
-  QUANTMLA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  int blocks_per_sm = 1;
-  const bool two_tiles = row_tiles_per_block(s_q, num_heads) == 2;
-  visit_gpu_format(format, [&](auto content, auto rope) {
-    using Content = decltype(content);
-    using Rope = decltype(rope);
-    blocks_per_sm = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
-                              : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
-  });
-  state_ = std::make_unique<State>(
-      format, plan_decode(seq_lens, s_q, num_heads, num_sms, blocks_per_sm, pages_per_split),
-      static_cast<int>(seq_lens.size()), s_q, num_heads);
+  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
+                                        shape.blocks_per_multiprocessor, pages_per_split);
+  const PlanLayout layout = exact_layout(schedule);
+  state_ = std::make_unique<State>(format, std::move(schedule), static_cast<int>(seq_lens.size()),
+                                   s_q, num_heads, layout);
+  state_->owned = std::make_unique<DeviceArray<uint8_t>>(layout.bytes);
+  state_->place(state_->owned->data(), nullptr, /*async=*/false);
+}
+
+MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
+                             int s_q, int num_heads, const MlaDecodeWorkspace& workspace,
+                             bool fixed_grid, void* stream) {
+  const int batch = static_cast<int>(seq_lens.size());
+  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
+                                        shape.blocks_per_multiprocessor, 0);
+  const PlanLayout layout =
+      fixed_grid ? capacity_layout(format, batch, s_q, num_heads) : exact_layout(schedule);
+  if (workspace.device == nullptr || workspace.bytes < layout.bytes ||
+      reinterpret_cast<uintptr_t>(workspace.device) % 256 != 0) {
+    throw InvalidArgument("GPU decode plan: workspace of " + std::to_string(workspace.bytes) +
+                          " bytes, " + std::to_string(layout.bytes) + " needed for " +
+                          std::to_string(batch) + " sequences, s_q " + std::to_string(s_q) +
+                          ", 256-byte aligned");
+  }
+  if (static_cast<int>(schedule.items.size()) > layout.items ||
+      static_cast<int>(schedule.combines.size()) > layout.combines ||
+      schedule.num_partials * schedule.rows_per_block > layout.partial_rows) {
+    throw InvalidArgument(
+        "GPU decode plan (internal): the schedule's " + std::to_string(schedule.items.size()) +
+        " blocks, " + std::to_string(schedule.combines.size()) + " combines and " +
+        std::to_string(schedule.num_partials) + " partial results exceed decode_capacity");
+  }
+  state_ = std::make_unique<State>(format, std::move(schedule), batch, s_q, num_heads, layout);
+  state_->place(static_cast<uint8_t*>(workspace.device), static_cast<cudaStream_t>(stream),
+                /*async=*/true);
+}
+
+size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format, int batch, int s_q,
+                                      int num_heads) {
+  return capacity_layout(format, batch, s_q, num_heads).bytes;
+}
+
+size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format,
+                                      const std::vector<int32_t>& seq_lens, int s_q,
+                                      int num_heads) {
+  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  return exact_layout(plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
+                                  shape.blocks_per_multiprocessor, 0))
+      .bytes;
 }
 
 MlaDecodePlan::~MlaDecodePlan() = default;
@@ -162,30 +288,31 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
   kernel.seq_lens = params.seq_lens;
   kernel.out = params.out;
   kernel.lse = params.lse;
-  kernel.partial_out = state.partial_out.data();
-  kernel.partial_lse = state.partial_lse.data();
-  kernel.items = state.items.data();
+  kernel.partial_out = state.partial_out;
+  kernel.partial_lse = state.partial_lse;
+  kernel.items = state.items;
   kernel.s_q = params.s_q;
   kernel.num_heads = params.num_heads;
   kernel.record_bytes = static_cast<int>(format.record_bytes(kLatentDim, kRopeDim));
   kernel.scale_log2 = params.softmax_scale * static_cast<float>(M_LOG2E);
   kernel.kept = kept_pairs_of(format.rope);
   const DecodeSchedule& schedule = state.schedule;
+  const PlanLayout& layout = state.layout;
   visit_gpu_format(format, [&](auto content, auto rope) {
-    launch_decode<decltype(content), decltype(rope)>(
-        kernel, schedule.row_tiles_per_block, static_cast<int>(schedule.items.size()), stream);
+    launch_decode<decltype(content), decltype(rope)>(kernel, schedule.row_tiles_per_block,
+                                                     layout.items, stream);
   });
-  if (!schedule.combines.empty()) {
-    CombineKernelParams combine{state.partial_out.data(),
-                                state.partial_lse.data(),
-                                state.combines.data(),
+  if (layout.combines > 0) {
+    CombineKernelParams combine{state.partial_out,
+                                state.partial_lse,
+                                state.combines,
                                 params.out,
                                 params.lse,
                                 schedule.rows_per_block,
                                 params.s_q * params.num_heads};
-    const dim3 grid(static_cast<unsigned>(schedule.combines.size()),
+    const dim3 grid(static_cast<unsigned>(layout.combines),
                     static_cast<unsigned>(schedule.rows_per_block));
-    mla_combine_kernel<<<grid, kCombineThreads, schedule.max_splits * sizeof(float), stream>>>(
+    mla_combine_kernel<<<grid, kCombineThreads, layout.max_splits * sizeof(float), stream>>>(
         combine);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }

@@ -159,6 +159,8 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
   float* const max_rows = sum_rows + L::kRows;
 
   const WorkItem item = p.items[blockIdx.x];
+  // A plan in a workspace launches a fixed grid (CUDA graphs); its unused items are padding.
+  if (item.batch < 0) return;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int g = lane / 4;

@@ -87,4 +87,28 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
   return schedule;
 }
 
+DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiprocessors,
+                               int blocks_per_multiprocessor) {
+  if (batch < 1 || s_q < 1 || num_heads <= 0 || num_heads % 16 != 0 || multiprocessors < 1 ||
+      blocks_per_multiprocessor < 1) {
+    throw InvalidArgument("GPU decode capacity: batch " + std::to_string(batch) + ", s_q " +
+                          std::to_string(s_q) + ", heads " + std::to_string(num_heads) + ", " +
+                          std::to_string(multiprocessors) + " multiprocessors x " +
+                          std::to_string(blocks_per_multiprocessor) + " blocks");
+  }
+  const int64_t concurrent = static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
+  DecodeCapacity capacity;
+  capacity.rows_per_block = 16 * row_tiles_per_block(s_q, num_heads);
+  const int64_t row_tiles = static_cast<int64_t>(s_q) * num_heads / capacity.rows_per_block;
+  const int64_t items = concurrent + batch * row_tiles;
+  if (items > (int64_t{1} << 31) - 1) {
+    throw InvalidArgument("GPU decode capacity: " + std::to_string(items) + " blocks");
+  }
+  capacity.items = static_cast<int>(items);
+  capacity.partials = static_cast<int>(concurrent);
+  capacity.combines = static_cast<int>(std::min<int64_t>(batch * row_tiles, concurrent / 2));
+  capacity.max_splits = multiprocessors;
+  return capacity;
+}
+
 }  // namespace quantmla::gpu

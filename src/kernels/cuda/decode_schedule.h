@@ -53,4 +53,19 @@ int row_tiles_per_block(int s_q, int num_heads);
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split);
 
+// The most blocks, partial results and combine items that plan_decode with pages_per_split = 0 can
+// give `batch` sequences of any lengths: the blocks are at most the concurrent ones plus one per
+// (sequence, row tile) (each sequence's share is rounded down, then raised to at least 1), and
+// only sequences whose share is 2 or more are split, so their runs never exceed the concurrent
+// blocks. A plan in a workspace launches this fixed grid (CUDA graphs).
+struct DecodeCapacity {
+  int items = 0;
+  int partials = 0;
+  int combines = 0;
+  int max_splits = 1;
+  int rows_per_block = 16;
+};
+DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiprocessors,
+                               int blocks_per_multiprocessor);
+
 }  // namespace quantmla::gpu

@@ -57,6 +57,14 @@ void check_rows(const char* who, int64_t rows) {
   }
 }
 
+// Blocks for `rows` rows of `width` columns, 256 columns a block along x and a row along y, both
+// capped: the kernels loop over the rest.
+dim3 rows_grid(int64_t rows, int64_t width) {
+  const int64_t x = (width + kRowThreads - 1) / kRowThreads;
+  return dim3(static_cast<unsigned>(x < 64 ? x : 64),
+              static_cast<unsigned>(rows < 65535 ? rows : 65535));
+}
+
 // Enough blocks of 256 threads for `count` elements, capped: the kernels loop over the rest.
 unsigned grid_for(int64_t count) {
   const int64_t blocks = (count + kRowThreads - 1) / kRowThreads;
@@ -127,18 +135,20 @@ __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const in
   pair[1] = __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value));
 }
 
+// Rows along y, columns along x: no 64-bit division per element (it made this kernel
+// compute-bound at prefill sizes).
 __global__ void __launch_bounds__(kRowThreads)
     silu_mul_kernel(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
                     int64_t inner) {
-  const int64_t total = n * inner;
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
-       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = index / inner;
-    const int64_t i = index - r * inner;
-    const float g = gate_up[r * ld_gate_up + i];
-    const float u = gate_up[r * ld_gate_up + inner + i];
-    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    out[r * ldo + i] = to_bf16_bits(__fmul_rn(silu, u));
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+    const float* gate = gate_up + r * ld_gate_up;
+    for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < inner;
+         i += static_cast<int>(gridDim.x * blockDim.x)) {
+      const float g = gate[i];
+      const float u = gate[inner + i];
+      const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+      out[r * ldo + i] = to_bf16_bits(__fmul_rn(silu, u));
+    }
   }
 }
 
@@ -269,7 +279,7 @@ void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t l
   if (gate_up == nullptr || out == nullptr) {
     throw InvalidArgument("silu_mul: gate_up and out must be device pointers, got null");
   }
-  silu_mul_kernel<<<grid_for(n * inner), kRowThreads, 0, stream>>>(gate_up, ld_gate_up, out, ldo, n,
+  silu_mul_kernel<<<rows_grid(n, inner), kRowThreads, 0, stream>>>(gate_up, ld_gate_up, out, ldo, n,
                                                                    inner);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }

@@ -5,6 +5,7 @@
 // histogram (whose counts do not depend on the order of the increments).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -307,25 +308,20 @@ __global__ void __launch_bounds__(kCopyThreads)
 __global__ void __launch_bounds__(kCopyThreads)
     moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                        const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d) {
-  const int64_t total = n * d;
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
-       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = index / d;
-    const int64_t c = index - t * d;
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int32_t slot = slot_of[t * k + j];
-      if (slot < 0) continue;
-      sum = __fmaf_rn(weights[t * k + j], expert_out[slot * ld_expert_out + c], sum);
+  // Tokens along y, columns along x: no 64-bit division per element.
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < d;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float sum = 0.0f;
+      for (int j = 0; j < k; ++j) {
+        const int32_t slot = slot_of[t * k + j];
+        if (slot < 0) continue;
+        sum = __fmaf_rn(weights[t * k + j], expert_out[slot * ld_expert_out + c], sum);
+      }
+      float& target = x[t * ld_x + c];
+      target = __fadd_rn(target, sum);
     }
-    float& target = x[t * ld_x + c];
-    target = __fadd_rn(target, sum);
   }
-}
-
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kCopyThreads - 1) / kCopyThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
 }
 
 }  // namespace
@@ -484,8 +480,11 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
     throw InvalidArgument(
         "moe_combine: expert_out, slot_of, weights and x must be device pointers, got null");
   }
-  moe_combine_kernel<<<grid_for(n * d), kCopyThreads, 0, stream>>>(
-      expert_out, ld_expert_out, slot_of, weights, x, ld_x, n, k, d);
+  const int64_t column_blocks = std::min<int64_t>((d + kCopyThreads - 1) / kCopyThreads, 64);
+  const dim3 grid(static_cast<unsigned>(column_blocks),
+                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  moe_combine_kernel<<<grid, kCopyThreads, 0, stream>>>(expert_out, ld_expert_out, slot_of, weights,
+                                                        x, ld_x, n, k, d);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "model/rope.h"
 #include "quantmla/dtype.h"
 #include "quantmla/error.h"
@@ -28,6 +29,11 @@ namespace quantmla {
 namespace {
 
 size_t sz(int64_t count) { return static_cast<size_t>(count); }
+
+// Steps of at most this many tokens run their projections through the skinny kernel.
+constexpr int64_t kSkinnyMaxRows = 16;
+// The routed experts run as grouped skinny products while they average at most this many rows.
+constexpr int64_t kGroupedRowsPerExpert = 32;
 
 // One cudaMalloc for many buffers, each aligned to 256 bytes: the weights, and the step's
 // activations (sized once for the largest step).
@@ -93,6 +99,10 @@ struct DeviceLayer {
   DeviceLinear router;
   const float* correction_bias = nullptr;
   std::vector<const uint16_t*> expert_gate, expert_up, expert_down;  // host arrays of pointers
+  // The same pointers on the device (skinny_gemm's grouped products).
+  const uint16_t* const* device_gate = nullptr;
+  const uint16_t* const* device_up = nullptr;
+  const uint16_t* const* device_down = nullptr;
   bool has_shared = false;
   DeviceMlp shared;
 };
@@ -129,8 +139,17 @@ class WeightUploader {
     }
     return device;
   }
+  const uint16_t* const* pointers(const std::vector<const uint16_t*>& host) {
+    const uint16_t** device = arena_.take<const uint16_t*>(static_cast<int64_t>(host.size()));
+    if (!counting_) {
+      QUANTMLA_CUDA_CHECK(
+          cudaMemcpy(device, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+    }
+    return device;
+  }
   DeviceMlp mlp(const std::string& prefix, int64_t hidden, int64_t inner) {
-    return {linear(prefix + ".gate_proj", inner, hidden), linear(prefix + ".up_proj", inner, hidden),
+    return {linear(prefix + ".gate_proj", inner, hidden),
+            linear(prefix + ".up_proj", inner, hidden),
             linear(prefix + ".down_proj", hidden, inner)};
   }
 
@@ -186,6 +205,9 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
         layer.expert_up.push_back(expert.up.w);
         layer.expert_down.push_back(expert.down.w);
       }
+      layer.device_gate = up.pointers(layer.expert_gate);
+      layer.device_up = up.pointers(layer.expert_up);
+      layer.device_down = up.pointers(layer.expert_down);
       if (c.n_shared_experts > 0) {
         layer.has_shared = true;
         layer.shared = up.mlp(m + "shared_experts", c.hidden_size,
@@ -262,7 +284,7 @@ class CudaRunner final : public Runner {
     size_activations();
     activations_.allocate();
     size_activations();
-    QUANTMLA_CUDA_CHECK(cudaStreamCreate(&stream_));
+    QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<gpu::GemmRunner>();
     if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
     std::fprintf(stderr,
@@ -273,6 +295,8 @@ class CudaRunner final : public Runner {
                  static_cast<long long>(options.max_batch_tokens));
   }
   ~CudaRunner() override {
+    clear_graphs();
+    for (PlanWorkspace& w : plan_workspaces_) cudaFree(w.device);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -285,9 +309,14 @@ class CudaRunner final : public Runner {
     const CacheShape shape{config_.num_layers, config_.kv_lora_rank, config_.qk_rope_head_dim};
     const int64_t layer_bytes = std::max<int64_t>(num_pages, 1) * kPageTokens *
                                 format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
-    return std::make_unique<PagePool>(
+    auto pool = std::make_unique<PagePool>(
         shape, format, num_pages,
         std::make_unique<DevicePageStorage>(shape.num_layers, layer_bytes));
+    std::fprintf(stderr, "cuda runner: cache pool of %lld pages (%lld tokens) in %s, %.3f GiB\n",
+                 static_cast<long long>(num_pages), static_cast<long long>(num_pages * kPageTokens),
+                 format.to_string().c_str(),
+                 static_cast<double>(shape.num_layers * layer_bytes) / double(1 << 30));
+    return pool;
   }
 
   void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) override {
@@ -298,15 +327,22 @@ class CudaRunner final : public Runner {
     const int64_t n = batch.num_tokens();
     if (n > options_.max_batch_tokens ||
         static_cast<int64_t>(batch.chunks.size()) > options_.max_sequences) {
-      throw InvalidArgument("step: " + std::to_string(n) + " tokens of " +
-                            std::to_string(batch.chunks.size()) +
-                            " sequences, the runner was sized for " +
-                            std::to_string(options_.max_batch_tokens) + " tokens and " +
-                            std::to_string(options_.max_sequences) + " sequences");
+      throw InvalidArgument(
+          "step: " + std::to_string(n) + " tokens of " + std::to_string(batch.chunks.size()) +
+          " sequences, the runner was sized for " + std::to_string(options_.max_batch_tokens) +
+          " tokens and " + std::to_string(options_.max_sequences) + " sequences");
     }
     stats_ = {};
-    prepare(batch, pool);
-    for (int64_t l = 0; l < config_.num_layers; ++l) run_layer(l, pool);
+    want_logits_ = !outputs.logits.empty();
+    want_tokens_ = !outputs.tokens.empty();
+    const bool decode_only = n == static_cast<int64_t>(batch.chunks.size());
+    const bool graph = decode_only && n <= options_.max_graph_tokens && moe_grouped(n);
+    prepare(batch, pool, graph);
+    if (graph) {
+      run_graph(pool);
+    } else {
+      forward(pool);
+    }
     finish(batch, pool, outputs);
   }
 
@@ -321,14 +357,40 @@ class CudaRunner final : public Runner {
     std::unique_ptr<gpu::MlaDecodePlan> plan;
   };
 
+  // Device memory of one group's decode plan, kept across steps and grown to the largest need
+  // seen (rounded up to a power of two), so that steady-state steps allocate nothing.
+  struct PlanWorkspace {
+    void* device = nullptr;
+    size_t bytes = 0;
+  };
+
+  // A captured decode step: its kernels bake in the batch size, the block-table width and the
+  // pool's page addresses, so those are its key.
+  struct GraphKey {
+    int64_t tokens;
+    int64_t logit_rows;
+    int64_t block_stride;
+    const uint8_t* pages;
+    int64_t layer_stride;
+    std::string format;
+    bool logits, sampled;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct CapturedStep {
+    cudaGraphExec_t exec = nullptr;
+    int runs = 0;     // uncaptured runs so far (the first warms the plan and kernel caches)
+    StepStats stats;  // the dense GEMMs' counts (the routed experts' come from the device)
+  };
+  static constexpr size_t kMaxGraphs = 64;
+
   void size_activations() {
     DeviceArena& a = activations_;
     const ModelConfig& c = config_;
     const int64_t t = options_.max_batch_tokens;
     const int64_t heads = c.num_heads, hp = gpu::padded_heads(static_cast<int>(heads));
     const int64_t k = std::max<int64_t>(c.num_experts_per_tok, 1);
-    const int64_t inner = std::max({c.intermediate_size, c.n_shared_experts *
-                                                             c.moe_intermediate_size});
+    const int64_t inner =
+        std::max({c.intermediate_size, c.n_shared_experts * c.moe_intermediate_size});
     buf_.ids = a.take<int32_t>(t);
     buf_.positions = a.take<int32_t>(t);
     buf_.seq_ids = a.take<int32_t>(t);
@@ -359,6 +421,7 @@ class CudaRunner final : public Runner {
       buf_.experts = a.take<int32_t>(slots);
       buf_.expert_weights = a.take<float>(slots);
       buf_.sort.counts = a.take<int32_t>(e);
+      buf_.layer_expert_counts = a.take<int32_t>(c.num_layers * e);
       buf_.sort.offsets = a.take<int32_t>(e + 1);
       buf_.sort.slot_of = a.take<int32_t>(slots);
       buf_.sort.token_of_slot = a.take<int32_t>(slots);
@@ -375,28 +438,60 @@ class CudaRunner final : public Runner {
     return PagePool::pages_for_tokens(config_.max_position_embeddings);
   }
 
-  // Lays out the step: token order by group, block table, positions, decode plans.
-  void prepare(const StepBatch& batch, PagePool& pool) {
+  // The routed experts run as two grouped skinny products (no host synchronization, so the step
+  // can be captured) when they average few rows each; otherwise as one cuBLASLt GEMM per expert
+  // after the expert offsets are copied to the host.
+  bool moe_grouped(int64_t tokens) const {
+    const ModelConfig& c = config_;
+    if (c.n_routed_experts == 0) return true;
+    return tokens * c.num_experts_per_tok <= kGroupedRowsPerExpert * c.n_routed_experts &&
+           c.hidden_size % 8 == 0 && c.moe_intermediate_size % 8 == 0;
+  }
+
+  gpu::MlaDecodeWorkspace plan_workspace(size_t group, size_t bytes) {
+    if (plan_workspaces_.size() <= group) plan_workspaces_.resize(group + 1);
+    PlanWorkspace& w = plan_workspaces_[group];
+    if (w.bytes < bytes) {
+      size_t grown = 4096;
+      while (grown < bytes) grown *= 2;
+      // The old plan may still be read by queued kernels.
+      QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      QUANTMLA_CUDA_CHECK(cudaFree(w.device));
+      w.device = nullptr;
+      w.bytes = 0;
+      QUANTMLA_CUDA_CHECK(cudaMalloc(&w.device, grown));
+      w.bytes = grown;
+      if (group == 0) clear_graphs();  // they read the old address
+    }
+    return {w.device, w.bytes};
+  }
+
+  // Lays out the step on the host and uploads it: token order by group, positions, block table
+  // (its width rounded up to a power of two so that captured steps are reused as sequences grow),
+  // decode plans, and the rows that need logits with their sampling parameters.
+  void prepare(const StepBatch& batch, PagePool& pool, bool fixed_grid) {
     const int64_t chunks = static_cast<int64_t>(batch.chunks.size());
     order_.resize(sz(chunks));
     for (int64_t i = 0; i < chunks; ++i) order_[sz(i)] = i;
     std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
       return batch.chunks[a].tokens.size() < batch.chunks[b].tokens.size();
     });
-    int64_t stride = 1;
+    int64_t pages = 1;
     for (const SequenceChunk& chunk : batch.chunks) {
-      stride = std::max<int64_t>(stride, pool.block_table(chunk.sequence).size());
+      pages = std::max<int64_t>(pages, pool.block_table(chunk.sequence).size());
     }
-    if (stride > max_pages_per_sequence()) {
-      throw InvalidArgument("step: a sequence holds " + std::to_string(stride) +
+    if (pages > max_pages_per_sequence()) {
+      throw InvalidArgument("step: a sequence holds " + std::to_string(pages) +
                             " pages, more than max_position_embeddings allows");
     }
-    block_stride_ = stride;
+    int64_t stride = 16;
+    while (stride < pages) stride *= 2;
+    block_stride_ = std::min(stride, max_pages_per_sequence());
     host_ids_.clear();
     host_positions_.clear();
     host_seq_ids_.clear();
     host_seq_lens_.assign(sz(chunks), 0);
-    host_block_table_.assign(sz(chunks * stride), 0);
+    host_block_table_.assign(sz(chunks * block_stride_), 0);
     chunk_first_token_.assign(sz(chunks), 0);
     groups_.clear();
     for (int64_t g = 0; g < chunks; ++g) {
@@ -415,16 +510,43 @@ class CudaRunner final : public Runner {
       }
       host_seq_lens_[sz(g)] = static_cast<int32_t>(pos0 + s_q);
       const std::vector<int32_t>& table = pool.block_table(chunk.sequence);
-      std::copy(table.begin(), table.end(), host_block_table_.begin() + g * stride);
+      std::copy(table.begin(), table.end(), host_block_table_.begin() + g * block_stride_);
     }
     const int hp = gpu::padded_heads(config_.num_heads);
-    for (Group& group : groups_) {
-      const std::vector<int32_t> lens(host_seq_lens_.begin() + group.first_chunk,
-                                      host_seq_lens_.begin() + group.first_chunk + group.num_chunks);
-      group.plan = std::make_unique<gpu::MlaDecodePlan>(pool.format(), lens,
-                                                        static_cast<int>(group.s_q), hp);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      Group& group = groups_[i];
+      const std::vector<int32_t> lens(
+          host_seq_lens_.begin() + group.first_chunk,
+          host_seq_lens_.begin() + group.first_chunk + group.num_chunks);
+      const int s_q = static_cast<int>(group.s_q);
+      // A fixed grid is sized for the most sequences a step may hold, so it never grows.
+      const size_t bytes =
+          fixed_grid ? gpu::MlaDecodePlan::workspace_bytes(
+                           pool.format(), static_cast<int>(options_.max_sequences), s_q, hp)
+                     : gpu::MlaDecodePlan::workspace_bytes(pool.format(), lens, s_q, hp);
+      group.plan = std::make_unique<gpu::MlaDecodePlan>(
+          pool.format(), lens, s_q, hp, plan_workspace(i, bytes), fixed_grid, stream_);
+    }
+    host_rows_.clear();
+    host_sample_params_.clear();
+    for (size_t i = 0; i < batch.chunks.size(); ++i) {
+      const SequenceChunk& chunk = batch.chunks[i];
+      const int64_t first = chunk_first_token_[i];
+      const int64_t count = static_cast<int64_t>(chunk.tokens.size());
+      const int64_t pos0 = pool.length(chunk.sequence);
+      const auto add = [&](int64_t t) {
+        host_rows_.push_back(static_cast<int32_t>(first + t));
+        host_sample_params_.push_back({chunk.sampling.temperature, chunk.sampling.top_p,
+                                       chunk.sampling.seed, static_cast<uint64_t>(pos0 + t + 1)});
+      };
+      if (chunk.logits == LogitRows::kAll) {
+        for (int64_t t = 0; t < count; ++t) add(t);
+      } else if (chunk.logits == LogitRows::kLast) {
+        add(count - 1);
+      }
     }
     const auto upload = [&](auto* device, const auto& host) {
+      if (host.empty()) return;
       QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(host[0]),
                                           cudaMemcpyHostToDevice, stream_));
     };
@@ -433,9 +555,77 @@ class CudaRunner final : public Runner {
     upload(buf_.seq_ids, host_seq_ids_);
     upload(buf_.seq_lens, host_seq_lens_);
     upload(buf_.block_table, host_block_table_);
+    upload(buf_.logit_rows, host_rows_);
+    if (want_tokens_) upload(buf_.sample_params, host_sample_params_);
     n_ = static_cast<int64_t>(host_ids_.size());
+  }
+
+  // The step's kernels, from the embedding to the sampled tokens, all on stream_ (captured as a
+  // graph for decode steps): nothing here synchronizes or copies from the host.
+  void forward(PagePool& pool) {
     gpu::embed(buf_.ids, model_.embed, buf_.x, n_, config_.hidden_size, config_.vocab_size,
                stream_);
+    for (int64_t l = 0; l < config_.num_layers; ++l) run_layer(l, pool);
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size, vocab = c.vocab_size;
+    const int64_t r = static_cast<int64_t>(host_rows_.size());
+    if (r == 0 || (!want_logits_ && !want_tokens_)) return;
+    gpu::gather_rows(buf_.x, d, n_, buf_.logit_rows, r, buf_.final_rows, d, DType::kF32, d,
+                     stream_);
+    gpu::rms_norm(buf_.final_rows, d, model_.final_norm, buf_.h, d, DType::kBF16, r, d,
+                  static_cast<float>(c.rms_norm_eps), stream_);
+    gemm(r, vocab, d, buf_.h, d, model_.lm_head.w, buf_.logits, vocab, DType::kF32, 0.0f);
+    if (want_tokens_) {
+      gpu::sample_tokens(buf_.logits, vocab, r, vocab, buf_.sample_params, buf_.sampled, stream_);
+    }
+  }
+
+  // A decode step through its captured graph: run uncaptured the first time a key is seen
+  // (plans, cuBLASLt's heuristics and kernel attributes are set up outside any capture), captured
+  // and replayed the second time, replayed after.
+  void run_graph(PagePool& pool) {
+    const GraphKey key{
+        n_,
+        static_cast<int64_t>(host_rows_.size()),
+        block_stride_,
+        pool.storage().layer_pages(0),
+        config_.num_layers > 1 ? pool.storage().layer_pages(1) - pool.storage().layer_pages(0) : 0,
+        pool.format().to_string(),
+        want_logits_,
+        want_tokens_};
+    if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) clear_graphs();
+    CapturedStep& captured = graphs_[key];
+    if (captured.exec == nullptr && captured.runs++ == 0) {
+      forward(pool);
+      return;
+    }
+    if (captured.exec == nullptr) {
+      QUANTMLA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      cudaGraph_t graph = nullptr;
+      try {
+        forward(pool);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        graphs_.erase(key);
+        throw;
+      }
+      QUANTMLA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t made = cudaGraphInstantiate(&captured.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      QUANTMLA_CUDA_CHECK(made);
+      captured.stats = stats_;
+    }
+    QUANTMLA_CUDA_CHECK(cudaGraphLaunch(captured.exec, stream_));
+    stats_ = captured.stats;
+    stats_.graph_replayed = true;
+  }
+
+  void clear_graphs() {
+    for (auto& [key, captured] : graphs_) {
+      if (captured.exec != nullptr) cudaGraphExecDestroy(captured.exec);
+    }
+    graphs_.clear();
   }
 
   void run_layer(int64_t l, PagePool& pool) {
@@ -447,9 +637,8 @@ class CudaRunner final : public Runner {
     const float eps = static_cast<float>(c.rms_norm_eps);
     const int64_t n = n_;
     const auto linear = [&](const DeviceLinear& w, const uint16_t* x, int64_t ldx, void* y,
-                            int64_t ldy, DType out, float beta) {
-      gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta);
-    };
+                            int64_t ldy, DType out,
+                            float beta) { gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta); };
 
     gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     if (c.q_lora_rank > 0) {
@@ -470,8 +659,8 @@ class CudaRunner final : public Runner {
     QUANTMLA_CUDA_CHECK(cudaMemcpy2DAsync(buf_.k_pe, c.qk_rope_head_dim * 4, buf_.kv + rank,
                                           width * 4, c.qk_rope_head_dim * 4, sz(n),
                                           cudaMemcpyDeviceToDevice, stream_));
-    gpu::rope(buf_.q + nope, heads * qk, qk, buf_.positions, model_.inv_freq, attention_factor_,
-              n, heads, static_cast<int>(c.qk_rope_head_dim), stream_);
+    gpu::rope(buf_.q + nope, heads * qk, qk, buf_.positions, model_.inv_freq, attention_factor_, n,
+              heads, static_cast<int>(c.qk_rope_head_dim), stream_);
 
     uint8_t* pages = pool.storage().layer_pages(l);
     gpu::MlaWriteParams write;
@@ -553,17 +742,34 @@ class CudaRunner final : public Runner {
 
     gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     if (layer.is_moe) {
-      run_moe(layer);
+      run_moe(l, layer);
       if (layer.has_shared) run_mlp(layer.shared);
     } else {
       run_mlp(layer.mlp);
     }
   }
 
-  // y[m, out] = x W^T through cuBLASLt, counted for last_step_stats.
+  // y[m, out] = x W^T (+ beta y): the skinny kernel for decode-sized steps (the weight read is
+  // the time), cuBLASLt otherwise; counted for last_step_stats.
   void gemm(int64_t m, int64_t out, int64_t in, const uint16_t* x, int64_t ldx, const uint16_t* w,
             void* y, int64_t ldy, DType out_dtype, float beta) {
-    gemm_->linear(m, out, in, x, ldx, w, in, y, ldy, out_dtype, beta, stream_);
+    if (m <= kSkinnyMaxRows && in % 8 == 0 && ldx % 8 == 0) {
+      gpu::SkinnyGemmParams p;
+      p.x = x;
+      p.ldx = ldx;
+      p.x_rows = m;
+      p.max_rows = m;
+      p.weight = w;
+      p.n = out;
+      p.k = in;
+      p.y = y;
+      p.ldy = ldy;
+      p.out_dtype = out_dtype;
+      p.beta = beta;
+      gpu::skinny_gemm(p, stream_);
+    } else {
+      gemm_->linear(m, out, in, x, ldx, w, in, y, ldy, out_dtype, beta, stream_);
+    }
     count(out * in, m * out * in);
   }
   void count(int64_t weights, int64_t multiply_adds) {
@@ -574,87 +780,120 @@ class CudaRunner final : public Runner {
   // x += down(silu(gate h) * up h)
   void run_mlp(const DeviceMlp& mlp) {
     const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
-    gemm(n, inner, d, buf_.h, d, mlp.gate.w, buf_.gate_up, 2 * inner, DType::kF32, 0.0f);
-    gemm(n, inner, d, buf_.h, d, mlp.up.w, buf_.gate_up + inner, 2 * inner, DType::kF32, 0.0f);
-    gpu::silu_mul(buf_.gate_up, 2 * inner, buf_.act, inner, n, inner, stream_);
+    if (n <= kSkinnyMaxRows && d % 8 == 0 && inner % 8 == 0) {
+      gpu::SkinnyGemmParams p;
+      p.x = buf_.h;
+      p.ldx = d;
+      p.x_rows = n;
+      p.max_rows = n;
+      p.weight = mlp.gate.w;
+      p.weight2 = mlp.up.w;
+      p.n = inner;
+      p.k = d;
+      p.y = buf_.act;
+      p.ldy = inner;
+      p.out_dtype = DType::kBF16;
+      p.epilogue = gpu::SkinnyEpilogue::kSiluMul;
+      gpu::skinny_gemm(p, stream_);
+      count(2 * inner * d, 2 * n * inner * d);
+    } else {
+      gemm(n, inner, d, buf_.h, d, mlp.gate.w, buf_.gate_up, 2 * inner, DType::kF32, 0.0f);
+      gemm(n, inner, d, buf_.h, d, mlp.up.w, buf_.gate_up + inner, 2 * inner, DType::kF32, 0.0f);
+      gpu::silu_mul(buf_.gate_up, 2 * inner, buf_.act, inner, n, inner, stream_);
+    }
     gemm(n, d, inner, buf_.act, inner, mlp.down.w, buf_.x, d, DType::kF32, 1.0f);
   }
 
-  void run_moe(const DeviceLayer& layer) {
+  // The routed experts. Their weight reads and FLOPs are counted in finish from the per-layer
+  // expert counts, copied aside here on the device.
+  void run_moe(int64_t l, const DeviceLayer& layer) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
+    const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
     gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
     gpu::moe_route(buf_.router_logits, e, layer.correction_bias, buf_.experts, buf_.expert_weights,
                    n, route_, stream_);
     gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), buf_.sort, stream_);
-    host_offsets_.resize(sz(e + 1));
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), buf_.sort.offsets, (e + 1) * 4,
-                                        cudaMemcpyDeviceToHost, stream_));
-    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    const int64_t slots = host_offsets_.back();
-    gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
-    const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
-                                        layer.expert_down.data()};
-    gpu::moe_expert_mlps(*gemm_, host_offsets_.data(), static_cast<int>(e), buf_.sorted, d,
-                         weights, d, c.moe_intermediate_size, buf_.expert_gate_up, buf_.expert_act,
-                         buf_.expert_out, d, stream_);
-    const int64_t inner = c.moe_intermediate_size;
-    for (int64_t i = 0; i < e; ++i) {
-      const int64_t rows = host_offsets_[sz(i + 1)] - host_offsets_[sz(i)];
-      if (rows > 0) count(3 * inner * d, 3 * rows * inner * d);
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.layer_expert_counts + l * e, buf_.sort.counts, e * 4,
+                                        cudaMemcpyDeviceToDevice, stream_));
+    if (moe_grouped(n)) {
+      gpu::SkinnyGemmParams gate_up;
+      gate_up.x = buf_.h;
+      gate_up.ldx = d;
+      gate_up.x_rows = n;
+      gate_up.row_index = buf_.sort.token_of_slot;
+      gate_up.offsets = buf_.sort.offsets;
+      gate_up.groups = static_cast<int>(e);
+      gate_up.max_rows = n * k;
+      gate_up.w = layer.device_gate;
+      gate_up.w2 = layer.device_up;
+      gate_up.n = inner;
+      gate_up.k = d;
+      gate_up.y = buf_.expert_act;
+      gate_up.ldy = inner;
+      gate_up.out_dtype = DType::kBF16;
+      gate_up.epilogue = gpu::SkinnyEpilogue::kSiluMul;
+      gpu::skinny_gemm(gate_up, stream_);
+      gpu::SkinnyGemmParams down;
+      down.x = buf_.expert_act;
+      down.ldx = inner;
+      down.x_rows = n * k;
+      down.offsets = buf_.sort.offsets;
+      down.groups = static_cast<int>(e);
+      down.max_rows = n * k;
+      down.w = layer.device_down;
+      down.n = d;
+      down.k = inner;
+      down.y = buf_.expert_out;
+      down.ldy = d;
+      down.out_dtype = DType::kF32;
+      gpu::skinny_gemm(down, stream_);
+    } else {
+      host_offsets_.resize(sz(e + 1));
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), buf_.sort.offsets, (e + 1) * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
+      QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const int64_t slots = host_offsets_.back();
+      gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+      const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
+                                          layer.expert_down.data()};
+      gpu::moe_expert_mlps(*gemm_, host_offsets_.data(), static_cast<int>(e), buf_.sorted, d,
+                           weights, d, inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out,
+                           d, stream_);
     }
-    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
-                     d, stream_);
+    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
+                     stream_);
   }
 
-  // Final norm and LM head for the rows that need logits (in the caller's chunk order), sampling,
-  // and the lengths committed.
+  // The outputs copied back, the routed experts counted, the lengths committed.
   void finish(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) {
     const ModelConfig& c = config_;
-    const int64_t d = c.hidden_size, vocab = c.vocab_size;
-    std::vector<int32_t> rows;
-    std::vector<gpu::SampleParams> params;
-    for (size_t i = 0; i < batch.chunks.size(); ++i) {
-      const SequenceChunk& chunk = batch.chunks[i];
-      const int64_t first = chunk_first_token_[i];
-      const int64_t count = static_cast<int64_t>(chunk.tokens.size());
-      const int64_t pos0 = pool.length(chunk.sequence);
-      const auto add = [&](int64_t t) {
-        rows.push_back(static_cast<int32_t>(first + t));
-        params.push_back({chunk.sampling.temperature, chunk.sampling.top_p, chunk.sampling.seed,
-                          static_cast<uint64_t>(pos0 + t + 1)});
-      };
-      if (chunk.logits == LogitRows::kAll) {
-        for (int64_t t = 0; t < count; ++t) add(t);
-      } else if (chunk.logits == LogitRows::kLast) {
-        add(count - 1);
-      }
+    const int64_t r = static_cast<int64_t>(host_rows_.size());
+    if (r > 0 && want_tokens_) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.tokens.data(), buf_.sampled, r * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
     }
-    const int64_t r = static_cast<int64_t>(rows.size());
-    if (r > 0 && (!outputs.logits.empty() || !outputs.tokens.empty())) {
-      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.logit_rows, rows.data(), rows.size() * 4,
-                                          cudaMemcpyHostToDevice, stream_));
-      gpu::gather_rows(buf_.x, d, n_, buf_.logit_rows, r, buf_.final_rows, d, DType::kF32, d,
-                       stream_);
-      gpu::rms_norm(buf_.final_rows, d, model_.final_norm, buf_.h, d, DType::kBF16, r, d,
-                    static_cast<float>(c.rms_norm_eps), stream_);
-      gemm(r, vocab, d, buf_.h, d, model_.lm_head.w, buf_.logits, vocab, DType::kF32, 0.0f);
-      if (!outputs.tokens.empty()) {
-        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.sample_params, params.data(),
-                                            params.size() * sizeof(params[0]),
-                                            cudaMemcpyHostToDevice, stream_));
-        gpu::sample_tokens(buf_.logits, vocab, r, vocab, buf_.sample_params, buf_.sampled,
-                           stream_);
-        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.tokens.data(), buf_.sampled, r * 4,
-                                            cudaMemcpyDeviceToHost, stream_));
-      }
-      if (!outputs.logits.empty()) {
-        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.logits.data(), buf_.logits, r * vocab * 4,
-                                            cudaMemcpyDeviceToHost, stream_));
-      }
+    if (r > 0 && want_logits_) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.logits.data(), buf_.logits, r * c.vocab_size * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
+    }
+    const int64_t e = c.n_routed_experts;
+    if (e > 0) {
+      host_expert_counts_.resize(sz(c.num_layers * e));
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_expert_counts_.data(), buf_.layer_expert_counts,
+                                          host_expert_counts_.size() * 4, cudaMemcpyDeviceToHost,
+                                          stream_));
     }
     QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int64_t inner = c.moe_intermediate_size;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (!model_.layers[sz(l)].is_moe) continue;
+      for (int64_t i = 0; i < e; ++i) {
+        const int64_t rows = host_expert_counts_[sz(l * e + i)];
+        if (rows > 0) count(3 * inner * c.hidden_size, 3 * rows * inner * c.hidden_size);
+      }
+    }
     for (const SequenceChunk& chunk : batch.chunks) {
       pool.set_length(chunk.sequence,
                       pool.length(chunk.sequence) + static_cast<int64_t>(chunk.tokens.size()));
@@ -669,6 +908,7 @@ class CudaRunner final : public Runner {
     float* router_logits = nullptr;
     int32_t* experts = nullptr;
     float* expert_weights = nullptr;
+    int32_t* layer_expert_counts = nullptr;  // [layers, E]: each layer's slots per expert
     gpu::MoeSortBuffers sort;
     uint16_t* sorted = nullptr;
     float* expert_gate_up = nullptr;
@@ -688,8 +928,13 @@ class CudaRunner final : public Runner {
   std::unique_ptr<gpu::GemmRunner> gemm_;
   StepStats stats_;
   gpu::MoeRouteParams route_;
+  std::vector<PlanWorkspace> plan_workspaces_;  // one per group of a step
+  std::map<GraphKey, CapturedStep> graphs_;
   // The step being run.
   int64_t n_ = 0;
+  bool want_logits_ = false, want_tokens_ = false;
+  std::vector<int32_t> host_rows_, host_expert_counts_;
+  std::vector<gpu::SampleParams> host_sample_params_;
   int64_t block_stride_ = 1;
   std::vector<int64_t> order_, chunk_first_token_;
   std::vector<Group> groups_;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the GPU machine, after run-runner.sh's build stage: where a runner step's time goes, on a
+# 3-layer random V2-Lite (one dense layer, two MoE layers). For each shape (decode at batch 1 and
+# 16, a 2K prefill) it times the steps without a profiler, then runs them under Nsight Compute and
+# sums the kernels' durations per kernel name, so that wall time minus kernel time shows the host
+# and launch overhead.
+#   bash bench/gpu/profile-runner.sh [SHAPE ...]   SHAPE: decode:B or prefill:P (bench_runner --only)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-results}
+build=build-gpu-full
+mkdir -p "$out"
+shapes=("$@")
+[[ ${#shapes[@]} -gt 0 ]] || shapes=(decode:1 decode:16 prefill:1)
+model=/tmp/v2-lite-3
+[[ -f $model/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
+  --layers 3 --out $model --seed 1 >/dev/null 2>&1 || { echo "make-random-model failed"; exit 1; }
+for shape in "${shapes[@]}"; do
+  name=${shape/:/-}
+  echo "== $shape"
+  $build/bench/gpu/bench_runner --model $model --only "$shape" --repeats 10 2>&1 | tail -1
+  # --repeats 1: three steps (two warm-up); the last step's kernels are the ones summed.
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    $build/bench/gpu/bench_runner --model $model --only "$shape" --repeats 1 \
+    >"$out/ncu-$name.csv" 2>"$out/ncu-$name.err"
+  python3 bench/gpu/ncu_step_table.py "$out/ncu-$name.csv" | tee "$out/ncu-$name.txt"
+done

@@ -1,0 +1,643 @@
+// skinny_gemm.h: y = x W^T for few rows, where the time is the weight read.
+//
+// Design (numbers for an H200: 132 SMs, 228 KB of shared memory per SM, ~4.3 TB/s copy):
+// - One CTA owns a tile of 16 output rows (one group's, found through the device offsets) and
+//   tile_n output columns (8, 16, 32 or 64; kSiluMul loads tile_n gate and tile_n up rows). Its
+//   warps split K: warp w takes the 64-element chunks w, w + warps, w + 2 warps, ... of the whole
+//   K, accumulates them in FP32 registers with mma.sync m16n8k16 (x rows as A, zero-filled past
+//   the tile's rows; W rows as the K-major "col" B operand, which is how a Linear weight [n, k] is
+//   stored), and the warps' partial sums are added through shared memory in warp order at the end
+//   (a fixed order: the result depends on the inputs and the tiling only, never on timing).
+// - Each warp streams its own chunks through a private 4-stage cp.async ring (16 x 128 bytes of
+//   x and tile_n x 128 bytes of W per stage, XOR-swizzled 16-byte segments so that ldmatrix is
+//   conflict-free), synchronized with __syncwarp only: no block barrier in the main loop, so a
+//   warp never waits for a slower one before issuing its next loads. All 4 stages are requested
+//   before the first wait, the weights before the x rows (whose addresses wait on row_index). A
+//   128-byte segment of a W row is one cache line; one cp.async instruction covers 4 lines.
+// - Bytes in flight set the speed when m is small: Little's law with ~1 us of loaded DRAM latency
+//   asks for ~4 MB in flight over the GPU. Per CTA that is warps x 4 stages x weight rows x 128
+//   bytes, and the CTAs must cover the SMs even for n = 576..3072 (tile_n 8 gives n / 8 CTAs per
+//   row tile), so (tile_n, warps) is chosen per launch from the shape and the device
+//   (skinny_gemm_tiling, rule and measurements there): one wave of CTAs that busies every SM with
+//   enough in flight if there is one, else small CTAs that stream in many waves.
+// - Grid over a global row tile space of floor(max_rows / 16) + min(groups, max_rows) tiles, an
+//   upper bound of sum_g ceil(rows_g / 16) that depends on the host's numbers only (a CUDA graph
+//   replays it with any routing), times the column tiles. Each CTA finds its (group, first row,
+//   weights) with a block-wide prefix sum of the groups' tile counts over the offsets, and leaves
+//   at once if its tile is past the last one. Grouped: column tiles in blockIdx.x, so the empty
+//   row tiles at the end are scheduled last; dense: row tiles in blockIdx.x, so for m > 16 the
+//   CTAs sharing a column tile run together and all but one find the weights in L2.
+// - K not a multiple of 64: the segments past k are zero-filled (cp.async with src-size 0; k is a
+//   multiple of 8, so a 16-byte segment is all in or all out). Columns past n likewise.
+// - Epilogue: 4 columns per thread, float4 / 8-byte BF16 stores where y is aligned, scalar
+//   otherwise; only rows of the tile's group and columns < n are written.
+// - A group with rows whose weight pointer is null or not 16-byte aligned (device data the host
+//   cannot check) gets NaN rows instead of a fault.
+// - __launch_bounds__(256, 1): without the 1, ptxas capped some variants at 64 / 128 registers
+//   and spilled; with it they use 64..186 (registers never limit the CTAs per SM here: shared
+//   memory does).
+// Measured (H200, bench_skinny, event-timed single launches after an L2 flush, 2.9 us of which
+// an empty kernel also takes): the LM head (420 MB) and the routed experts at m = 16 read at the
+// copy rate (4.2-4.3 TB/s); 2048 x 2048 at m = 1 takes 7.2 us, ~2 us of it the weights' transfer
+// and the rest launch and first-byte latency, which only an overlap with the previous kernel
+// (programmatic dependent launch) could hide.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/skinny_gemm.h"
+#include "quantmla/error.h"
+
+namespace quantmla::gpu {
+namespace {
+
+constexpr int kTileRows = 16;  // M of mma.m16n8k16: x rows per CTA
+constexpr int kChunk = 64;     // K elements of one warp's pipeline stage
+constexpr int kChunkBytes = kChunk * 2;
+constexpr int kSegmentsPerRow = kChunkBytes / 16;  // 16-byte cp.async segments of a row's chunk
+constexpr int kStages = 4;
+constexpr int kMaxWarps = 8;
+constexpr int kMaxThreads = kMaxWarps * 32;
+constexpr int kStepsPerChunk = kChunk / 16;  // mma k-steps
+
+static_assert(kSegmentsPerRow == 8, "the XOR swizzle permutes the 8 segments of a 128-byte row");
+static_assert(std::is_trivially_copyable_v<SkinnyGemmParams>, "passed to the kernel by value");
+static_assert(sizeof(SkinnyGemmParams) <= 4096, "kernel parameters are limited to 4 KB");
+
+// The shared-memory layout of one kernel variant.
+template <int kTileN, bool kSilu>
+struct TileLayout {
+  static constexpr int kWeightRows = kSilu ? 2 * kTileN : kTileN;  // gate, then up rows
+  // One warp's stage: 16 rows of x, then the weight rows, 128 bytes each.
+  static constexpr int kStageBytes = (kTileRows + kWeightRows) * kChunkBytes;
+  // The warps' partial sums at the end, [warp][16 rows][weight rows + 4] FP32, in the same
+  // memory (the 4 floats of padding keep float4 rows 16-byte aligned and shift rows by 4 banks).
+  static constexpr int kReduceStride = kWeightRows + 4;
+  static_assert(kTileRows * kReduceStride * 4 <= kStages * kStageBytes,
+                "a warp's partial sums fit in its pipeline's shared memory");
+  static constexpr size_t smem_bytes(int warps) {
+    return static_cast<size_t>(warps) * kStages * kStageBytes;
+  }
+};
+
+// The bits of quantmla::f32_to_bf16 (round to nearest even, NaN stays NaN).
+__device__ __forceinline__ uint16_t to_bf16_bits(float value) {
+  uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Byte offset of 16-byte segment `segment` of row `row` in a tile of 128-byte rows: the segment
+// index XOR the row's low 3 bits, so 8 consecutive rows at one logical segment hit 8 different
+// bank groups (ldmatrix reads such 8-row columns).
+__device__ __forceinline__ uint32_t swizzled(int row, int segment) {
+  return static_cast<uint32_t>(row * kChunkBytes + ((segment ^ (row & 7)) << 4));
+}
+
+struct RowTile {
+  int group;  // -1: no rows (a tile past the last one)
+  int first_row;
+  int rows;
+  const uint16_t* gate;  // the group's weights (up: kSiluMul only)
+  const uint16_t* up;
+};
+
+// The (group, first row, rows, weights) of row tile `tile`: the tiles are the groups' ceil(rows /
+// 16) tiles in group order. The whole block calls it (block-wide prefix sum over the groups, in
+// chunks of blockDim.x); each thread reads its group's weight pointers together with its offsets,
+// so that finding the tile costs one round trip to memory, not two. Offsets are clamped to [0,
+// max_rows] so that malformed offsets can never make a write past y's max_rows rows.
+template <bool kSilu>
+__device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
+  const int limit = static_cast<int>(p.max_rows);
+  if (p.offsets == nullptr) {
+    const int first_row = tile * kTileRows;
+    const uint16_t* gate = p.weight != nullptr ? p.weight : p.w[0];
+    const uint16_t* up = nullptr;
+    if constexpr (kSilu) up = p.weight2 != nullptr ? p.weight2 : p.w2[0];
+    return {0, first_row, min(kTileRows, limit - first_row), gate, up};
+  }
+  __shared__ int warp_totals[kMaxWarps];
+  __shared__ int found[3];  // group, first row, rows (no constructor may run on shared memory)
+  __shared__ const uint16_t* found_weights[2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  if (threadIdx.x == 0) found[0] = -1;
+  const bool single = p.groups == 1;
+  int tiles_before_chunk = 0;
+  for (int base = 0; base < p.groups; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    int begin = 0, end = 0;
+    const uint16_t* gate = nullptr;
+    const uint16_t* up = nullptr;
+    if (g < p.groups) {
+      begin = min(max(p.offsets[g], 0), limit);
+      end = min(max(p.offsets[g + 1], begin), limit);
+      gate = single && p.weight != nullptr ? p.weight : p.w[g];
+      if constexpr (kSilu) up = single && p.weight2 != nullptr ? p.weight2 : p.w2[g];
+    }
+    const int tiles = (end - begin + kTileRows - 1) / kTileRows;
+    int inclusive = tiles;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += v;
+    }
+    if (lane == 31) warp_totals[warp] = inclusive;
+    __syncthreads();
+    int first = tiles_before_chunk + inclusive - tiles;
+    for (int w = 0; w < warp; ++w) first += warp_totals[w];
+    if (tile >= first && tile < first + tiles) {
+      const int first_row = begin + (tile - first) * kTileRows;
+      found[0] = g;
+      found[1] = first_row;
+      found[2] = min(kTileRows, end - first_row);
+      found_weights[0] = gate;
+      found_weights[1] = up;
+    }
+    for (int w = 0; w < warps; ++w) tiles_before_chunk += warp_totals[w];
+    __syncthreads();
+    // Uniform: the shared result and the block total are the same for every thread.
+    if (found[0] >= 0 || tiles_before_chunk > tile) break;
+  }
+  return {found[0], found[1], found[2], found_weights[0], found_weights[1]};
+}
+
+template <int kTileN, bool kSilu>
+__global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const SkinnyGemmParams p) {
+  using Layout = TileLayout<kTileN, kSilu>;
+  constexpr int kRows = Layout::kWeightRows;  // weight rows in a stage
+  constexpr int kBlocks = kRows / 8;          // n8 blocks of the mma
+  constexpr int kStage = Layout::kStageBytes;
+  constexpr int kWeightLoads = kRows * kSegmentsPerRow / 32;  // cp.async per lane and stage
+  constexpr int kXLoads = kTileRows * kSegmentsPerRow / 32;
+  constexpr int kGateLoads = kTileN * kSegmentsPerRow / 32;
+  static_assert(kWeightLoads * 32 == kRows * kSegmentsPerRow && kXLoads == 4);
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  // Dense: the row tiles of one column tile are neighbours in the grid (blockIdx.x), so that
+  // for m > 16 they run together and all but one find the weights in L2. Grouped: the row tiles
+  // come second, so that the empty ones at the end of the tile space are scheduled last.
+  const bool dense = p.offsets == nullptr;
+  const RowTile tile = locate_tile<kSilu>(p, static_cast<int>(dense ? blockIdx.x : blockIdx.y));
+  if (tile.group < 0 || tile.rows <= 0) return;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int64_t n0 = static_cast<int64_t>(dense ? blockIdx.y : blockIdx.x) * kTileN;
+  const int64_t k = p.k;
+
+  const uint16_t* gate = tile.gate;
+  const uint16_t* up = tile.up;
+  const bool weights_ok =
+      gate != nullptr && aligned16(gate) && (!kSilu || (up != nullptr && aligned16(up)));
+
+  // This lane copies segment `segment` of rows lane / 8 + 4 j (j = 0, 1, ...) of each tile.
+  const int segment = lane & 7;
+  const int row_in_four = lane >> 3;
+  // Weight row lane / 8 + 4 j of the stage: gate row n0 + that (or up row n0 + that - kTileN).
+  // Rows < n for j below this lane's count.
+  const int64_t columns_left = p.n - n0 - row_in_four;  // > 0 for j with 4 j < columns_left
+  const uint16_t* gate_row = gate + (n0 + row_in_four) * k + segment * 8;
+  const uint16_t* up_row = kSilu ? up + (n0 + row_in_four) * k + segment * 8 : nullptr;
+
+  const int total_chunks = static_cast<int>((k + kChunk - 1) / kChunk);
+  const int my_chunks = weights_ok ? (total_chunks - warp + warps - 1) / warps : 0;
+  const uint32_t warp_base = shared_address(smem) + static_cast<uint32_t>(warp * kStages * kStage);
+
+  // Chunk i of this warp (K chunk warp + i * warps) into stage i % kStages: its weight rows and
+  // its x rows (zeros past k, past n and for missing x rows).
+  const auto load_weights = [&](int i) {
+    if (i >= my_chunks) return;
+    const int64_t k0 = static_cast<int64_t>(warp + i * warps) * kChunk;
+    const bool in_k = k0 + segment * 8 < k;
+    const uint32_t stage = warp_base + static_cast<uint32_t>((i % kStages) * kStage);
+#pragma unroll
+    for (int j = 0; j < kWeightLoads; ++j) {
+      const int r = row_in_four + 4 * j;
+      const int jj = j < kGateLoads ? j : j - kGateLoads;
+      const bool ok = in_k && 4 * jj < columns_left;
+      const uint16_t* row = j < kGateLoads ? gate_row : up_row;
+      cp_async_16(stage + swizzled(kTileRows + r, segment),
+                  ok ? row + static_cast<int64_t>(4 * jj) * k + k0 : gate, ok ? 16 : 0);
+    }
+  };
+  // Rows without x data (past the tile's rows, or a row_index outside x) are zeros in every
+  // chunk: written once into each stage buffer by the first kStages chunks, then left alone.
+  const auto load_x = [&](int i, const uint16_t* const(&x_rows)[kXLoads]) {
+    if (i >= my_chunks) return;
+    const int64_t k0 = static_cast<int64_t>(warp + i * warps) * kChunk;
+    const bool in_k = k0 + segment * 8 < k;
+    const uint32_t stage = warp_base + static_cast<uint32_t>((i % kStages) * kStage);
+#pragma unroll
+    for (int j = 0; j < kXLoads; ++j) {
+      if (x_rows[j] == nullptr && i >= kStages) continue;
+      const int r = row_in_four + 4 * j;
+      const bool ok = in_k && x_rows[j] != nullptr;
+      cp_async_16(stage + swizzled(r, segment), ok ? x_rows[j] + k0 : p.x, ok ? 16 : 0);
+    }
+  };
+
+  float acc[kBlocks][4];
+  const float start = weights_ok ? 0.0f : __uint_as_float(0x7fc00000u);  // NaN rows, see top
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = start;
+
+    // All kStages buffers are filled before the first wait (a warp with <= kStages chunks asks for
+    // all of them at once: one DRAM round trip, not two). The weights go out first: the x rows'
+    // addresses wait on row_index. One commit group holds those weights with chunk 0's x rows,
+    // then one group per chunk's x rows, then one per chunk: chunk i is in groups 0..i.
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) load_weights(s);
+  const uint16_t* x_rows[kXLoads];
+#pragma unroll
+  for (int j = 0; j < kXLoads; ++j) {
+    const int r = row_in_four + 4 * j;
+    x_rows[j] = nullptr;
+    if (r < tile.rows) {
+      const int out_row = tile.first_row + r;
+      const int64_t source = p.row_index != nullptr ? p.row_index[out_row] : out_row;
+      if (source >= 0 && source < p.x_rows) x_rows[j] = p.x + source * p.ldx + segment * 8;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    load_x(s, x_rows);
+    cp_async_commit();
+  }
+
+  // ldmatrix lane addresses: A (x) matrices rows 0-7 / 8-15 at segments 2s / 2s+1; B (W)
+  // matrices rows 0-7 at 2s, rows 0-7 at 2s+1, rows 8-15 at 2s, rows 8-15 at 2s+1.
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_half = lane >> 4;
+  const int b_row = (lane & 7) + (lane >> 4) * 8;
+  const int b_half = (lane >> 3) & 1;
+  for (int i = 0; i < my_chunks; ++i) {
+    cp_async_wait<kStages - 1>();  // groups 0..i complete: chunk i landed
+    __syncwarp();                  // ... for every lane's copies
+    const uint32_t x_tile = warp_base + static_cast<uint32_t>((i % kStages) * kStage);
+    const uint32_t w_tile = x_tile + kTileRows * kChunkBytes;
+#pragma unroll
+    for (int s = 0; s < kStepsPerChunk; ++s) {
+      uint32_t a[4];
+      ldmatrix_x4(a, x_tile + swizzled(a_row, 2 * s + a_half));
+#pragma unroll
+      for (int pair = 0; pair < kBlocks / 2; ++pair) {
+        uint32_t b[4];
+        ldmatrix_x4(b, w_tile + swizzled(16 * pair + b_row, 2 * s + b_half));
+        mma_bf16_16x8x16(acc[2 * pair], a, b[0], b[1]);
+        mma_bf16_16x8x16(acc[2 * pair + 1], a, b[2], b[3]);
+      }
+      if constexpr (kBlocks % 2 == 1) {
+        uint32_t b[2];
+        ldmatrix_x2(b, w_tile + swizzled(8 * (kBlocks - 1) + (lane & 7), 2 * s + b_half));
+        mma_bf16_16x8x16(acc[kBlocks - 1], a, b[0], b[1]);
+      }
+    }
+    __syncwarp();  // every lane is done reading stage i % kStages: chunk i + kStages goes there
+    load_weights(i + kStages);
+    load_x(i + kStages, x_rows);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its pipeline: the shared memory becomes the sums
+
+  constexpr int kStride = Layout::kReduceStride;
+  float* partial = reinterpret_cast<float*>(smem);
+  {
+    const int g = lane >> 2, t = lane & 3;
+    float* mine = partial + warp * kTileRows * kStride;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      const int col = b * 8 + 2 * t;
+      *reinterpret_cast<float2*>(mine + g * kStride + col) = make_float2(acc[b][0], acc[b][1]);
+      *reinterpret_cast<float2*>(mine + (g + 8) * kStride + col) =
+          make_float2(acc[b][2], acc[b][3]);
+    }
+  }
+  __syncthreads();
+
+  constexpr int kQuads = kTileN / 4;
+  const bool bf16 = p.out_dtype == DType::kBF16;
+  const bool accumulate = p.beta != 0.0f;
+  for (int e = threadIdx.x; e < tile.rows * kQuads; e += blockDim.x) {
+    const int row = e / kQuads;
+    const int c = (e - row * kQuads) * 4;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    [[maybe_unused]] float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int w = 0; w < warps; ++w) {  // warp order: deterministic
+      const float* sums = partial + (w * kTileRows + row) * kStride + c;
+      const float4 gv = *reinterpret_cast<const float4*>(sums);
+      v[0] += gv.x, v[1] += gv.y, v[2] += gv.z, v[3] += gv.w;
+      if constexpr (kSilu) {
+        const float4 uv = *reinterpret_cast<const float4*>(sums + kTileN);
+        u[0] += uv.x, u[1] += uv.y, u[2] += uv.z, u[3] += uv.w;
+      }
+    }
+    const int64_t out_row = tile.first_row + row;
+    const int64_t col = n0 + c;
+    const bool full = col + 4 <= p.n;
+    if constexpr (kSilu) {
+      uint16_t h[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float silu = __fdiv_rn(v[q], __fadd_rn(1.0f, expf(-v[q])));
+        h[q] = to_bf16_bits(__fmul_rn(silu, u[q]));
+      }
+      uint16_t* out = static_cast<uint16_t*>(p.y) + out_row * p.ldy + col;
+      if (full && (reinterpret_cast<uintptr_t>(out) & 7u) == 0) {
+        *reinterpret_cast<uint2*>(out) =
+            make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
+      } else {
+        for (int q = 0; q < 4 && col + q < p.n; ++q) out[q] = h[q];
+      }
+    } else if (bf16) {
+      uint16_t* out = static_cast<uint16_t*>(p.y) + out_row * p.ldy + col;
+      uint16_t h[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) h[q] = to_bf16_bits(v[q]);
+      if (full && (reinterpret_cast<uintptr_t>(out) & 7u) == 0) {
+        *reinterpret_cast<uint2*>(out) =
+            make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
+      } else {
+        for (int q = 0; q < 4 && col + q < p.n; ++q) out[q] = h[q];
+      }
+    } else {
+      float* out = static_cast<float*>(p.y) + out_row * p.ldy + col;
+      if (full && aligned16(out)) {
+        float4 r = make_float4(v[0], v[1], v[2], v[3]);
+        if (accumulate) {
+          const float4 old = *reinterpret_cast<const float4*>(out);
+          r = make_float4(old.x + r.x, old.y + r.y, old.z + r.z, old.w + r.w);
+        }
+        *reinterpret_cast<float4*>(out) = r;
+      } else {
+        for (int q = 0; q < 4 && col + q < p.n; ++q) out[q] = accumulate ? out[q] + v[q] : v[q];
+      }
+    }
+  }
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool misaligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; }
+
+// Upper bound of the row tiles over all groups (see the top comment).
+int64_t row_tile_bound(const SkinnyGemmParams& p) {
+  if (p.offsets == nullptr) return (p.max_rows + kTileRows - 1) / kTileRows;
+  return p.max_rows / kTileRows + std::min<int64_t>(p.groups, p.max_rows);
+}
+
+void validate(const SkinnyGemmParams& p) {
+  const bool silu = p.epilogue == SkinnyEpilogue::kSiluMul;
+  if (p.k < 8 || p.k % 8 != 0 || p.k > INT_MAX / 2 || p.n < 1 || p.n > INT_MAX / 2 ||
+      p.groups < 1 || p.max_rows < 0 || p.max_rows > INT_MAX / 2) {
+    throw ShapeError("skinny_gemm: k " + str(p.k) + ", n " + str(p.n) + ", groups " +
+                     str(p.groups) + ", max_rows " + str(p.max_rows) +
+                     " (need k a positive multiple of 8, n >= 1, groups >= 1, max_rows >= 0, "
+                     "each below 2^30)");
+  }
+  if (p.ldx < p.k || p.ldx % 8 != 0 || p.ldy < p.n || p.x_rows < 0 ||
+      (p.row_index == nullptr && p.x_rows < p.max_rows)) {
+    throw ShapeError("skinny_gemm: ldx " + str(p.ldx) + ", ldy " + str(p.ldy) + ", x_rows " +
+                     str(p.x_rows) + " for k " + str(p.k) + ", n " + str(p.n) + ", max_rows " +
+                     str(p.max_rows) +
+                     " (need ldx >= k and a multiple of 8, ldy >= n, x_rows >= max_rows without "
+                     "row_index)");
+  }
+  if (row_tile_bound(p) > 65535) {
+    throw ShapeError("skinny_gemm: " + str(row_tile_bound(p)) + " row tiles for max_rows " +
+                     str(p.max_rows) + " and " + str(p.groups) + " groups (at most 65535: grid.y)");
+  }
+  if (silu ? p.out_dtype != DType::kBF16
+           : p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16) {
+    throw InvalidArgument(std::string("skinny_gemm: out_dtype ") +
+                          std::string(dtype_name(p.out_dtype)) +
+                          (silu ? " for kSiluMul (needs BF16)" : " (needs F32 or BF16)"));
+  }
+  if ((p.beta != 0.0f && p.beta != 1.0f) ||
+      (p.beta != 0.0f && (silu || p.out_dtype != DType::kF32))) {
+    throw InvalidArgument("skinny_gemm: beta " + std::to_string(p.beta) + " with " +
+                          (silu ? "kSiluMul" : std::string(dtype_name(p.out_dtype))) +
+                          " (beta 1 needs kStore with F32 output; otherwise beta 0)");
+  }
+  const bool one = p.groups == 1;
+  const bool have_gate = one && p.weight != nullptr ? true : p.w != nullptr;
+  const bool have_up = !silu || (one && p.weight2 != nullptr ? true : p.w2 != nullptr);
+  if (p.x == nullptr || p.y == nullptr || !have_gate || !have_up ||
+      (p.groups > 1 && p.offsets == nullptr)) {
+    throw InvalidArgument(
+        std::string("skinny_gemm: null pointer:") + (p.x == nullptr ? " x" : "") +
+        (p.y == nullptr ? " y" : "") + (!have_gate ? (one ? " weight and w" : " w") : "") +
+        (!have_up ? (one ? " weight2 and w2" : " w2") : "") +
+        (p.groups > 1 && p.offsets == nullptr ? " offsets (needed for groups > 1)" : ""));
+  }
+  const size_t y_alignment = p.out_dtype == DType::kF32 ? 4 : 2;
+  if (misaligned16(p.x) || (one && misaligned16(p.weight)) || (one && misaligned16(p.weight2)) ||
+      reinterpret_cast<uintptr_t>(p.y) % y_alignment != 0) {
+    throw InvalidArgument("skinny_gemm: x " + str(reinterpret_cast<intptr_t>(p.x)) + ", weight " +
+                          str(reinterpret_cast<intptr_t>(p.weight)) + ", weight2 " +
+                          str(reinterpret_cast<intptr_t>(p.weight2)) +
+                          " must be 16-byte aligned, y " + str(reinterpret_cast<intptr_t>(p.y)) +
+                          " " + str(y_alignment) + "-byte aligned");
+  }
+}
+
+template <int kTileN, bool kSilu>
+size_t max_warps_for(size_t smem_limit) {
+  const size_t per_warp = TileLayout<kTileN, kSilu>::smem_bytes(1);
+  return std::min<size_t>(kMaxWarps, smem_limit / per_warp);
+}
+
+// Device numbers that the tiling needs, read once per device (attribute queries are cheap, but
+// not free, and a decode step calls this dozens of times).
+struct DeviceLimits {
+  int sms = 0;
+  size_t smem_per_block = 0;
+  size_t smem_per_sm = 0;
+};
+
+// Shared memory a block keeps for locate_tile's static arrays (and the system's own use).
+constexpr size_t kStaticSmemReserve = 1024;
+
+DeviceLimits device_limits() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> sms[kDevices];
+  static std::atomic<int> smem_block[kDevices];
+  static std::atomic<int> smem_sm[kDevices];
+  int device = 0;
+  QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceLimits limits;
+  if (device < kDevices && sms[device].load(std::memory_order_relaxed) > 0) {
+    limits.sms = sms[device].load(std::memory_order_relaxed);
+    limits.smem_per_block = static_cast<size_t>(smem_block[device].load()) - kStaticSmemReserve;
+    limits.smem_per_sm = static_cast<size_t>(smem_sm[device].load());
+    return limits;
+  }
+  int count = 0, block = 0, sm = 0;
+  QUANTMLA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  QUANTMLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  QUANTMLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  if (device < kDevices) {
+    smem_block[device].store(block);
+    smem_sm[device].store(sm);
+    sms[device].store(count);
+  }
+  return {count, static_cast<size_t>(block) - kStaticSmemReserve, static_cast<size_t>(sm)};
+}
+
+size_t max_warps(int tile_n, bool silu, size_t smem_limit) {
+  switch (tile_n) {
+    case 8:
+      return silu ? max_warps_for<8, true>(smem_limit) : max_warps_for<8, false>(smem_limit);
+    case 16:
+      return silu ? max_warps_for<16, true>(smem_limit) : max_warps_for<16, false>(smem_limit);
+    case 32:
+      return silu ? max_warps_for<32, true>(smem_limit) : max_warps_for<32, false>(smem_limit);
+    case 64:
+      return silu ? max_warps_for<64, true>(smem_limit) : max_warps_for<64, false>(smem_limit);
+    default:
+      throw InvalidArgument("skinny_gemm: tile_n " + str(tile_n) +
+                            " has no kernel (8, 16, 32 or 64)");
+  }
+}
+
+template <int kTileN, bool kSilu>
+void launch(const SkinnyGemmParams& p, int warps, cudaStream_t stream) {
+  const size_t smem = TileLayout<kTileN, kSilu>::smem_bytes(warps);
+  // The opt-in above 48 KB, once per device for the largest amount the variant may use.
+  static std::atomic<uint64_t> configured_devices{0};
+  int device = 0;
+  QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+    const size_t most = TileLayout<kTileN, kSilu>::smem_bytes(
+        static_cast<int>(max_warps_for<kTileN, kSilu>(device_limits().smem_per_block)));
+    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<kTileN, kSilu>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(most)));
+    configured_devices.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const auto column_tiles = static_cast<unsigned>((p.n + kTileN - 1) / kTileN);
+  const auto row_tiles = static_cast<unsigned>(row_tile_bound(p));
+  if (p.offsets == nullptr && column_tiles > 65535) {  // grid.y of the dense order
+    throw ShapeError("skinny_gemm: n " + str(p.n) + " is " + str(column_tiles) +
+                     " column tiles of " + str(kTileN) + " (at most 65535 for one group)");
+  }
+  const dim3 grid =
+      p.offsets == nullptr ? dim3(row_tiles, column_tiles) : dim3(column_tiles, row_tiles);
+  skinny_gemm_kernel<kTileN, kSilu><<<grid, warps * 32, smem, stream>>>(p);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kSilu>
+void launch_tile(const SkinnyGemmParams& p, SkinnyTiling tiling, cudaStream_t stream) {
+  switch (tiling.tile_n) {
+    case 8:
+      return launch<8, kSilu>(p, tiling.warps, stream);
+    case 16:
+      return launch<16, kSilu>(p, tiling.warps, stream);
+    case 32:
+      return launch<32, kSilu>(p, tiling.warps, stream);
+    case 64:
+      return launch<64, kSilu>(p, tiling.warps, stream);
+    default:
+      throw InvalidArgument("skinny_gemm: tile_n " + str(tiling.tile_n) +
+                            " has no kernel (8, 16, 32 or 64)");
+  }
+}
+
+// The tiling's checks and the launch; params already validated.
+void run(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {
+  const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
+  const size_t most = max_warps(tiling.tile_n, silu, device_limits().smem_per_block);
+  if (tiling.warps < 1 || static_cast<size_t>(tiling.warps) > most) {
+    throw InvalidArgument("skinny_gemm: " + str(tiling.warps) + " warps for tile_n " +
+                          str(tiling.tile_n) + (silu ? " kSiluMul" : " kStore") + " (1 to " +
+                          str(static_cast<int64_t>(most)) + " fit the shared memory)");
+  }
+  if (params.max_rows == 0) return;
+  if (silu) {
+    launch_tile<true>(params, tiling, stream);
+  } else {
+    launch_tile<false>(params, tiling, stream);
+  }
+}
+
+}  // namespace
+
+// The tiling rule, from timings on an H200 (bench/gpu/bench_skinny.cu --sweep: on every shape
+// of that benchmark with m <= 16 it picks a tiling within 6% of the best of the 24 it tries):
+// - When every CTA of some tiling fits on the GPU at once (one wave), the best such tiling wins:
+//   a second, partial wave costs another ~2 us of ramp and latency (q_proj at m = 1: 10.5 us
+//   with 384 CTAs of which 264 fit, 8.0 with 192 that all fit). Among them: the most SMs busy
+//   (>= 90% counts as all), then enough bytes in flight to cover the DRAM latency (~4 MB in all,
+//   or everything), then the widest column tile (x re-read less), then the most bytes in flight.
+// - Otherwise (the LM head, the routed experts past m = 1) CTAs stream in many waves and the
+//   small ones schedule best: 32 weight rows and 2 warps (48 KB, 4 CTAs an SM) read the 420 MB LM
+//   head at the copy rate.
+// - Never tile_n 64 nor a single warp (unless K has < 4 chunks): both measured slower everywhere
+//   (one warp cannot keep a CTA's loads and mma going; at m = 64, 64 columns lost 7-22% to 32).
+SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
+  const DeviceLimits limits = device_limits();
+  const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
+  const int gated = silu ? 2 : 1;
+  const int64_t row_tiles = std::max<int64_t>(1, row_tile_bound(params));
+  const int64_t chunks = (params.k + kChunk - 1) / kChunk;
+  const int64_t warps_by_k = std::max<int64_t>(1, chunks / 2);  // >= 2 chunks a warp
+  const int64_t sms = limits.sms;
+  const int64_t weight_bytes = params.n * params.k * 2 * gated * row_tiles;
+  constexpr int64_t kLatencyBytes = int64_t{4} << 20;  // ~4.3 TB/s x ~1 us
+  constexpr int64_t kMaxWarpsPerSm = 64, kMaxBlocksPerSm = 32;
+
+  SkinnyTiling best{};
+  int64_t best_key[4] = {-1, -1, -1, -1};
+  for (const int tile_n : {8, 16, 32}) {
+    const int64_t weight_rows = int64_t{tile_n} * gated;
+    const int64_t ctas = (params.n + tile_n - 1) / tile_n * row_tiles;
+    const auto most = static_cast<int64_t>(max_warps(tile_n, silu, limits.smem_per_block));
+    for (const int64_t warps : {8, 6, 4, 3, 2, 1}) {
+      if (warps > most || warps > warps_by_k || (warps == 1 && warps_by_k > 1)) continue;
+      const int64_t smem = warps * kStages * (kTileRows + weight_rows) * kChunkBytes;
+      const int64_t per_sm = std::min({static_cast<int64_t>(limits.smem_per_sm) / (smem + 1024),
+                                       kMaxWarpsPerSm / warps, kMaxBlocksPerSm});
+      if (ctas > per_sm * sms) continue;  // more than one wave
+      const int64_t busy = ctas * 10 >= sms * 9 ? sms : ctas;
+      const int64_t chunks_in_flight = std::min(warps * kStages, chunks);
+      const int64_t in_flight = ctas * chunks_in_flight * weight_rows * kChunkBytes;
+      const int64_t enough = in_flight >= std::min(weight_bytes, kLatencyBytes) ? 1 : 0;
+      const int64_t key[4] = {busy, enough, tile_n, in_flight};
+      if (std::lexicographical_compare(best_key, best_key + 4, key, key + 4)) {
+        std::copy(key, key + 4, best_key);
+        best = {tile_n, static_cast<int>(warps)};
+      }
+    }
+  }
+  if (best.tile_n != 0) return best;
+  return {silu ? 16 : 32, static_cast<int>(std::min<int64_t>(2, warps_by_k))};
+}
+
+void skinny_gemm(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {
+  validate(params);
+  run(params, tiling, stream);
+}
+
+void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream) {
+  validate(params);
+  run(params, skinny_gemm_tiling(params), stream);
+}
+
+}  // namespace quantmla::gpu
