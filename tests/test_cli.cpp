@@ -378,9 +378,6 @@ TEST_F(CliTest, EvalPasskeyBadInput) {
 
 TEST_F(CliTest, EvalPplNeedsInput) { expect_failure(run_cli("eval-ppl --ctx 128"), {"--text"}); }
 
-}  // namespace
-}  // namespace quantmla
-
 namespace quantmla {
 namespace {
 
@@ -430,6 +427,50 @@ TEST_F(CliTest, CalibrateWritesAModelTheToolsUse) {
   expect_failure(run_cli("calibrate --model '" + half_split.string() + "' --out '" +
                          (scratch_ / "y").string() + "'"),
                  {"rope_interleave is false"});
+}
+
+}  // namespace
+}  // namespace quantmla
+
+TEST_F(CliTest, BenchServeWritesItsTableAndJson) {
+  const auto json_path = std::filesystem::temp_directory_path() /
+                         ("bench-serve-" + std::to_string(::getpid()) + ".json");
+  const CliResult result = run_cli(
+      "bench-serve --num-prompts 6 --input-len 40 --output-len 6 --cache bf16 --cache "
+      "content=int4:g64,rope=int4:g64 --cache-memory 1MiB --check-outputs 3 --json '" +
+      json_path.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("out tok/s"), std::string::npos) << result.out;
+  const auto out = nlohmann::json::parse(testing::slurp(json_path));
+  std::filesystem::remove(json_path);
+  EXPECT_EQ(out["requests"], 6);
+  EXPECT_EQ(out["cache_memory_bytes"], 1 << 20);
+  ASSERT_EQ(out["formats"].size(), 2u);
+  for (const auto& f : out["formats"]) {
+    EXPECT_EQ(f["completed"], 6);
+    EXPECT_EQ(f["output_tokens"], 36);
+    for (const char* key : {"bytes_per_token", "pages", "wall_s", "output_tok_s", "total_tok_s",
+                            "peak_seqs", "mean_batch", "preemptions", "recomputed_tokens",
+                            "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "failed"}) {
+      EXPECT_TRUE(f.contains(key)) << key;
+    }
+  }
+  // The INT4 cache holds 3.6x the BF16 pages in the same bytes.
+  EXPECT_GT(out["formats"][1]["pages"].get<int64_t>(),
+            3 * out["formats"][0]["pages"].get<int64_t>());
+  EXPECT_EQ(out["preemption_check"]["identical"], 3);
+}
+
+TEST_F(CliTest, BenchServeRefusesBadBudgets) {
+  expect_failure(
+      run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 0.5"),
+      {"fraction of free device memory needs --device cuda"});
+  expect_failure(
+      run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 8GIB"),
+      {"byte size \"8GIB\""});
+  expect_failure(
+      run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 1KiB"),
+      {"hold no page"});
 }
 
 }  // namespace

@@ -73,6 +73,9 @@ class Runner {
   virtual void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) = 0;
   // Counted by the CUDA runner; zeros where a backend does not count.
   virtual StepStats last_step_stats() const { return {}; }
+  // Device memory free now, for sizing a cache as a fraction of it; -1 where the backend has no
+  // device memory of its own (CPU).
+  virtual int64_t free_device_bytes() const { return -1; }
 };
 
 // The CPU runner over `model`, which must outlive it.

@@ -80,5 +80,6 @@ void add_error_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_eval_passkey(CLI::App& app);
 void add_make_random_model(CLI::App& app);
+void add_bench_serve(CLI::App& app);
 
 }  // namespace quantmla::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_calibrate(app);
   quantmla::cli::add_eval_passkey(app);
   quantmla::cli::add_make_random_model(app);
+  quantmla::cli::add_bench_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

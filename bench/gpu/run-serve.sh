@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: bench-serve on a random V2-Lite (27 layers), workload P (the cache budget
+# holds 1/8 of the workload's peak tokens in BF16) and workload U (it holds every request), four
+# cache formats on the same requests. JSON and SVG to $OUT (or gpu-results).
+#   bash bench/gpu/run-serve.sh [NUM_PROMPTS INPUT_LEN OUTPUT_LEN]   (default 256 512 128)
+# Needs .carry/deps.tar.xz (scripts/device-carry.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+n=${1:-256} input=${2:-512} output=${3:-128}
+build=build-gpu-full
+mkdir -p /tmp/deps && tar -xJf .carry/deps.tar.xz -C /tmp/deps
+cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQUANTMLA_CUDA=ON \
+  -DQUANTMLA_DEPS_ROOT=/tmp/deps -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
+  >"$out/configure.txt" 2>&1 || { tail -20 "$out/configure.txt"; exit 1; }
+ninja -C $build quantmla >"$out/build.txt" 2>&1 || { grep -E "error" -A3 "$out/build.txt" | head; exit 1; }
+[[ -f /tmp/v2-lite/config.json ]] ||
+  $build/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite --seed 1 2>/dev/null | tail -1
+# V2-Lite BF16: 27 layers x 1152 bytes a token.
+peak=$((n * (input + output) * 27 * 1152))
+formats=(--cache bf16 --cache content=fp8,rope=bf16 --cache content=int4:g64,rope=int4:g64
+  --cache content=int2:g64,rope=int4:g64)
+common=(--device cuda --model /tmp/v2-lite --num-prompts "$n" --input-len "$input"
+  --output-len "$output" --seed 0 "${formats[@]}")
+echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak)"
+$build/quantmla bench-serve "${common[@]}" --cache-memory $((peak / 8)) --check-outputs 16 \
+  --json "$out/h200-v2-lite-pressure.json" --plot "$out/h200-v2-lite-pressure.svg" 2>"$out/p.err"
+echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
+$build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
+  --json "$out/h200-v2-lite-no-pressure.json" --plot "$out/h200-v2-lite-no-pressure.svg" 2>"$out/u.err"
+tail -3 "$out/p.err" "$out/u.err"

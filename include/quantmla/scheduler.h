@@ -1,0 +1,124 @@
+// Continuous batching over a page pool: requests wait in a FCFS queue, each step decodes every
+// running sequence and fills the rest of a token budget with prefill chunks, requests are admitted
+// only when their whole prompt fits, and a decode that finds no free page preempts the most
+// recently admitted request by recompute. Backend-independent: it drives any Runner.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "quantmla/page_pool.h"
+#include "quantmla/runner.h"
+#include "quantmla/sampler.h"
+
+namespace quantmla {
+
+using RequestId = int64_t;
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, BOS included if the model wants one
+  SamplerOptions sampling;
+  int64_t max_tokens = 16;              // generated tokens at most (>= 1)
+  std::vector<int32_t> stop_token_ids;  // finish after generating one of these (it is kept)
+  std::vector<std::string> stop;        // finish once the generated text contains one of these
+  bool ignore_eos = false;              // false: the model's eos_token_id stops too
+};
+
+enum class FinishReason {
+  kLength,     // max_tokens generated
+  kStop,       // EOS, a stop token or a stop string
+  kCancelled,  // cancel() before it finished
+};
+const char* to_string(FinishReason reason);
+
+// A request that ended, with everything it generated. Times are seconds on the scheduler's clock
+// (steady, from its construction).
+struct FinishedRequest {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // generated, in order
+  FinishReason reason = FinishReason::kLength;
+  double arrival_s = 0, first_token_s = -1, finish_s = 0;
+  int64_t preemptions = 0;  // times it was preempted and recomputed
+};
+
+struct SchedulerOptions {
+  int64_t max_batched_tokens = 2048;  // tokens one step runs (decodes + prefill chunks)
+  int64_t max_seqs = 256;             // sequences one step runs
+  // Pages kept free when admitting (vLLM's watermark): admission needs the whole prompt's pages
+  // plus these, so that running sequences can grow a while before anyone is preempted.
+  int64_t watermark_pages = 1;
+};
+
+// Counters since construction (bench-serve, logs).
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t decode_tokens = 0;      // tokens run as decodes (one per running sequence per step)
+  int64_t prefill_tokens = 0;     // tokens run in prefill chunks, recomputation included
+  int64_t recomputed_tokens = 0;  // prefill tokens that were already computed before a preemption
+  int64_t preemptions = 0;
+  int64_t peak_running = 0;    // most sequences holding pages at once
+  int64_t decode_batches = 0;  // steps with at least one decode (for the mean decode batch)
+};
+
+// What one step ran (tests check the budget and the invariants through it).
+struct StepReport {
+  int64_t tokens = 0;                     // tokens of the step
+  int64_t sequences = 0;                  // chunks of the step
+  int64_t decodes = 0;                    // of them single-token decodes of running sequences
+  std::vector<FinishedRequest> finished;  // requests that ended in this step
+};
+
+class Scheduler {
+ public:
+  // `detokenize`: the text of generated tokens, for stop strings (may be empty when no request
+  // uses them). The pool's sequences belong to the scheduler from now on.
+  Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& options,
+            std::function<std::string(std::span<const int32_t>)> detokenize = {});
+
+  // Queues a request (FCFS). Throws InvalidArgument, before queuing, for an empty prompt,
+  // max_tokens < 1, a token id outside the vocabulary, prompt + max_tokens beyond the model's
+  // max_position_embeddings, bad sampling options, stop strings without a detokenizer, and
+  // CapacityError for a request whose prompt and max_tokens could never fit in the whole pool
+  // (it would wait forever).
+  RequestId add(Request request);
+  // Ends a waiting or running request at once (its pages freed); it is reported by the next
+  // step() as kCancelled. False when the id is unknown or already finished.
+  bool cancel(RequestId id);
+
+  // One step: schedule, run the runner once, sample, finish. Nothing to run: an empty report.
+  StepReport step();
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || !cancelled_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  const SchedulerStats& stats() const { return stats_; }
+  const SchedulerOptions& options() const { return options_; }
+  double now_s() const;
+
+ private:
+  struct Entry;
+  std::shared_ptr<Entry> find(RequestId id) const;
+  bool try_admit(const std::shared_ptr<Entry>& entry);
+  void preempt(const std::shared_ptr<Entry>& victim);
+  bool ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens);
+  bool stops(const Entry& entry, int32_t token) const;
+  FinishedRequest finish(const std::shared_ptr<Entry>& entry, FinishReason reason);
+
+  Runner& runner_;
+  PagePool& pool_;
+  SchedulerOptions options_;
+  std::function<std::string(std::span<const int32_t>)> detokenize_;
+  RequestId next_id_ = 1;
+  int64_t admissions_ = 0;
+  std::deque<std::shared_ptr<Entry>> waiting_;
+  std::vector<std::shared_ptr<Entry>> running_;  // in admission order
+  std::vector<FinishedRequest> cancelled_;
+  SchedulerStats stats_;
+  int64_t start_ns_ = 0;
+};
+
+}  // namespace quantmla

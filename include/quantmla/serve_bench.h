@@ -1,0 +1,57 @@
+// The offline serving benchmark (`quantmla bench-serve`, the protocol of `vllm bench throughput`):
+// random-token requests all submitted at t = 0, run to the end through the scheduler on a cache of
+// a given byte budget, one cache format at a time, with throughput, concurrency, preemption and
+// latency figures.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "quantmla/cache_format.h"
+#include "quantmla/runner.h"
+#include "quantmla/scheduler.h"
+
+namespace quantmla {
+
+struct ServeWorkload {
+  int64_t num_prompts = 100;
+  int64_t input_len = 1024;
+  int64_t output_len = 128;
+  double range_ratio = 0.0;  // lengths uniform in [L (1 - R), L (1 + R)] (vLLM's random dataset)
+  uint64_t seed = 0;
+};
+
+// The workload's requests: uniform random token ids (no BOS), greedy, ignore_eos, max_tokens = the
+// drawn output length. Throws InvalidArgument for non-positive counts or lengths, R outside
+// [0, 1), or a length the model's positions cannot hold.
+std::vector<Request> make_workload(const ServeWorkload& workload, const ModelConfig& config);
+
+struct ServeResult {
+  std::string cache;
+  int64_t bytes_per_token = 0;  // all layers
+  int64_t pages = 0;            // pages the byte budget holds in this format
+  double wall_s = 0, output_tok_s = 0, total_tok_s = 0, requests_s = 0;
+  int64_t peak_seqs = 0;
+  double mean_batch = 0;  // mean sequences decoded per step that decoded
+  int64_t preemptions = 0, recomputed_tokens = 0, steps = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;
+  int64_t completed = 0, failed = 0;  // failed: refused at submission (never fits)
+  int64_t output_tokens = 0, prompt_tokens = 0;
+  std::vector<std::vector<int32_t>> outputs;  // per request, in submission order (empty: failed)
+};
+
+// Progress of one run: (done, total, running, waiting), called about once a second.
+using ServeProgress = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
+
+// Runs `requests` on a pool of `cache_bytes` in `format` (PagePool::pages_for_bytes). Throws
+// InvalidArgument when the budget holds no page.
+ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
+                            const std::vector<Request>& requests, const SchedulerOptions& options,
+                            const ServeProgress& progress = {});
+
+// "8GiB", "512MiB", "1.5GB", "300000000": bytes. Throws InvalidArgument otherwise.
+int64_t parse_byte_size(const std::string& text);
+
+}  // namespace quantmla

@@ -1,0 +1,319 @@
+// The scheduler: FCFS admission by whole prompt, decodes first, chunked prefill in the rest of the
+// token budget, preemption by recompute of the most recently admitted request.
+#include "quantmla/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "quantmla/error.h"
+
+namespace quantmla {
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+struct Scheduler::Entry {
+  RequestId id = 0;
+  Request request;
+  std::vector<int32_t> tokens;  // the prompt, then what was generated
+  int64_t prompt_len = 0;
+  SequenceId sequence = 0;
+  bool has_sequence = false;
+  int64_t computed = 0;    // tokens of `tokens` whose rows are in the pool
+  int64_t high_water = 0;  // most tokens computed before a preemption (recomputation counts)
+  int64_t admission = 0;
+  int64_t preemptions = 0;
+  double arrival_s = 0, first_token_s = -1;
+
+  int64_t known() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t generated() const { return known() - prompt_len; }
+};
+
+Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& options,
+                     std::function<std::string(std::span<const int32_t>)> detokenize)
+    : runner_(runner),
+      pool_(pool),
+      options_(options),
+      detokenize_(std::move(detokenize)),
+      start_ns_(steady_ns()) {
+  if (options.max_batched_tokens < 1 || options.max_seqs < 1 || options.watermark_pages < 0) {
+    throw InvalidArgument("scheduler: max_batched_tokens " + str(options.max_batched_tokens) +
+                          ", max_seqs " + str(options.max_seqs) + ", watermark_pages " +
+                          str(options.watermark_pages) + " (need >= 1, >= 1, >= 0)");
+  }
+}
+
+double Scheduler::now_s() const { return static_cast<double>(steady_ns() - start_ns_) * 1e-9; }
+
+RequestId Scheduler::add(Request request) {
+  const ModelConfig& config = runner_.config();
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  if (prompt == 0) throw InvalidArgument("request: empty prompt");
+  if (request.max_tokens < 1) {
+    throw InvalidArgument("request: max_tokens " + str(request.max_tokens) + " (need >= 1)");
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t id = request.prompt[i];
+    if (id < 0 || id >= config.vocab_size) {
+      throw InvalidArgument("request: prompt token " + str(static_cast<int64_t>(i)) + " is " +
+                            str(id) + ", outside the vocabulary [0, " + str(config.vocab_size) +
+                            ")");
+    }
+  }
+  if (prompt + request.max_tokens > config.max_position_embeddings) {
+    throw InvalidArgument("request: prompt of " + str(prompt) + " tokens + max_tokens " +
+                          str(request.max_tokens) + " exceed the model's " +
+                          str(config.max_position_embeddings) + " positions");
+  }
+  check_sampler_options(request.sampling);
+  if (!request.stop.empty() && !detokenize_) {
+    throw InvalidArgument("request: stop strings need a scheduler with a detokenizer");
+  }
+  const int64_t pages = PagePool::pages_for_tokens(prompt + request.max_tokens);
+  if (pages > pool_.num_pages()) {
+    throw CapacityError("request: a prompt of " + str(prompt) + " tokens with max_tokens " +
+                        str(request.max_tokens) + " needs " + str(pages) +
+                        " pages, and the whole cache holds " + str(pool_.num_pages()));
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->id = next_id_++;
+  entry->tokens = request.prompt;
+  entry->prompt_len = prompt;
+  entry->request = std::move(request);
+  entry->arrival_s = now_s();
+  waiting_.push_back(entry);
+  return entry->id;
+}
+
+std::shared_ptr<Scheduler::Entry> Scheduler::find(RequestId id) const {
+  for (const auto& e : running_) {
+    if (e->id == id) return e;
+  }
+  for (const auto& e : waiting_) {
+    if (e->id == id) return e;
+  }
+  return nullptr;
+}
+
+bool Scheduler::cancel(RequestId id) {
+  const std::shared_ptr<Entry> entry = find(id);
+  if (entry == nullptr) return false;
+  cancelled_.push_back(finish(entry, FinishReason::kCancelled));
+  return true;
+}
+
+// Pages for the whole known sequence (prompt, and what a preempted request had generated) plus
+// the watermark, so that admission never admits what it cannot prefill; with nothing running the
+// whole pool is the request's.
+bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
+  const int64_t watermark = running_.empty() ? 0 : options_.watermark_pages;
+  const int64_t need = PagePool::pages_for_tokens(entry->known()) + watermark;
+  if (pool_.free_pages() < need) return false;
+  entry->sequence = pool_.add_sequence();
+  entry->has_sequence = true;
+  pool_.reserve(entry->sequence, entry->known());
+  entry->computed = 0;
+  entry->admission = ++admissions_;
+  return true;
+}
+
+bool Scheduler::ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens) {
+  const int64_t held = pool_.capacity(entry->sequence) / kPageTokens;
+  const int64_t need = PagePool::pages_for_tokens(tokens) - held;
+  if (need > pool_.free_pages()) return false;
+  if (need > 0) pool_.reserve(entry->sequence, tokens);
+  return true;
+}
+
+// Recompute: the pages go back at once, the generated tokens stay, and the request waits at the
+// front of the queue to prefill everything again. Sampling draws depend on (seed, position)
+// only, so its output is the one it would have produced unpreempted.
+void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
+  pool_.remove_sequence(victim->sequence);
+  victim->has_sequence = false;
+  victim->high_water = std::max(victim->high_water, victim->computed);
+  victim->computed = 0;
+  ++victim->preemptions;
+  ++stats_.preemptions;
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  waiting_.push_front(victim);
+}
+
+bool Scheduler::stops(const Entry& entry, int32_t token) const {
+  const Request& r = entry.request;
+  if (!r.ignore_eos && token == runner_.config().eos_token_id) return true;
+  if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+      r.stop_token_ids.end()) {
+    return true;
+  }
+  if (r.stop.empty()) return false;
+  // A stop string that the new token completes lies in the last (its length) tokens: every
+  // token is at least one byte.
+  size_t longest = 0;
+  for (const std::string& s : r.stop) longest = std::max(longest, s.size());
+  const int64_t tail = std::min<int64_t>(entry.generated(), static_cast<int64_t>(longest) + 1);
+  const std::string text =
+      detokenize_(std::span<const int32_t>(entry.tokens).last(static_cast<size_t>(tail)));
+  for (const std::string& s : r.stop) {
+    if (!s.empty() && text.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishReason reason) {
+  if (entry->has_sequence) {
+    pool_.remove_sequence(entry->sequence);
+    entry->has_sequence = false;
+  }
+  if (auto it = std::find(running_.begin(), running_.end(), entry); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), entry); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+  FinishedRequest done;
+  done.id = entry->id;
+  done.tokens.assign(entry->tokens.begin() + entry->prompt_len, entry->tokens.end());
+  done.reason = reason;
+  done.arrival_s = entry->arrival_s;
+  done.first_token_s = entry->first_token_s;
+  done.finish_s = now_s();
+  done.preemptions = entry->preemptions;
+  return done;
+}
+
+StepReport Scheduler::step() {
+  StepReport report;
+  report.finished = std::move(cancelled_);
+  cancelled_.clear();
+  struct Scheduled {
+    std::shared_ptr<Entry> entry;
+    int64_t first;  // tokens [first, first + count) of entry->tokens
+    int64_t count;
+  };
+  std::vector<Scheduled> scheduled;
+  int64_t budget = options_.max_batched_tokens;
+  const auto is_scheduled = [&](const std::shared_ptr<Entry>& e) {
+    return std::any_of(scheduled.begin(), scheduled.end(),
+                       [&](const Scheduled& s) { return s.entry == e; });
+  };
+  // Running requests in admission order: first every decode (one token), then the prefills
+  // still under way. Pages for a chunk are taken when it is scheduled; when none are free the
+  // most recently admitted running request not yet scheduled gives its pages back (itself, if it
+  // is the latest).
+  for (const bool decodes : {true, false}) {
+    for (size_t i = 0; i < running_.size();) {
+      const std::shared_ptr<Entry> entry = running_[i];
+      const int64_t remaining = entry->known() - entry->computed;
+      const bool is_decode = remaining == 1 && entry->computed > 0;
+      if (is_decode != decodes || is_scheduled(entry) || budget == 0 ||
+          static_cast<int64_t>(scheduled.size()) >= options_.max_seqs) {
+        ++i;
+        continue;
+      }
+      const int64_t count = std::min(remaining, budget);
+      bool self_preempted = false;
+      while (!ensure_pages(entry, entry->computed + count)) {
+        std::shared_ptr<Entry> victim;
+        for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+          if (!is_scheduled(*it)) {
+            victim = *it;
+            break;
+          }
+        }
+        preempt(victim);  // never null: `entry` itself is running and not scheduled
+        if (victim == entry) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) continue;  // running_[i] is now the next request
+      scheduled.push_back({entry, entry->computed, count});
+      budget -= count;
+      ++i;
+    }
+  }
+  // Waiting requests, first come first served: no request overtakes one that does not fit.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(scheduled.size()) < options_.max_seqs &&
+         static_cast<int64_t>(running_.size()) < options_.max_seqs) {
+    const std::shared_ptr<Entry> entry = waiting_.front();
+    if (!try_admit(entry)) break;
+    waiting_.pop_front();
+    running_.push_back(entry);
+    const int64_t count = std::min(entry->known(), budget);
+    scheduled.push_back({entry, 0, count});
+    budget -= count;
+  }
+  stats_.peak_running = std::max<int64_t>(stats_.peak_running, running_.size());
+  if (scheduled.empty()) return report;
+
+  StepBatch batch;
+  int64_t sampled_rows = 0;
+  for (const Scheduled& s : scheduled) {
+    const bool completes = s.first + s.count == s.entry->known();
+    batch.chunks.push_back(
+        {s.entry->sequence,
+         std::span<const int32_t>(s.entry->tokens)
+             .subspan(static_cast<size_t>(s.first), static_cast<size_t>(s.count)),
+         completes ? LogitRows::kLast : LogitRows::kNone, s.entry->request.sampling});
+    sampled_rows += completes ? 1 : 0;
+  }
+  std::vector<int32_t> sampled(static_cast<size_t>(sampled_rows));
+  runner_.step(batch, pool_, {{}, sampled});
+
+  ++stats_.steps;
+  bool any_decode = false;
+  size_t row = 0;
+  for (const Scheduled& s : scheduled) {
+    const std::shared_ptr<Entry>& entry = s.entry;
+    const bool is_decode = s.count == 1 && s.first > 0 && s.first + 1 == entry->known();
+    report.tokens += s.count;
+    ++report.sequences;
+    if (is_decode) {
+      ++report.decodes;
+      ++stats_.decode_tokens;
+      any_decode = true;
+    } else {
+      stats_.prefill_tokens += s.count;
+      stats_.recomputed_tokens +=
+          std::max<int64_t>(0, std::min(entry->high_water, s.first + s.count) - s.first);
+    }
+    entry->computed = s.first + s.count;
+    if (entry->computed != entry->known()) continue;
+    const int32_t token = sampled[row++];
+    entry->tokens.push_back(token);
+    if (entry->first_token_s < 0) entry->first_token_s = now_s();
+    if (stops(*entry, token)) {
+      report.finished.push_back(finish(entry, FinishReason::kStop));
+    } else if (entry->generated() >= entry->request.max_tokens) {
+      report.finished.push_back(finish(entry, FinishReason::kLength));
+    }
+  }
+  if (any_decode) ++stats_.decode_batches;
+  return report;
+}
+
+}  // namespace quantmla

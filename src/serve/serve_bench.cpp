@@ -1,0 +1,166 @@
+// bench-serve's workload, run and figures.
+#include "quantmla/serve_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "quantmla/error.h"
+
+namespace quantmla {
+namespace {
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const double rank = p * static_cast<double>(values.size() - 1);
+  const size_t low = static_cast<size_t>(std::floor(rank));
+  const size_t high = std::min(low + 1, values.size() - 1);
+  return values[low] + (rank - static_cast<double>(low)) * (values[high] - values[low]);
+}
+
+}  // namespace
+
+std::vector<Request> make_workload(const ServeWorkload& w, const ModelConfig& config) {
+  if (w.num_prompts < 1 || w.input_len < 1 || w.output_len < 1 || !(w.range_ratio >= 0.0) ||
+      w.range_ratio >= 1.0) {
+    throw InvalidArgument("workload: num_prompts " + std::to_string(w.num_prompts) +
+                          ", input_len " + std::to_string(w.input_len) + ", output_len " +
+                          std::to_string(w.output_len) + ", range ratio " +
+                          std::to_string(w.range_ratio) +
+                          " (need positive counts and a ratio in [0, 1))");
+  }
+  const auto range = [&](int64_t len) {
+    const int64_t low = std::max<int64_t>(
+        1, static_cast<int64_t>(std::floor(static_cast<double>(len) * (1.0 - w.range_ratio))));
+    const int64_t high =
+        static_cast<int64_t>(std::ceil(static_cast<double>(len) * (1.0 + w.range_ratio)));
+    return std::uniform_int_distribution<int64_t>(low, std::max(low, high));
+  };
+  const int64_t longest = static_cast<int64_t>(
+      std::ceil(static_cast<double>(w.input_len + w.output_len) * (1.0 + w.range_ratio)));
+  if (longest > config.max_position_embeddings) {
+    throw InvalidArgument("workload: requests of up to " + std::to_string(longest) +
+                          " tokens, the model holds " +
+                          std::to_string(config.max_position_embeddings) + " positions");
+  }
+  std::mt19937_64 rng(w.seed);
+  auto input = range(w.input_len);
+  auto output = range(w.output_len);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<Request> requests;
+  for (int64_t i = 0; i < w.num_prompts; ++i) {
+    Request r;
+    const int64_t len = input(rng);
+    for (int64_t t = 0; t < len; ++t) r.prompt.push_back(token(rng));
+    r.max_tokens = output(rng);
+    r.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
+                            const std::vector<Request>& requests, const SchedulerOptions& options,
+                            const ServeProgress& progress) {
+  const ModelConfig& c = runner.config();
+  const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};
+  ServeResult result;
+  result.cache = format.to_string();
+  result.bytes_per_token = c.num_layers * format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
+  result.pages = PagePool::pages_for_bytes(shape, format, cache_bytes);
+  if (result.pages < 1) {
+    throw InvalidArgument("bench-serve: " + std::to_string(cache_bytes) + " bytes of cache hold " +
+                          "no page of " + result.cache + " (" +
+                          std::to_string(PagePool::bytes_per_page(shape, format)) +
+                          " bytes a page)");
+  }
+  auto pool = runner.make_pool(format, result.pages);
+  Scheduler scheduler(runner, *pool, options);
+  std::vector<RequestId> ids(requests.size(), 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    try {
+      ids[i] = scheduler.add(requests[i]);
+      result.prompt_tokens += static_cast<int64_t>(requests[i].prompt.size());
+    } catch (const CapacityError&) {
+      ++result.failed;
+    }
+  }
+  result.outputs.resize(requests.size());
+  std::vector<double> ttft, tpot;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_report = start;
+  const double t0 = scheduler.now_s();
+  const int64_t total = static_cast<int64_t>(requests.size());
+  while (scheduler.has_work()) {
+    for (FinishedRequest& f : scheduler.step().finished) {
+      ++result.completed;
+      result.output_tokens += static_cast<int64_t>(f.tokens.size());
+      ttft.push_back((f.first_token_s - t0) * 1e3);
+      if (f.tokens.size() > 1) {
+        tpot.push_back((f.finish_s - f.first_token_s) * 1e3 /
+                       static_cast<double>(f.tokens.size() - 1));
+      }
+      const auto it = std::find(ids.begin(), ids.end(), f.id);
+      result.outputs[static_cast<size_t>(it - ids.begin())] = std::move(f.tokens);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (progress && now - last_report > std::chrono::seconds(1)) {
+      progress(result.completed + result.failed, total, scheduler.num_running(),
+               scheduler.num_waiting());
+      last_report = now;
+    }
+  }
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const SchedulerStats& stats = scheduler.stats();
+  result.output_tok_s = static_cast<double>(result.output_tokens) / result.wall_s;
+  result.total_tok_s =
+      static_cast<double>(result.output_tokens + result.prompt_tokens) / result.wall_s;
+  result.requests_s = static_cast<double>(result.completed) / result.wall_s;
+  result.peak_seqs = stats.peak_running;
+  result.mean_batch = stats.decode_batches > 0 ? static_cast<double>(stats.decode_tokens) /
+                                                     static_cast<double>(stats.decode_batches)
+                                               : 0.0;
+  result.preemptions = stats.preemptions;
+  result.recomputed_tokens = stats.recomputed_tokens;
+  result.steps = stats.steps;
+  result.ttft_p50_ms = percentile(ttft, 0.5);
+  result.ttft_p99_ms = percentile(ttft, 0.99);
+  result.tpot_p50_ms = percentile(tpot, 0.5);
+  result.tpot_p99_ms = percentile(tpot, 0.99);
+  return result;
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t end = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string unit = text.substr(end);
+  const std::pair<const char*, double> units[] = {{"", 1.0},
+                                                  {"B", 1.0},
+                                                  {"KB", 1e3},
+                                                  {"MB", 1e6},
+                                                  {"GB", 1e9},
+                                                  {"TB", 1e12},
+                                                  {"KiB", 1024.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"TiB", 1099511627776.0}};
+  if (end > 0 && value >= 0.0) {
+    for (const auto& [name, scale] : units) {
+      if (unit == name) return static_cast<int64_t>(value * scale);
+    }
+  }
+  throw InvalidArgument("byte size \"" + text +
+                        "\": expected a number with an optional unit B, KB, MB, GB, TB, KiB, MiB, "
+                        "GiB or TiB (e.g. 8GiB)");
+}
+
+}  // namespace quantmla

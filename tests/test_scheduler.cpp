@@ -1,0 +1,444 @@
+// The scheduler's invariants under random request mixes, driven by a scripted fake runner whose
+// next token depends only on the sequence's tokens (so preemption by recompute must not change any
+// output), and on the real CPU runner with the bundled model: preempted requests give exactly the
+// tokens they give unpreempted. Random tests print their seed (SCHEDULER_SEED=S repeats one).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "error_matchers.h"
+#include "model_fixtures.h"
+#include "quantmla/error.h"
+#include "quantmla/page_pool.h"
+#include "quantmla/runner.h"
+#include "quantmla/scheduler.h"
+#include "quantmla/serve_bench.h"
+
+namespace quantmla {
+namespace {
+
+using testing::error_message;
+using testing::expect_contains;
+
+uint64_t test_seed() {
+  if (const char* s = std::getenv("SCHEDULER_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}();
+}
+
+// A runner without a model: the token after a sequence is a hash of all its tokens, and every step
+// checks that no page belongs to two live sequences and that the pool's used pages are exactly
+// the live sequences' pages.
+class FakeRunner final : public Runner {
+ public:
+  FakeRunner() {
+    config_.vocab_size = 97;
+    config_.max_position_embeddings = 4096;
+    config_.eos_token_id = 3;
+    config_.num_layers = 1;
+    config_.kv_lora_rank = 8;
+    config_.qk_rope_head_dim = 8;
+  }
+  const ModelConfig& config() const override { return config_; }
+  std::string device() const override { return "fake"; }
+  std::unique_ptr<PagePool> make_pool(const CacheFormat& format, int64_t num_pages) override {
+    return PagePool::on_host({1, 8, 8}, format, num_pages);
+  }
+  void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) override {
+    check_step(batch, pool, config_, outputs);
+    ++steps;
+    size_t row = 0;
+    for (const SequenceChunk& chunk : batch.chunks) {
+      std::vector<int32_t>& history = histories[chunk.sequence];
+      history.resize(static_cast<size_t>(pool.length(chunk.sequence)));  // a reused id restarts
+      history.insert(history.end(), chunk.tokens.begin(), chunk.tokens.end());
+      pool.set_length(chunk.sequence, static_cast<int64_t>(history.size()));
+      if (chunk.logits == LogitRows::kLast && !outputs.tokens.empty()) {
+        uint64_t h = 1469598103934665603ull;
+        for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+        outputs.tokens[row] = static_cast<int32_t>(h % static_cast<uint64_t>(config_.vocab_size));
+      }
+      if (chunk.logits != LogitRows::kNone) ++row;
+    }
+    check_pages(pool);
+  }
+
+  void check_pages(const PagePool& pool) {
+    std::set<int32_t> owned;
+    int64_t total = 0;
+    for (const auto& [sequence, history] : histories) {
+      if (!pool.has_sequence(sequence)) continue;
+      for (int32_t page : pool.block_table(sequence)) {
+        if (!owned.insert(page).second) ++pages_owned_twice;
+        ++total;
+      }
+    }
+    // Sequences admitted but not yet run hold pages too: the pool may use more, never fewer.
+    if (total > pool.used_pages()) ++pages_owned_twice;
+  }
+
+  ModelConfig config_;
+  std::map<SequenceId, std::vector<int32_t>> histories;
+  int64_t steps = 0;
+  int64_t pages_owned_twice = 0;
+};
+
+struct Mix {
+  std::vector<Request> requests;
+  std::vector<int> cancel_at_step;  // -1: never cancelled
+};
+
+Mix random_mix(std::mt19937_64& rng, int count, int vocab) {
+  Mix mix;
+  for (int i = 0; i < count; ++i) {
+    Request r;
+    const int len = std::uniform_int_distribution<int>(1, 300)(rng);
+    for (int t = 0; t < len; ++t)
+      r.prompt.push_back(std::uniform_int_distribution<int>(4, vocab - 1)(rng));
+    r.max_tokens = std::uniform_int_distribution<int>(1, 120)(rng);
+    r.ignore_eos = rng() % 3 == 0;
+    if (rng() % 4 == 0) r.stop_token_ids = {static_cast<int32_t>(10 + rng() % 20)};
+    mix.requests.push_back(r);
+    mix.cancel_at_step.push_back(rng() % 10 == 0 ? static_cast<int>(rng() % 50) : -1);
+  }
+  return mix;
+}
+
+struct RunResult {
+  std::map<RequestId, FinishedRequest> finished;
+  int64_t finished_twice = 0;
+  int64_t steps = 0;
+  SchedulerStats stats;
+};
+
+// Runs every request of `mix` to the end, checking the step invariants on the way.
+RunResult run_mix(Runner& runner, PagePool& pool, const SchedulerOptions& options, const Mix& mix,
+                  bool cancel) {
+  Scheduler scheduler(runner, pool, options);
+  std::vector<RequestId> ids;
+  for (const Request& r : mix.requests) ids.push_back(scheduler.add(r));
+  RunResult result;
+  int64_t budget_steps = 0;
+  for (const Request& r : mix.requests) {
+    budget_steps += static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  }
+  budget_steps = 4 * budget_steps + 1000;  // no starvation: everything ends well before this
+  while (scheduler.has_work() && result.steps < budget_steps) {
+    if (cancel) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (mix.cancel_at_step[i] == result.steps) scheduler.cancel(ids[i]);
+      }
+    }
+    const StepReport report = scheduler.step();
+    ++result.steps;
+    EXPECT_LE(report.tokens, options.max_batched_tokens);
+    EXPECT_LE(report.sequences, options.max_seqs);
+    EXPECT_LE(scheduler.num_running(), options.max_seqs);
+    for (const FinishedRequest& f : report.finished) {
+      if (!result.finished.emplace(f.id, f).second) ++result.finished_twice;
+    }
+  }
+  EXPECT_FALSE(scheduler.has_work()) << "requests still waiting after " << result.steps << " steps";
+  result.stats = scheduler.stats();
+  return result;
+}
+
+void expect_finished_properly(const Mix& mix, const RunResult& result, int32_t eos, bool cancel) {
+  EXPECT_EQ(result.finished_twice, 0);
+  ASSERT_EQ(result.finished.size(), mix.requests.size());
+  for (size_t i = 0; i < mix.requests.size(); ++i) {
+    const Request& r = mix.requests[i];
+    const FinishedRequest& f = result.finished.at(static_cast<RequestId>(i + 1));
+    if (f.reason == FinishReason::kCancelled) {
+      EXPECT_TRUE(cancel && mix.cancel_at_step[i] >= 0) << "request " << i << " cancelled";
+      continue;
+    }
+    ASSERT_FALSE(f.tokens.empty()) << "request " << i;
+    EXPECT_LE(static_cast<int64_t>(f.tokens.size()), r.max_tokens) << "request " << i;
+    const int32_t last = f.tokens.back();
+    const bool stop_token =
+        (!r.ignore_eos && last == eos) ||
+        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), last) != r.stop_token_ids.end();
+    if (f.reason == FinishReason::kLength) {
+      EXPECT_EQ(static_cast<int64_t>(f.tokens.size()), r.max_tokens) << "request " << i;
+    } else {
+      EXPECT_TRUE(stop_token) << "request " << i << " stopped on " << last;
+    }
+    // Nothing before the last token should have stopped it.
+    for (size_t t = 0; t + 1 < f.tokens.size(); ++t) {
+      const int32_t token = f.tokens[t];
+      EXPECT_FALSE((!r.ignore_eos && token == eos) ||
+                   std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+                       r.stop_token_ids.end())
+          << "request " << i << " ran past a stop at " << t;
+    }
+  }
+}
+
+TEST(Scheduler, RandomMixesKeepEveryInvariant) {
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu (SCHEDULER_SEED to repeat)\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 12; ++round) {
+    FakeRunner runner;
+    const Mix mix = random_mix(rng, 40, static_cast<int>(runner.config().vocab_size));
+    SchedulerOptions options;
+    options.max_batched_tokens = std::uniform_int_distribution<int64_t>(8, 600)(rng);
+    options.max_seqs = std::uniform_int_distribution<int64_t>(1, 24)(rng);
+    options.watermark_pages = static_cast<int64_t>(rng() % 3);
+    // A pool where every request fits alone but few fit together: preemptions happen.
+    const int64_t pages = 8 + static_cast<int64_t>(rng() % 24);
+    auto pool = runner.make_pool(CacheFormat::parse("bf16"), pages);
+    const bool cancel = round % 2 == 1;
+    SCOPED_TRACE("round " + std::to_string(round) + ": budget " +
+                 std::to_string(options.max_batched_tokens) + ", max_seqs " +
+                 std::to_string(options.max_seqs) + ", pages " + std::to_string(pages));
+    const RunResult pressed = run_mix(runner, *pool, options, mix, cancel);
+    expect_finished_properly(mix, pressed, static_cast<int32_t>(runner.config().eos_token_id),
+                             cancel);
+    EXPECT_EQ(runner.pages_owned_twice, 0);
+    EXPECT_EQ(pool->used_pages(), 0) << "pages not returned";
+    EXPECT_EQ(pool->num_sequences(), 0);
+
+    // The same requests with room for all of them: no preemption, the same outputs.
+    FakeRunner roomy_runner;
+    auto roomy = roomy_runner.make_pool(CacheFormat::parse("bf16"), 40 * 8);
+    SchedulerOptions roomy_options = options;
+    roomy_options.max_seqs = 64;
+    const RunResult free_run = run_mix(roomy_runner, *roomy, roomy_options, mix, false);
+    EXPECT_EQ(free_run.stats.preemptions, 0);
+    for (const auto& [id, f] : pressed.finished) {
+      if (f.reason == FinishReason::kCancelled) continue;
+      EXPECT_EQ(f.tokens, free_run.finished.at(id).tokens)
+          << "request " << id << " preempted " << f.preemptions << " times";
+    }
+    std::printf("round %d: %lld steps, %lld preemptions, %lld recomputed tokens, peak %lld\n",
+                round, static_cast<long long>(pressed.steps),
+                static_cast<long long>(pressed.stats.preemptions),
+                static_cast<long long>(pressed.stats.recomputed_tokens),
+                static_cast<long long>(pressed.stats.peak_running));
+  }
+}
+
+TEST(Scheduler, PreemptsUnderPressureAndAdmitsByWholePrompt) {
+  FakeRunner runner;
+  auto pool = runner.make_pool(CacheFormat::parse("bf16"), 6);  // 384 tokens
+  SchedulerOptions options;
+  options.max_batched_tokens = 64;
+  options.watermark_pages = 0;
+  Scheduler scheduler(runner, *pool, options);
+  Request r;
+  r.prompt.assign(100, 5);
+  r.max_tokens = 150;  // 250 tokens: two fit by prompt (2 pages each), not by length
+  r.ignore_eos = true;
+  scheduler.add(r);
+  scheduler.add(r);
+  Request big;
+  big.prompt.assign(300, 6);  // 5 pages: waits until the pool is nearly empty
+  big.max_tokens = 10;
+  big.ignore_eos = true;
+  scheduler.add(big);
+  int64_t steps = 0;
+  std::vector<FinishedRequest> done;
+  while (scheduler.has_work() && steps < 10000) {
+    const StepReport report = scheduler.step();
+    ++steps;
+    // The big request is never admitted on its first chunk alone.
+    EXPECT_LE(pool->used_pages(), pool->num_pages());
+    done.insert(done.end(), report.finished.begin(), report.finished.end());
+  }
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_GT(scheduler.stats().preemptions, 0);
+  EXPECT_GT(scheduler.stats().recomputed_tokens, 0);
+  for (const FinishedRequest& f : done) EXPECT_EQ(f.reason, FinishReason::kLength);
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
+TEST(Scheduler, RefusesRequestsThatCanNeverRun) {
+  FakeRunner runner;
+  auto pool = runner.make_pool(CacheFormat::parse("bf16"), 4);
+  Scheduler scheduler(runner, *pool, {});
+  Request ok;
+  ok.prompt = {5, 6};
+  Request r = ok;
+  r.prompt.clear();
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"empty prompt"});
+  r = ok;
+  r.max_tokens = 0;
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"max_tokens 0"});
+  r = ok;
+  r.prompt = {5, 97};
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }),
+                  {"prompt token 1 is 97", "[0, 97)"});
+  r = ok;
+  r.max_tokens = 300;  // 302 tokens: 5 pages, the pool has 4
+  expect_contains(error_message<CapacityError>([&] { scheduler.add(r); }),
+                  {"needs 5 pages", "holds 4"});
+  r = ok;
+  r.max_tokens = 5000;
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"4096 positions"});
+  r = ok;
+  r.stop = {"x"};
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"detokenizer"});
+  r = ok;
+  r.sampling.top_p = 0.0f;
+  EXPECT_THROW(scheduler.add(r), InvalidArgument);
+  EXPECT_FALSE(scheduler.has_work()) << "a refused request was queued";
+  EXPECT_FALSE(scheduler.cancel(12345));
+}
+
+TEST(Scheduler, StopStringsAndCancellation) {
+  FakeRunner runner;
+  auto pool = runner.make_pool(CacheFormat::parse("bf16"), 16);
+  // Token t reads as the letter 'a' + t % 26.
+  Scheduler scheduler(runner, *pool, {}, [](std::span<const int32_t> tokens) {
+    std::string text;
+    for (int32_t t : tokens) text += static_cast<char>('a' + t % 26);
+    return text;
+  });
+  Request r;
+  r.prompt = {7, 8, 9};
+  r.max_tokens = 200;
+  r.ignore_eos = true;
+  const RequestId free_id = scheduler.add(r);
+  std::vector<FinishedRequest> done;
+  while (scheduler.has_work()) {
+    const StepReport report = scheduler.step();
+    done.insert(done.end(), report.finished.begin(), report.finished.end());
+  }
+  ASSERT_EQ(done.size(), 1u);
+  // Stop at the two letters that end the tokens' 10th and 11th outputs.
+  const std::vector<int32_t> unstopped = done[0].tokens;
+  ASSERT_GE(unstopped.size(), 12u);
+  std::string stop;
+  stop += static_cast<char>('a' + unstopped[9] % 26);
+  stop += static_cast<char>('a' + unstopped[10] % 26);
+  r.stop = {stop};
+  const RequestId stopped_id = scheduler.add(r);
+  const RequestId cancelled_id = scheduler.add(r);
+  EXPECT_TRUE(scheduler.cancel(cancelled_id));
+  EXPECT_FALSE(scheduler.cancel(cancelled_id));
+  done.clear();
+  while (scheduler.has_work()) {
+    const StepReport report = scheduler.step();
+    done.insert(done.end(), report.finished.begin(), report.finished.end());
+  }
+  ASSERT_EQ(done.size(), 2u);
+  for (const FinishedRequest& f : done) {
+    if (f.id == cancelled_id) {
+      EXPECT_EQ(f.reason, FinishReason::kCancelled);
+    } else {
+      EXPECT_EQ(f.id, stopped_id);
+      EXPECT_EQ(f.reason, FinishReason::kStop);
+      EXPECT_LE(f.tokens.size(), 11u);  // at the first occurrence, which may come earlier
+      const std::vector<int32_t> prefix(unstopped.begin(),
+                                        unstopped.begin() + static_cast<long>(f.tokens.size()));
+      EXPECT_EQ(f.tokens, prefix);
+    }
+  }
+  EXPECT_NE(free_id, stopped_id);
+  EXPECT_EQ(pool->used_pages(), 0);
+}
+
+// The real engine: greedy requests squeezed into a pool that forces preemptions produce exactly
+// the tokens they produce in a pool that holds them all. (Exactly up to floating point: a
+// recomputed row comes from a prefill GEMM where it first came from a decode GEMV, so the exact
+// cache keeps the difference at rounding level; a quantized cache can flip a code on it, and a
+// sampled token can flip where its draw falls on a boundary.)
+TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  std::mt19937_64 rng(20261201);
+  std::vector<Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.prompt.push_back(static_cast<int32_t>(model.config().bos_token_id));
+    const int len = 40 + 17 * i;
+    for (int t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(4 + rng() % 4000));
+    r.max_tokens = 60;
+    r.ignore_eos = true;
+    requests.push_back(r);
+  }
+  std::vector<std::vector<std::vector<int32_t>>> outputs;
+  std::vector<int64_t> preemptions;
+  for (const int64_t pages : {int64_t{5}, int64_t{40}}) {
+    auto pool = runner->make_pool(CacheFormat::f32(), pages);
+    SchedulerOptions options;
+    options.max_batched_tokens = 96;
+    Scheduler scheduler(*runner, *pool, options);
+    for (const Request& r : requests) scheduler.add(r);
+    std::vector<std::vector<int32_t>> tokens(requests.size());
+    while (scheduler.has_work()) {
+      for (const FinishedRequest& f : scheduler.step().finished) {
+        tokens[static_cast<size_t>(f.id - 1)] = f.tokens;
+      }
+    }
+    outputs.push_back(tokens);
+    preemptions.push_back(scheduler.stats().preemptions);
+    EXPECT_EQ(pool->used_pages(), 0);
+  }
+  EXPECT_GT(preemptions[0], 0) << "the small pool did not force a preemption";
+  EXPECT_EQ(preemptions[1], 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(outputs[0][i].size(), 60u);
+    EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i;
+  }
+}
+
+TEST(ServeBench, WorkloadAndFiguresAddUp) {
+  FakeRunner runner;
+  ServeWorkload w;
+  w.num_prompts = 30;
+  w.input_len = 100;
+  w.output_len = 20;
+  w.range_ratio = 0.5;
+  w.seed = 3;
+  const std::vector<Request> requests = make_workload(w, runner.config());
+  ASSERT_EQ(requests.size(), 30u);
+  int64_t outputs = 0;
+  for (const Request& r : requests) {
+    EXPECT_GE(r.prompt.size(), 50u);
+    EXPECT_LE(r.prompt.size(), 150u);
+    EXPECT_GE(r.max_tokens, 10);
+    EXPECT_LE(r.max_tokens, 30);
+    EXPECT_TRUE(r.ignore_eos);
+    outputs += r.max_tokens;
+  }
+  EXPECT_EQ(make_workload(w, runner.config())[7].prompt, requests[7].prompt) << "not seeded";
+  const CacheFormat bf16 = CacheFormat::parse("bf16");
+  const int64_t page = PagePool::bytes_per_page({1, 8, 8}, bf16);
+  SchedulerOptions options;
+  options.max_batched_tokens = 128;
+  const ServeResult result = run_serve_bench(runner, bf16, 10 * page + page / 2, requests, options);
+  EXPECT_EQ(result.pages, 10);
+  EXPECT_EQ(result.completed, 30);
+  EXPECT_EQ(result.failed, 0);
+  EXPECT_EQ(result.output_tokens, outputs);  // ignore_eos: every request runs to max_tokens
+  EXPECT_LE(result.peak_seqs, 10);
+  EXPECT_GT(result.output_tok_s, 0.0);
+  EXPECT_LE(result.ttft_p50_ms, result.ttft_p99_ms);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(static_cast<int64_t>(result.outputs[i].size()), requests[i].max_tokens);
+  }
+  EXPECT_THROW(run_serve_bench(runner, bf16, page - 1, requests, options), InvalidArgument);
+  w.range_ratio = 1.0;
+  EXPECT_THROW(make_workload(w, runner.config()), InvalidArgument);
+}
+
+TEST(ServeBench, ParsesByteSizes) {
+  EXPECT_EQ(parse_byte_size("8GiB"), int64_t{8} << 30);
+  EXPECT_EQ(parse_byte_size("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parse_byte_size("1.5GB"), 1'500'000'000);
+  EXPECT_EQ(parse_byte_size("300000"), 300000);
+  for (const char* bad : {"", "GiB", "8 gigs", "-1GiB", "8GIB"}) {
+    expect_contains(error_message<InvalidArgument>([&] { parse_byte_size(bad); }), {"e.g. 8GiB"});
+  }
+}
+
+}  // namespace
+}  // namespace quantmla

@@ -1,0 +1,233 @@
+// quantmla bench-serve: the offline throughput protocol of `vllm bench throughput` (random
+// requests, all submitted at t = 0) through the scheduler, one cache format after another on the
+// same requests and the same cache byte budget.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "quantmla/error.h"
+#include "quantmla/serve_bench.h"
+#include "svg_plot.h"
+
+namespace quantmla::cli {
+namespace {
+
+struct BenchServeOptions {
+  std::string model = kDefaultModel;
+  std::string device = "cpu";
+  ServeWorkload workload;
+  std::vector<std::string> caches;
+  std::string cache_memory = "64MiB";
+  SchedulerOptions scheduler;
+  int64_t check_outputs = 0;
+  std::string json, plot;
+};
+
+// --cache-memory: a size ("8GiB") or a fraction of the device memory free after loading ("0.9").
+int64_t cache_bytes(const std::string& text, const Runner& runner) {
+  size_t end = 0;
+  double fraction = -1.0;
+  try {
+    fraction = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  if (end == text.size() && fraction > 0.0 && fraction <= 1.0) {
+    const int64_t free_bytes = runner.free_device_bytes();
+    if (free_bytes < 0) {
+      throw InvalidArgument("--cache-memory " + text +
+                            ": a fraction of free device memory needs --device cuda; give a size "
+                            "such as 512MiB");
+    }
+    return static_cast<int64_t>(fraction * static_cast<double>(free_bytes));
+  }
+  return parse_byte_size(text);
+}
+
+void print_row(const ServeResult& r) {
+  std::printf(
+      "%-34s %7lld %7.2f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f %4lld/%lld\n",
+      r.cache.c_str(), static_cast<long long>(r.pages), r.wall_s, r.output_tok_s, r.total_tok_s,
+      static_cast<long long>(r.peak_seqs), r.mean_batch, static_cast<long long>(r.preemptions),
+      static_cast<long long>(r.recomputed_tokens), r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms,
+      r.tpot_p99_ms, static_cast<long long>(r.completed),
+      static_cast<long long>(r.completed + r.failed));
+  std::fflush(stdout);
+}
+
+void run_bench_serve(const BenchServeOptions& options) {
+  std::unique_ptr<Model> model;
+  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
+  const std::vector<Request> requests = make_workload(options.workload, runner->config());
+  const int64_t bytes = cache_bytes(options.cache_memory, *runner);
+  std::vector<std::string> caches = options.caches;
+  if (caches.empty()) caches = {"bf16"};
+  std::fprintf(stderr,
+               "bench-serve: %lld requests (input %lld, output %lld, range %.2f, seed %llu) "
+               "on %s, %lld bytes of cache\n",
+               static_cast<long long>(requests.size()),
+               static_cast<long long>(options.workload.input_len),
+               static_cast<long long>(options.workload.output_len), options.workload.range_ratio,
+               static_cast<unsigned long long>(options.workload.seed), runner->device().c_str(),
+               static_cast<long long>(bytes));
+  std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %s\n", "cache", "pages",
+              "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
+              "ttft p99", "tpot 50", "tpot 99", "done");
+  std::vector<ServeResult> results;
+  for (const std::string& spec : caches) {
+    const CacheFormat format = CacheFormat::parse(spec);
+    results.push_back(run_serve_bench(
+        *runner, format, bytes, requests, options.scheduler,
+        [&](int64_t done, int64_t total, int64_t running, int64_t waiting) {
+          std::fprintf(stderr,
+                       "  %s: %lld/%lld done, %lld running, %lld "
+                       "waiting\n",
+                       spec.c_str(), static_cast<long long>(done), static_cast<long long>(total),
+                       static_cast<long long>(running), static_cast<long long>(waiting));
+        }));
+    print_row(results.back());
+  }
+  // Greedy outputs of the first requests with and without preemption: the format that preempted
+  // most, its first K requests alone in a budget that holds them all.
+  nlohmann::json check = nullptr;
+  if (options.check_outputs > 0) {
+    size_t worst = 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].preemptions > results[worst].preemptions) worst = i;
+    }
+    const int64_t k =
+        std::min<int64_t>(options.check_outputs, static_cast<int64_t>(requests.size()));
+    const std::vector<Request> sample(requests.begin(), requests.begin() + k);
+    int64_t roomy = 0;
+    for (const Request& r : sample) {
+      roomy += PagePool::pages_for_tokens(static_cast<int64_t>(r.prompt.size()) + r.max_tokens);
+    }
+    const CacheFormat format = CacheFormat::parse(caches[worst]);
+    const ModelConfig& c = runner->config();
+    const int64_t page_bytes =
+        PagePool::bytes_per_page({c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim}, format);
+    SchedulerOptions alone = options.scheduler;
+    alone.max_seqs = std::max<int64_t>(alone.max_seqs, k);
+    const ServeResult free_run =
+        run_serve_bench(*runner, format, (roomy + 1) * page_bytes, sample, alone);
+    int64_t same = 0;
+    for (int64_t i = 0; i < k; ++i) same += free_run.outputs[i] == results[worst].outputs[i];
+    std::printf(
+        "greedy outputs of the first %lld requests, %s with %lld preemptions vs none: "
+        "%lld identical\n",
+        static_cast<long long>(k), caches[worst].c_str(),
+        static_cast<long long>(results[worst].preemptions), static_cast<long long>(same));
+    std::fflush(stdout);
+    check = {{"cache", caches[worst]},
+             {"requests", k},
+             {"preemptions_in_run", results[worst].preemptions},
+             {"preemptions_alone", free_run.preemptions},
+             {"identical", same}};
+  }
+  if (!options.json.empty()) {
+    nlohmann::json formats = nlohmann::json::array();
+    for (const ServeResult& r : results) {
+      formats.push_back({{"cache", r.cache},
+                         {"bytes_per_token", r.bytes_per_token},
+                         {"pages", r.pages},
+                         {"wall_s", r.wall_s},
+                         {"output_tok_s", r.output_tok_s},
+                         {"total_tok_s", r.total_tok_s},
+                         {"requests_s", r.requests_s},
+                         {"peak_seqs", r.peak_seqs},
+                         {"mean_batch", r.mean_batch},
+                         {"steps", r.steps},
+                         {"preemptions", r.preemptions},
+                         {"recomputed_tokens", r.recomputed_tokens},
+                         {"ttft_p50_ms", r.ttft_p50_ms},
+                         {"ttft_p99_ms", r.ttft_p99_ms},
+                         {"tpot_p50_ms", r.tpot_p50_ms},
+                         {"tpot_p99_ms", r.tpot_p99_ms},
+                         {"completed", r.completed},
+                         {"failed", r.failed},
+                         {"output_tokens", r.output_tokens},
+                         {"prompt_tokens", r.prompt_tokens}});
+    }
+    const nlohmann::json out = {{"device", runner->device()},
+                                {"model", options.model},
+                                {"requests", requests.size()},
+                                {"input_len", options.workload.input_len},
+                                {"output_len", options.workload.output_len},
+                                {"random_range_ratio", options.workload.range_ratio},
+                                {"seed", options.workload.seed},
+                                {"max_batched_tokens", options.scheduler.max_batched_tokens},
+                                {"max_seqs", options.scheduler.max_seqs},
+                                {"cache_memory_bytes", bytes},
+                                {"formats", formats},
+                                {"preemption_check", check}};
+    std::ofstream file(options.json, std::ios::trunc);
+    if (!file) throw IoError("cannot write " + options.json);
+    file << out.dump(2) << "\n";
+  }
+  if (!options.plot.empty()) {
+    PlotPanel throughput{"output throughput", "cache bytes per token", "output tokens/s", {}};
+    PlotPanel concurrency{"peak concurrent sequences", "cache bytes per token", "sequences", {}};
+    for (const ServeResult& r : results) {
+      throughput.points.push_back(
+          {static_cast<double>(r.bytes_per_token), r.output_tok_s, r.cache});
+      concurrency.points.push_back(
+          {static_cast<double>(r.bytes_per_token), static_cast<double>(r.peak_seqs), r.cache});
+    }
+    std::ofstream file(options.plot, std::ios::trunc);
+    if (!file) throw IoError("cannot write " + options.plot);
+    file << render_svg("bench-serve: " + std::to_string(requests.size()) + " requests, " +
+                           std::to_string(bytes >> 20) + " MiB of cache on " + runner->device(),
+                       {throughput, concurrency});
+  }
+}
+
+}  // namespace
+
+void add_bench_serve(CLI::App& app) {
+  auto o = std::make_shared<BenchServeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench-serve",
+      "Offline serving throughput (vllm bench throughput's protocol): random requests through the "
+      "scheduler on a cache byte budget, for each --cache format");
+  cmd->add_option("--model", o->model, "Model directory")->capture_default_str();
+  add_device_option(*cmd, o->device);
+  cmd->add_option("--num-prompts", o->workload.num_prompts, "Requests")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--input-len", o->workload.input_len, "Prompt tokens")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-len", o->workload.output_len, "Generated tokens (ignore_eos)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--random-range-ratio", o->workload.range_ratio,
+                  "Lengths uniform in [L(1-R), L(1+R)]; 0 = fixed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999));
+  cmd->add_option("--seed", o->workload.seed, "Seed of the random requests")->capture_default_str();
+  cmd->add_option("--cache", o->caches,
+                  "Cache format; repeat to run several on the same requests (default bf16)");
+  cmd->add_option("--cache-memory", o->cache_memory,
+                  "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
+      ->capture_default_str();
+  cmd->add_option("--max-batched-tokens", o->scheduler.max_batched_tokens,
+                  "Tokens one step runs (decodes + prefill chunks)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-seqs", o->scheduler.max_seqs, "Sequences one step runs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--check-outputs", o->check_outputs,
+                  "Rerun the first K requests without cache pressure and compare greedy outputs")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--json", o->json, "Write the results as JSON to this file");
+  cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
+  cmd->callback([o] { run_bench_serve(*o); });
+}
+
+}  // namespace quantmla::cli
