@@ -17,6 +17,7 @@ copy usr/share/cmake/nlohmann_json
 copy usr/include/CLI
 copy usr/share/cmake/CLI11
 copy usr/include/pcre2.h
+copy usr/include/httplib.h
 copy "usr/include/$arch/openblas-openmp"
 copy "usr/lib/$arch/libpcre2-8.a"
 copy "usr/lib/$arch/openblas-openmp/libopenblas.a"

@@ -473,5 +473,41 @@ TEST_F(CliTest, BenchServeRefusesBadBudgets) {
       {"hold no page"});
 }
 
+TEST_F(CliTest, RenderChatPrintsTheReferencePrompt) {
+  // ../shared's DeepSeek-V3 directory has tokenizer files only: no config.json, no weights.
+  const auto reference = nlohmann::ordered_json::parse(
+      read_text_file(shared_dir() / "reference/chat-template-reference.json"));
+  const auto& tool_case = reference["cases"][7];  // tool call, tool output, final answer
+  ASSERT_TRUE(tool_case["add_generation_prompt"].get<bool>());
+  const fs::path messages = scratch_ / "messages.json";
+  std::ofstream(messages) << tool_case["messages"].dump();
+  const std::string model = (shared_dir() / "tokenizers/deepseek-v3").string();
+  const CliResult result = run_cli("render-chat --model '" + model + "' --messages '" +
+                                   messages.string() + "' --add-generation-prompt");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, tool_case["rendered"].get<std::string>());  // exactly, no newline added
+
+  // A raw Jinja file stands in for a model without a template; bos comes from the model's config.
+  const fs::path jinja = scratch_ / "chat.jinja";
+  std::ofstream(jinja) << "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{% endfor %}\n";
+  const CliResult own = run_cli("render-chat --messages '" + messages.string() +
+                                "' --chat-template '" + jinja.string() + "'");
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  EXPECT_EQ(own.out, "<|begin_of_text|>[user][assistant][tool][assistant]");
+}
+
+TEST_F(CliTest, RenderChatRefusesAModelWithoutATemplate) {
+  const fs::path messages = scratch_ / "messages.json";
+  std::ofstream(messages) << R"([{"role": "user", "content": "hi"}])";
+  expect_failure(run_cli("render-chat --messages '" + messages.string() + "'"),
+                 {"models/mla-tiny has no chat_template in tokenizer_config.json; pass "
+                  "--chat-template FILE"});
+  std::ofstream(scratch_ / "bad.json") << R"({"role": "user"})";
+  expect_failure(
+      run_cli("render-chat --model '" + (shared_dir() / "tokenizers/deepseek-v3").string() +
+              "' --messages '" + (scratch_ / "bad.json").string() + "'"),
+      {"bad.json", "expected a JSON array of messages"});
+}
+
 }  // namespace
 }  // namespace quantmla

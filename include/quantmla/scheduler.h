@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quantmla/page_pool.h"
@@ -33,6 +34,7 @@ enum class FinishReason {
   kLength,     // max_tokens generated
   kStop,       // EOS, a stop token or a stop string
   kCancelled,  // cancel() before it finished
+  kError,      // the engine failed while running it (ServingEngine)
 };
 const char* to_string(FinishReason reason);
 
@@ -71,6 +73,8 @@ struct StepReport {
   int64_t sequences = 0;                  // chunks of the step
   int64_t decodes = 0;                    // of them single-token decodes of running sequences
   std::vector<FinishedRequest> finished;  // requests that ended in this step
+  // Every token generated in this step, with its request (streaming), in step order.
+  std::vector<std::pair<RequestId, int32_t>> generated;
 };
 
 class Scheduler {

@@ -30,6 +30,8 @@ const char* to_string(FinishReason reason) {
       return "stop";
     case FinishReason::kCancelled:
       return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -305,6 +307,7 @@ StepReport Scheduler::step() {
     if (entry->computed != entry->known()) continue;
     const int32_t token = sampled[row++];
     entry->tokens.push_back(token);
+    report.generated.emplace_back(entry->id, token);
     if (entry->first_token_s < 0) entry->first_token_s = now_s();
     if (stops(*entry, token)) {
       report.finished.push_back(finish(entry, FinishReason::kStop));

@@ -27,27 +27,6 @@ struct BenchServeOptions {
   std::string json, plot;
 };
 
-// --cache-memory: a size ("8GiB") or a fraction of the device memory free after loading ("0.9").
-int64_t cache_bytes(const std::string& text, const Runner& runner) {
-  size_t end = 0;
-  double fraction = -1.0;
-  try {
-    fraction = std::stod(text, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  if (end == text.size() && fraction > 0.0 && fraction <= 1.0) {
-    const int64_t free_bytes = runner.free_device_bytes();
-    if (free_bytes < 0) {
-      throw InvalidArgument("--cache-memory " + text +
-                            ": a fraction of free device memory needs --device cuda; give a size "
-                            "such as 512MiB");
-    }
-    return static_cast<int64_t>(fraction * static_cast<double>(free_bytes));
-  }
-  return parse_byte_size(text);
-}
-
 void print_row(const ServeResult& r) {
   std::printf(
       "%-34s %7lld %7.2f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f %4lld/%lld\n",
@@ -63,7 +42,7 @@ void run_bench_serve(const BenchServeOptions& options) {
   std::unique_ptr<Model> model;
   const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
-  const int64_t bytes = cache_bytes(options.cache_memory, *runner);
+  const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
   std::vector<std::string> caches = options.caches;
   if (caches.empty()) caches = {"bf16"};
   std::fprintf(stderr,

@@ -6,6 +6,7 @@
 #include "quantmla/error.h"
 #include "quantmla/generate.h"
 #include "quantmla/tokenizer.h"
+#include "utf8.h"
 
 namespace quantmla::cli {
 namespace {
@@ -20,20 +21,6 @@ struct GenerateCliOptions {
   std::string cache;  // "" = recorded in the model's config.json, else f32 (bf16 on cuda)
   std::string device = "cpu";
 };
-
-// Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence.
-size_t complete_utf8_prefix(const std::string& bytes) {
-  size_t end = bytes.size();
-  for (size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
-    const unsigned char byte = static_cast<unsigned char>(bytes[bytes.size() - back]);
-    if ((byte & 0xC0) != 0x80) {  // a lead byte: is its sequence complete?
-      const size_t needed = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1;
-      if (needed > back) end = bytes.size() - back;
-      break;
-    }
-  }
-  return end;
-}
 
 void run_generate(const GenerateCliOptions& options) {
   if (options.prompt.empty()) throw InvalidArgument("empty prompt: --prompt needs some text");

@@ -41,6 +41,10 @@ std::unique_ptr<Runner> make_runner(const std::string& device, const std::string
 CacheFormat device_cache(const std::string& device, const std::string& model_dir,
                          const std::string& given, const std::string& fallback);
 
+// --cache-memory: a size ("8GiB", parse_byte_size) or a fraction of the device memory free after
+// loading ("0.9", CUDA only: InvalidArgument on the CPU).
+int64_t cache_budget_bytes(const std::string& text, const Runner& runner);
+
 // --ctx N and --max-windows K, the window protocol's options shared by the evaluators.
 void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);
 // --ids FILE (required, must exist).
@@ -73,6 +77,7 @@ void add_info(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_eval_ppl(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_render_chat(CLI::App& app);
 void add_eval_kld(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_compare_merge(CLI::App& app);
@@ -81,5 +86,6 @@ void add_calibrate(CLI::App& app);
 void add_eval_passkey(CLI::App& app);
 void add_make_random_model(CLI::App& app);
 void add_bench_serve(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace quantmla::cli

@@ -2,10 +2,11 @@
 #include <filesystem>
 
 #include "commands.h"
-#include "quantmla/error.h"
 #include "progress.h"
 #include "quantmla/config.h"
+#include "quantmla/error.h"
 #include "quantmla/io.h"
+#include "quantmla/serve_bench.h"
 #include "quantmla/transform.h"
 
 namespace quantmla::cli {
@@ -120,6 +121,27 @@ std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>
   if (run.device == "cpu") options.windows_per_step = 1;  // one window fills the cores
   options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   return evaluate_kld(*runner, ids, formats, options);
+}
+
+// --cache-memory: a size ("8GiB") or a fraction of the device memory free after loading ("0.9").
+int64_t cache_budget_bytes(const std::string& text, const Runner& runner) {
+  size_t end = 0;
+  double fraction = -1.0;
+  try {
+    fraction = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  if (end == text.size() && fraction > 0.0 && fraction <= 1.0) {
+    const int64_t free_bytes = runner.free_device_bytes();
+    if (free_bytes < 0) {
+      throw InvalidArgument("--cache-memory " + text +
+                            ": a fraction of free device memory needs --device cuda; give a size "
+                            "such as 512MiB");
+    }
+    return static_cast<int64_t>(fraction * static_cast<double>(free_bytes));
+  }
+  return parse_byte_size(text);
 }
 
 }  // namespace quantmla::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_generate(app);
   quantmla::cli::add_eval_ppl(app);
   quantmla::cli::add_tokenize(app);
+  quantmla::cli::add_render_chat(app);
   quantmla::cli::add_eval_kld(app);
   quantmla::cli::add_compare(app);
   quantmla::cli::add_compare_merge(app);
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   quantmla::cli::add_eval_passkey(app);
   quantmla::cli::add_make_random_model(app);
   quantmla::cli::add_bench_serve(app);
+  quantmla::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,75 @@
+// The scheduler on a thread of its own: any thread submits requests and gets their tokens and
+// their end through callbacks that run on the engine thread (keep them short: they delay the
+// next step).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "quantmla/error.h"
+#include "quantmla/scheduler.h"
+
+namespace quantmla {
+
+struct RequestCallbacks {
+  std::function<void(int32_t token)> on_token;            // each generated token, in order
+  std::function<void(const FinishedRequest&)> on_finish;  // once, last
+};
+
+// What /metrics reports.
+struct EngineSnapshot {
+  int64_t running = 0, waiting = 0;
+  int64_t used_pages = 0, total_pages = 0;
+  SchedulerStats stats;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  int64_t finished_total = 0;
+};
+
+class ServingEngine {
+ public:
+  // `max_waiting`: submissions beyond this many waiting requests are refused (QueueFull).
+  ServingEngine(Runner& runner, PagePool& pool, const SchedulerOptions& options,
+                std::function<std::string(std::span<const int32_t>)> detokenize,
+                int64_t max_waiting);
+  ~ServingEngine();  // shutdown(0)
+  ServingEngine(const ServingEngine&) = delete;
+  ServingEngine& operator=(const ServingEngine&) = delete;
+
+  struct QueueFull : Error {
+    using Error::Error;
+  };
+  // Validates and queues (Scheduler::add's errors), or throws QueueFull, or InvalidArgument after
+  // shutdown began. The callbacks may run before submit returns.
+  RequestId submit(Request request, RequestCallbacks callbacks);
+  // Cancels a waiting or running request; its on_finish follows (kCancelled) within a step.
+  void cancel(RequestId id);
+  EngineSnapshot snapshot() const;
+  // Stops taking requests, lets the queued and running ones finish for up to `deadline`, cancels
+  // what is left, and stops the thread.
+  void shutdown(std::chrono::milliseconds deadline);
+  const Runner& runner() const { return runner_; }
+
+ private:
+  void loop();
+
+  Runner& runner_;
+  PagePool& pool_;
+  int64_t max_waiting_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  Scheduler scheduler_;
+  std::map<RequestId, RequestCallbacks> callbacks_;
+  std::set<RequestId> failed_;  // cancelled because a step failed: reported as kError
+  bool accepting_ = true, stopping_ = false;
+  int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace quantmla

@@ -1,0 +1,360 @@
+// `quantmla serve` end to end on the bundled model, on loopback: every endpoint, streaming and not,
+// the error statuses, a client that goes away, metrics that parse, and a clean stop on SIGTERM.
+#if QUANTMLA_SERVER
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_runner.h"
+#include "test_paths.h"
+
+namespace quantmla {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// The server as a child process on a free port; SIGTERM on destruction.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> args) {
+    log_ = fs::temp_directory_path() /
+           ("quantmla-serve-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 2);
+      if (chdir(testing::source_dir().c_str()) != 0) _exit(127);
+      std::vector<std::string> all = {testing::cli_path().string(), "serve", "--port", "0"};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (std::string& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::smatch m;
+      const std::string text = log();
+      if (std::regex_search(text, m, listening)) port_ = std::stoi(m[1]);
+      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !stopped_) stop();
+    fs::remove(log_);
+  }
+  int port() const { return port_; }
+  std::string log() const { return testing::slurp(log_); }
+  // SIGTERM and the exit status.
+  int stop() {
+    stopped_ = true;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+const httplib::Headers kAuth = {{"Authorization", "Bearer sesame"}};
+
+json post(const ServerProcess& server, const std::string& path, const json& body, int expect,
+          const httplib::Headers& headers = kAuth) {
+  httplib::Client c = server.client();
+  const auto res = c.Post(path.c_str(), headers, body.dump(), "application/json");
+  EXPECT_TRUE(res) << path;
+  if (!res) return json();
+  EXPECT_EQ(res->status, expect) << path << ": " << res->body;
+  return json::parse(res->body, nullptr, false);
+}
+
+// The SSE events of a streamed request, [DONE] included as the string "[DONE]".
+std::vector<json> stream(const ServerProcess& server, const std::string& path, json body) {
+  body["stream"] = true;
+  httplib::Client c = server.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.headers = kAuth;
+  req.headers.emplace("Content-Type", "application/json");
+  req.body = body.dump();
+  std::string raw;
+  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    raw.append(data, size);
+    return true;
+  };
+  const auto res = c.send(req);
+  EXPECT_TRUE(res);
+  std::vector<json> events;
+  size_t pos = 0;
+  while ((pos = raw.find("data: ", pos)) != std::string::npos) {
+    const size_t end = raw.find("\n\n", pos);
+    const std::string payload = raw.substr(pos + 6, end - pos - 6);
+    events.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
+    pos = end;
+  }
+  return events;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"--cache-memory", "16MiB", "--api-key", "sesame",
+                                 "--served-model-name", "mla-tiny", "--max-seqs", "8"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+
+TEST_F(ServerTest, HealthModelsAndAuth) {
+  ASSERT_NE(server_->port(), 0) << server_->log();
+  httplib::Client c = server_->client();
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = c.Get("/v1/models", kAuth);
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  const json list = json::parse(models->body);
+  EXPECT_EQ(list["data"][0]["id"], "mla-tiny");
+  auto denied = c.Get("/v1/models");
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_EQ(json::parse(denied->body)["error"]["type"], "authentication_error");
+  const json wrong_key =
+      post(*server_, "/v1/completions", {{"prompt", "x"}}, 401, {{"Authorization", "Bearer nope"}});
+  EXPECT_TRUE(wrong_key.contains("error"));
+}
+
+TEST_F(ServerTest, CompletionMatchesGenerate) {
+  const json body = {{"model", "mla-tiny"},
+                     {"prompt", "The Debian package manager"},
+                     {"max_tokens", 12},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
+  const json out = post(*server_, "/v1/completions", body, 200);
+  ASSERT_TRUE(out.contains("choices")) << out.dump();
+  EXPECT_EQ(out["object"], "text_completion");
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(out["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(out["usage"]["total_tokens"], out["usage"]["prompt_tokens"].get<int>() + 12);
+  // The same greedy continuation as `quantmla generate` (BOS + the prompt's tokens).
+  const testing::CliResult generated = testing::run_cli(
+      "generate --prompt 'The Debian package manager' --max-tokens 12 --temperature 0 --cache "
+      "bf16");
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  EXPECT_EQ("The Debian package manager" + out["choices"][0]["text"].get<std::string>() + "\n",
+            generated.out);
+  // Token ids as the prompt; a list of one prompt.
+  const json ids = post(*server_, "/v1/completions",
+                        {{"prompt", {0, 400, 500}}, {"max_tokens", 3}, {"temperature", 0}}, 200);
+  EXPECT_EQ(ids["usage"]["prompt_tokens"], 3);
+  post(*server_, "/v1/completions", {{"prompt", {"hello"}}, {"max_tokens", 2}}, 200);
+}
+
+TEST_F(ServerTest, StreamingGivesTheSameTextAndUsage) {
+  const json body = {{"prompt", "Once upon a time"},
+                     {"max_tokens", 16},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  json plain = body;
+  plain.erase("stream_options");
+  const json whole = post(*server_, "/v1/completions", plain, 200);
+  const std::vector<json> events = stream(*server_, "/v1/completions", body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string reason;
+  json usage;
+  for (const json& e : events) {
+    if (e == "[DONE]") continue;
+    if (e.contains("usage")) usage = e["usage"];
+    if (e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) reason = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, whole["choices"][0]["text"]);
+  EXPECT_EQ(reason, "length");
+  EXPECT_EQ(usage["completion_tokens"], 16);
+}
+
+TEST_F(ServerTest, StopStringsCutTheText) {
+  const json base = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  const std::string full = post(*server_, "/v1/completions", base, 200)["choices"][0]["text"];
+  ASSERT_GT(full.size(), 8u);
+  const std::string stop = full.substr(5, 3);
+  json stopped = base;
+  stopped["stop"] = stop;
+  const json out = post(*server_, "/v1/completions", stopped, 200);
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(out["choices"][0]["text"], full.substr(0, full.find(stop)));
+}
+
+TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
+  const json bad_tokens =
+      post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}}, 400);
+  EXPECT_EQ(bad_tokens["error"]["param"], "max_tokens");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}},
+                 400)["error"]["param"],
+            "temperature");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"max_tokens", 3}}, 400)["error"]["param"],
+            "prompt");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", {0, 999999}}}, 400)["error"]["type"],
+            "invalid_request_error");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 2}}, 400)["error"]["param"],
+            "n");
+  post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 100000}}, 400);
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}},
+                 404)["error"]["param"],
+            "model");
+  // No chat template in mla-tiny: a clear 400.
+  const json chat = post(*server_, "/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, 400);
+  EXPECT_NE(chat["error"]["message"].get<std::string>().find("chat template"), std::string::npos);
+  httplib::Client c = server_->client();
+  auto not_json = c.Post("/v1/completions", kAuth, "{nope", "application/json");
+  ASSERT_TRUE(not_json);
+  EXPECT_EQ(not_json->status, 400);
+  auto route = c.Get("/v1/nothing", kAuth);
+  ASSERT_TRUE(route);
+  EXPECT_EQ(route->status, 404);
+  EXPECT_TRUE(json::parse(route->body).contains("error"));
+  auto huge = c.Post("/v1/completions", kAuth, std::string(9 << 20, ' '), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 413);
+}
+
+TEST_F(ServerTest, ClientThatGoesAwayCancelsItsRequest) {
+  {
+    httplib::Client c = server_->client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = kAuth;
+    req.headers.emplace("Content-Type", "application/json");
+    req.body =
+        json{{"prompt", "Once"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"stream", true}}
+            .dump();
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+    c.send(req);  // the receiver's false closes the connection
+  }
+  // Within a few steps the request is gone and counted as aborted.
+  const std::regex running("vllm:num_requests_running\\{[^}]*\\} ([0-9.]+)");
+  const std::regex aborted(
+      "vllm:request_success_total\\{[^}]*finished_reason=\"abort\"\\} ([0-9]+)");
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    httplib::Client c = server_->client();
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    std::smatch r, a;
+    gone = std::regex_search(m->body, r, running) && std::stod(r[1]) == 0 &&
+           std::regex_search(m->body, a, aborted) && std::stoi(a[1]) >= 1;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << server_->log();
+}
+
+TEST_F(ServerTest, MetricsParse) {
+  post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}}, 200);
+  httplib::Client c = server_->client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::regex sample(
+      "^[a-zA-Z_:][a-zA-Z0-9_:]*(\\{[^}]*\\})? [-+0-9.eE]+$|^[-+0-9.eEinfINF]+$");
+  std::istringstream lines(m->body);
+  std::string line;
+  int samples = 0;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.empty() || l[0] == '#') continue;
+    EXPECT_TRUE(std::regex_match(l, sample)) << l;
+    ++samples;
+  }
+  for (const char* name :
+       {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum"}) {
+    EXPECT_NE(m->body.find(name), std::string::npos) << name;
+  }
+  EXPECT_GT(samples, 20);
+}
+
+TEST(Server, ChatWithATemplateAndStopOnSigterm) {
+  const fs::path dir = fs::temp_directory_path() / ("chat-template-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const json config = json::parse(
+      testing::slurp(testing::shared_dir() / "tokenizers/deepseek-v3/tokenizer_config.json"));
+  std::ofstream(dir / "template.jinja") << config["chat_template"].get<std::string>();
+  ServerProcess server(
+      {"--cache-memory", "8MiB", "--chat-template", (dir / "template.jinja").string()});
+  ASSERT_NE(server.port(), 0) << server.log();
+  const json out = post(server, "/v1/chat/completions",
+                        {{"messages",
+                          {{{"role", "system"}, {"content", "Be brief."}},
+                           {{"role", "user"}, {"content", "Hello!"}}}},
+                         {"max_tokens", 5},
+                         {"temperature", 0}},
+                        200, {});
+  EXPECT_EQ(out["object"], "chat.completion");
+  EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), 3);
+  const std::vector<json> events = [&] {
+    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
+    body["stream"] = true;
+    httplib::Client c = server.client();
+    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    std::vector<json> parsed;
+    if (!res) return parsed;
+    size_t pos = 0;
+    while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = res->body.find("\n\n", pos);
+      const std::string payload = res->body.substr(pos + 6, end - pos - 6);
+      parsed.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
+      pos = end;
+    }
+    return parsed;
+  }();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(server.stop(), 0) << server.log();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace quantmla
+#endif

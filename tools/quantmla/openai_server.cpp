@@ -1,0 +1,594 @@
+// OpenAiServer: request parsing and validation, the engine hand-off, JSON and SSE responses,
+// OpenAI error objects, Prometheus metrics.
+#include "openai_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "quantmla/error.h"
+#include "utf8.h"
+
+namespace quantmla::cli {
+namespace {
+
+using json = nlohmann::json;
+
+// An error with the HTTP status and the OpenAI error object's fields.
+struct ApiError {
+  int status;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+};
+
+[[noreturn]] void bad_field(const std::string& param, const std::string& message) {
+  throw ApiError{400, message, "invalid_request_error", param};
+}
+
+std::string error_json(const ApiError& e) {
+  json error = {{"message", e.message}, {"type", e.type}, {"code", e.status}};
+  error["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  return json{{"error", error}}.dump();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_json(e), "application/json");
+}
+
+// What a request's HTTP thread waits on: the engine thread appends tokens and the end.
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<int32_t> tokens;
+  std::optional<FinishedRequest> done;
+  RequestId id = 0;
+};
+
+struct Sampling {
+  Request request;  // everything but the prompt
+  bool stream = false;
+  bool include_usage = false;
+};
+
+double number_field(const json& body, const char* name, double fallback, double low, double high) {
+  if (!body.contains(name) || body[name].is_null()) return fallback;
+  if (!body[name].is_number()) bad_field(name, std::string(name) + " must be a number");
+  const double v = body[name].get<double>();
+  if (!(v >= low && v <= high)) {
+    bad_field(name, std::string(name) + " is " + std::to_string(v) + ", expected a value in [" +
+                        std::to_string(low) + ", " + std::to_string(high) + "]");
+  }
+  return v;
+}
+
+Sampling parse_sampling(const json& body, int64_t default_max_tokens) {
+  Sampling s;
+  Request& r = s.request;
+  if (body.contains("max_tokens") && !body["max_tokens"].is_null()) {
+    if (!body["max_tokens"].is_number_integer() || body["max_tokens"].get<int64_t>() < 1) {
+      bad_field("max_tokens", "max_tokens must be a positive integer");
+    }
+    r.max_tokens = body["max_tokens"].get<int64_t>();
+  } else if (body.contains("max_completion_tokens") &&
+             body["max_completion_tokens"].is_number_integer()) {
+    r.max_tokens = std::max<int64_t>(1, body["max_completion_tokens"].get<int64_t>());
+  } else {
+    r.max_tokens = default_max_tokens;
+  }
+  r.sampling.temperature = static_cast<float>(number_field(body, "temperature", 1.0, 0.0, 2.0));
+  r.sampling.top_p = static_cast<float>(number_field(body, "top_p", 1.0, 1e-9, 1.0));
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) bad_field("seed", "seed must be an integer");
+    r.sampling.seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
+  } else {
+    static std::atomic<uint64_t> counter{0x5eed};
+    r.sampling.seed = counter.fetch_add(0x9e3779b97f4a7c15ull);
+  }
+  if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1)) {
+    bad_field("n", "only n = 1 is supported");
+  }
+  if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false) {
+    bad_field("logprobs", "logprobs are not supported yet");
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json& stop = body["stop"];
+    if (stop.is_string()) {
+      r.stop.push_back(stop.get<std::string>());
+    } else if (stop.is_array() && stop.size() <= 4 &&
+               std::all_of(stop.begin(), stop.end(), [](const json& v) { return v.is_string(); })) {
+      for (const json& v : stop) r.stop.push_back(v.get<std::string>());
+    } else {
+      bad_field("stop", "stop must be a string or a list of up to 4 strings");
+    }
+    r.stop.erase(std::remove(r.stop.begin(), r.stop.end(), std::string()), r.stop.end());
+  }
+  if (body.contains("ignore_eos")) {
+    if (!body["ignore_eos"].is_boolean()) bad_field("ignore_eos", "ignore_eos must be a boolean");
+    r.ignore_eos = body["ignore_eos"].get<bool>();
+  }
+  if (body.contains("stream")) {
+    if (!body["stream"].is_boolean()) bad_field("stream", "stream must be a boolean");
+    s.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    s.include_usage = body["stream_options"].value("include_usage", false);
+  }
+  return s;
+}
+
+// The text a client sees of `tokens`: special tokens skipped, cut before the first stop string.
+// `complete`: the request ended, so no stop string can still be forming at the end.
+struct Text {
+  std::string text;
+  bool stopped = false;
+};
+Text visible_text(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens,
+                  const std::vector<std::string>& stop, bool complete) {
+  Text t{tokenizer.decode(tokens, /*skip_special=*/true)};
+  size_t cut = std::string::npos;
+  size_t longest = 0;
+  for (const std::string& s : stop) {
+    cut = std::min(cut, t.text.find(s));
+    longest = std::max(longest, s.size());
+  }
+  if (cut != std::string::npos) {
+    t.text.resize(cut);
+    t.stopped = true;
+    return t;
+  }
+  if (!complete) {
+    // Hold back what could be the start of a stop string, and any incomplete character.
+    if (longest > 1) t.text.resize(t.text.size() - std::min(t.text.size(), longest - 1));
+    t.text.resize(complete_utf8_prefix(t.text));
+  }
+  return t;
+}
+
+const char* finish_reason(const FinishedRequest& f, bool stopped) {
+  if (stopped) return "stop";
+  switch (f.reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    default:
+      return "abort";
+  }
+}
+
+// Prometheus histogram with fixed buckets (seconds).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size(), 0) {}
+  void add(double v) {
+    for (size_t i = 0; i < bounds.size(); ++i) counts[i] += v <= bounds[i];
+    sum += v;
+    ++count;
+  }
+  void write(std::ostringstream& out, const std::string& name, const std::string& help,
+             const std::string& labels) const {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      out << name << "_bucket{" << labels << ",le=\"" << bounds[i] << "\"} " << counts[i] << "\n";
+    }
+    out << name << "_bucket{" << labels << ",le=\"+Inf\"} " << count << "\n";
+    out << name << "_sum{" << labels << "} " << sum << "\n"
+        << name << "_count{" << labels << "} " << count << "\n";
+  }
+};
+
+}  // namespace
+
+struct OpenAiServer::Impl {
+  ServingEngine& engine;
+  const Tokenizer& tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  std::string bos_token, eos_token;
+  ServerOptions options;
+  httplib::Server http;
+  std::atomic<int64_t> next_id{1};
+  std::mutex metrics_mutex;
+  Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                  7.5, 10.0, 20.0, 40.0, 80.0}};
+  Histogram tpot{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0}};
+  Histogram e2e{
+      {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0}};
+  int64_t success[3] = {0, 0, 0};  // stop, length, abort
+
+  Impl(ServingEngine& e, const Tokenizer& t, std::optional<ChatTemplate> c, std::string bos,
+       std::string eos, ServerOptions o)
+      : engine(e),
+        tokenizer(t),
+        chat_template(std::move(c)),
+        bos_token(std::move(bos)),
+        eos_token(std::move(eos)),
+        options(std::move(o)) {
+    routes();
+  }
+
+  void check_auth(const httplib::Request& req) const {
+    if (options.api_key.empty()) return;
+    if (req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+      throw ApiError{401, "invalid or missing API key (Authorization: Bearer KEY)",
+                     "authentication_error", ""};
+    }
+  }
+
+  json parse_body(const httplib::Request& req) const {
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::exception& e) {
+      throw ApiError{400, std::string("the body is not valid JSON: ") + e.what(),
+                     "invalid_request_error", ""};
+    }
+    if (!body.is_object())
+      throw ApiError{400, "the body must be a JSON object", "invalid_request_error", ""};
+    if (body.contains("model") && body["model"] != options.served_model_name) {
+      throw ApiError{404,
+                     "The model `" +
+                         (body["model"].is_string() ? body["model"].get<std::string>()
+                                                    : body["model"].dump()) +
+                         "` does not exist (this server has `" + options.served_model_name + "`)",
+                     "NotFoundError", "model"};
+    }
+    return body;
+  }
+
+  std::vector<int32_t> text_prompt(const std::string& text) const {
+    std::vector<int32_t> ids;
+    if (options.add_bos) ids.push_back(static_cast<int32_t>(engine.runner().config().bos_token_id));
+    const std::vector<int32_t> encoded = tokenizer.encode(text);
+    ids.insert(ids.end(), encoded.begin(), encoded.end());
+    return ids;
+  }
+
+  std::vector<int32_t> id_prompt(const json& ids) const {
+    std::vector<int32_t> out;
+    for (const json& v : ids) {
+      if (!v.is_number_integer()) bad_field("prompt", "a token id prompt must hold integers");
+      out.push_back(v.get<int32_t>());
+    }
+    return out;
+  }
+
+  // "prompt": a string, token ids, or a list of either.
+  std::vector<int32_t> completion_prompt(const json& body) const {
+    if (!body.contains("prompt")) bad_field("prompt", "prompt is required");
+    const json& p = body["prompt"];
+    if (p.is_string()) return text_prompt(p.get<std::string>());
+    if (p.is_array() && !p.empty() && p[0].is_number_integer()) return id_prompt(p);
+    if (p.is_array() && p.size() == 1) {
+      if (p[0].is_string()) return text_prompt(p[0].get<std::string>());
+      if (p[0].is_array()) return id_prompt(p[0]);
+    }
+    if (p.is_array() && p.size() > 1) bad_field("prompt", "one prompt per request is supported");
+    bad_field("prompt", "prompt must be a string, a list of token ids, or a list of one of those");
+  }
+
+  std::vector<int32_t> chat_prompt(const json& body) const {
+    if (!chat_template) {
+      bad_field("messages",
+                "this model has no chat template (tokenizer_config.json chat_template); start the "
+                "server with --chat-template FILE");
+    }
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+      bad_field("messages", "messages must be a non-empty list");
+    }
+    for (const json& m : body["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        bad_field("messages", "every message needs a role");
+      }
+    }
+    std::string text;
+    try {
+      text = apply_chat_template(*chat_template, body["messages"], true, bos_token, eos_token);
+    } catch (const Error& e) {
+      bad_field("messages", std::string("the chat template refused the messages: ") + e.what());
+    }
+    return tokenizer.encode(text);
+  }
+
+  // Queues one request; its tokens and end arrive on the returned channel, and its end is logged
+  // and counted in the metrics.
+  std::shared_ptr<Channel> submit(Request request, const std::string& id) {
+    const size_t prompt = request.prompt.size();
+    auto channel = std::make_shared<Channel>();
+    RequestCallbacks callbacks;
+    callbacks.on_token = [channel](int32_t token) {
+      std::lock_guard lock(channel->mutex);
+      channel->tokens.push_back(token);
+      channel->changed.notify_all();
+    };
+    callbacks.on_finish = [this, channel, id, prompt](const FinishedRequest& f) {
+      record(f, id, prompt);
+      std::lock_guard lock(channel->mutex);
+      channel->done = f;
+      channel->changed.notify_all();
+    };
+    try {
+      channel->id = engine.submit(std::move(request), std::move(callbacks));
+    } catch (const ServingEngine::QueueFull& e) {
+      throw ApiError{503, std::string("the server is overloaded: ") + e.what(), "server_error", ""};
+    } catch (const CapacityError& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", "max_tokens"};
+    } catch (const InvalidArgument& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", ""};
+    }
+    return channel;
+  }
+
+  void record(const FinishedRequest& f, const std::string& id, size_t prompt) {
+    const char* reason = finish_reason(f, false);
+    {
+      std::lock_guard lock(metrics_mutex);
+      if (f.first_token_s >= 0) ttft.add(f.first_token_s - f.arrival_s);
+      if (f.tokens.size() > 1) {
+        tpot.add((f.finish_s - f.first_token_s) / static_cast<double>(f.tokens.size() - 1));
+      }
+      e2e.add(f.finish_s - f.arrival_s);
+      ++success[std::string(reason) == "stop" ? 0 : std::string(reason) == "length" ? 1 : 2];
+    }
+    std::fprintf(stderr,
+                 "request %s: %s, prompt %zu tokens, generated %zu, ttft %.1f ms, total %.1f ms\n",
+                 id.c_str(), reason, prompt, f.tokens.size(),
+                 f.first_token_s >= 0 ? (f.first_token_s - f.arrival_s) * 1e3 : -1.0,
+                 (f.finish_s - f.arrival_s) * 1e3);
+  }
+
+  // The whole exchange of one completion or chat request.
+  void serve(const httplib::Request& req, httplib::Response& res, bool chat) {
+    check_auth(req);
+    const json body = parse_body(req);
+    std::vector<int32_t> prompt = chat ? chat_prompt(body) : completion_prompt(body);
+    Sampling s = parse_sampling(body, chat ? 512 : 16);
+    s.request.prompt = prompt;
+    const size_t prompt_tokens = prompt.size();
+    const std::vector<std::string> stop = s.request.stop;
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    const std::string object = chat ? "chat.completion" : "text_completion";
+    const std::shared_ptr<Channel> channel = submit(std::move(s.request), id);
+    const auto usage = [&](size_t generated) {
+      return json{{"prompt_tokens", prompt_tokens},
+                  {"completion_tokens", generated},
+                  {"total_tokens", prompt_tokens + generated}};
+    };
+    if (!s.stream) {
+      std::unique_lock lock(channel->mutex);
+      channel->changed.wait(lock, [&] { return channel->done.has_value(); });
+      const FinishedRequest f = *channel->done;
+      lock.unlock();
+      const Text t = visible_text(tokenizer, f.tokens, stop, true);
+      if (f.reason == FinishReason::kError) {
+        throw ApiError{500, "the engine failed while running the request", "server_error", ""};
+      }
+      json choice = {{"index", 0}, {"finish_reason", finish_reason(f, t.stopped)}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", t.text}};
+      } else {
+        choice["text"] = t.text;
+        choice["logprobs"] = nullptr;
+      }
+      const json out = {{"id", id},
+                        {"object", object},
+                        {"created", created},
+                        {"model", options.served_model_name},
+                        {"choices", {choice}},
+                        {"usage", usage(f.tokens.size())}};
+      res.set_content(out.dump(), "application/json");
+      return;
+    }
+    // Server-sent events: a chunk per step with new text, the last with the finish reason, the
+    // usage when asked, then [DONE]. A client that goes away cancels the request.
+    const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+    auto sent = std::make_shared<size_t>(0);
+    auto first = std::make_shared<bool>(true);
+    const auto chunk = [=, this](const std::string& text, const char* reason) {
+      json choice = {{"index", 0}};
+      if (chat) {
+        json delta = json::object();
+        if (*first) delta["role"] = "assistant";
+        if (!text.empty() || *first) delta["content"] = text;
+        choice["delta"] = delta;
+      } else {
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+      }
+      *first = false;
+      choice["finish_reason"] = reason == nullptr ? json(nullptr) : json(reason);
+      const json out = {{"id", id},
+                        {"object", chunk_object},
+                        {"created", created},
+                        {"model", options.served_model_name},
+                        {"choices", {choice}}};
+      return "data: " + out.dump() + "\n\n";
+    };
+    const bool include_usage = s.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [=, this](size_t, httplib::DataSink& sink) {
+          std::unique_lock lock(channel->mutex);
+          channel->changed.wait_for(lock, std::chrono::milliseconds(50));
+          const std::vector<int32_t> tokens = channel->tokens;
+          const std::optional<FinishedRequest> done = channel->done;
+          lock.unlock();
+          if (!sink.is_writable()) return false;
+          const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
+          if (t.text.size() > *sent) {
+            const std::string piece = chunk(t.text.substr(*sent), nullptr);
+            if (!sink.write(piece.data(), piece.size())) return false;
+            *sent = t.text.size();
+          }
+          if (!done && t.stopped) {
+            // The text reached a stop string the engine has not seen yet (special tokens are
+            // skipped here): end the request now.
+            engine.cancel(channel->id);
+          }
+          if (!done) return true;
+          std::string tail = chunk("", finish_reason(*done, t.stopped));
+          if (include_usage) {
+            tail += "data: " +
+                    json{{"id", id},
+                         {"object", chunk_object},
+                         {"created", created},
+                         {"model", options.served_model_name},
+                         {"choices", json::array()},
+                         {"usage", usage(done->tokens.size())}}
+                        .dump() +
+                    "\n\n";
+          }
+          tail += "data: [DONE]\n\n";
+          sink.write(tail.data(), tail.size());
+          sink.done();
+          return true;
+        },
+        [=, this](bool success) {
+          std::lock_guard lock(channel->mutex);
+          if (!success && !channel->done) {
+            std::fprintf(stderr, "request %s: client went away, cancelled\n", id.c_str());
+            engine.cancel(channel->id);
+          }
+        });
+  }
+
+  std::string metrics() {
+    const EngineSnapshot s = engine.snapshot();
+    std::ostringstream out;
+    const std::string labels = "model_name=\"" + options.served_model_name + "\"";
+    const auto gauge = [&](const char* name, const char* help, const char* type, double v) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+          << name << "{" << labels << "} " << v << "\n";
+    };
+    gauge("vllm:num_requests_running", "Requests holding cache pages.", "gauge",
+          static_cast<double>(s.running));
+    gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", "gauge",
+          static_cast<double>(s.waiting));
+    gauge("vllm:kv_cache_usage_perc", "Fraction of the cache pages in use (1 = full).", "gauge",
+          s.total_pages > 0 ? static_cast<double>(s.used_pages) / s.total_pages : 0.0);
+    gauge("vllm:num_preemptions_total", "Preemptions by recompute.", "counter",
+          static_cast<double>(s.stats.preemptions));
+    gauge("vllm:prompt_tokens_total", "Prompt tokens of submitted requests.", "counter",
+          static_cast<double>(s.prompt_tokens_total));
+    gauge("vllm:generation_tokens_total", "Generated tokens.", "counter",
+          static_cast<double>(s.generation_tokens_total));
+    std::lock_guard lock(metrics_mutex);
+    out << "# HELP vllm:request_success_total Finished requests by finish reason.\n"
+        << "# TYPE vllm:request_success_total counter\n";
+    const char* reasons[] = {"stop", "length", "abort"};
+    for (int i = 0; i < 3; ++i) {
+      out << "vllm:request_success_total{" << labels << ",finished_reason=\"" << reasons[i]
+          << "\"} " << success[i] << "\n";
+    }
+    ttft.write(out, "vllm:time_to_first_token_seconds", "Time to first token.", labels);
+    tpot.write(out, "vllm:time_per_output_token_seconds", "Time per output token.", labels);
+    e2e.write(out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels);
+    return out.str();
+  }
+
+  void routes() {
+    http.set_payload_max_length(options.max_body_bytes);
+    const auto guarded = [](auto&& handler) {
+      return [handler](const httplib::Request& req, httplib::Response& res) {
+        try {
+          handler(req, res);
+        } catch (const ApiError& e) {
+          send_error(res, e);
+        } catch (const std::exception& e) {
+          send_error(res, {500, e.what(), "server_error", ""});
+        }
+      };
+    };
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("", "text/plain");
+    });
+    http.Get(
+        "/v1/models", guarded([this](const httplib::Request& req, httplib::Response& res) {
+          check_auth(req);
+          const json model = {{"id", options.served_model_name},
+                              {"object", "model"},
+                              {"created", static_cast<int64_t>(std::time(nullptr))},
+                              {"owned_by", "quantmla"},
+                              {"max_model_len", engine.runner().config().max_position_embeddings}};
+          res.set_content(json{{"object", "list"}, {"data", {model}}}.dump(), "application/json");
+        }));
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics(), "text/plain; version=0.0.4");
+    });
+    http.Post("/v1/completions",
+              guarded([this](const httplib::Request& req, httplib::Response& res) {
+                serve(req, res, false);
+              }));
+    http.Post("/v1/chat/completions",
+              guarded([this](const httplib::Request& req, httplib::Response& res) {
+                serve(req, res, true);
+              }));
+    // Unknown routes, bodies over the limit, and anything else httplib answers by itself get an
+    // OpenAI error object too.
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
+                                  : res.status == 413 ? "the request body is too large"
+                                                      : "HTTP error " + std::to_string(res.status);
+      res.set_content(
+          error_json({res.status, message,
+                      res.status == 404 ? "NotFoundError" : "invalid_request_error", ""}),
+          "application/json");
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string message = "internal error";
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            message = e.what();
+          } catch (...) {
+          }
+          send_error(res, {500, message, "server_error", ""});
+        });
+  }
+};
+
+OpenAiServer::OpenAiServer(ServingEngine& engine, const Tokenizer& tokenizer,
+                           std::optional<ChatTemplate> chat_template, std::string bos_token,
+                           std::string eos_token, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, tokenizer, std::move(chat_template),
+                                   std::move(bos_token), std::move(eos_token),
+                                   std::move(options))) {}
+
+OpenAiServer::~OpenAiServer() = default;
+
+bool OpenAiServer::listen() {
+  Impl& s = *impl_;
+  int port = s.options.port;
+  if (port == 0) {
+    port = s.http.bind_to_any_port(s.options.host);
+    if (port < 0) return false;
+  } else if (!s.http.bind_to_port(s.options.host, port)) {
+    return false;
+  }
+  s.options.port = port;
+  std::fprintf(stderr, "serve: listening on http://%s:%d (model %s)\n", s.options.host.c_str(),
+               port, s.options.served_model_name.c_str());
+  return s.http.listen_after_bind();
+}
+
+void OpenAiServer::stop() { impl_->http.stop(); }
+
+int OpenAiServer::bound_port() const { return impl_->options.port; }
+
+}  // namespace quantmla::cli

@@ -1,0 +1,18 @@
+// `quantmla serve` in a build without cpp-httplib (the GPU machine's unpacked dependencies): the
+// command exists and says what is missing.
+#include "commands.h"
+#include "quantmla/error.h"
+
+namespace quantmla::cli {
+
+void add_serve(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (not in this build)");
+  cmd->allow_extras();
+  cmd->callback([] {
+    throw InvalidArgument(
+        "this build has no HTTP server: cpp-httplib was not found when it was configured "
+        "(install libcpp-httplib-dev and re-run cmake)");
+  });
+}
+
+}  // namespace quantmla::cli
