@@ -94,13 +94,14 @@ json post(const ServerProcess& server, const std::string& path, const json& body
 }
 
 // The SSE events of a streamed request, [DONE] included as the string "[DONE]".
-std::vector<json> stream(const ServerProcess& server, const std::string& path, json body) {
+std::vector<json> stream(const ServerProcess& server, const std::string& path, json body,
+                         const httplib::Headers& headers = kAuth) {
   body["stream"] = true;
   httplib::Client c = server.client();
   httplib::Request req;
   req.method = "POST";
   req.path = path;
-  req.headers = kAuth;
+  req.headers = headers;
   req.headers.emplace("Content-Type", "application/json");
   req.body = body.dump();
   std::string raw;
@@ -312,6 +313,31 @@ TEST_F(ServerTest, MetricsParse) {
   EXPECT_GT(samples, 20);
 }
 
+TEST_F(ServerTest, OnlineBenchmarkClientCompletesEveryRequest) {
+  const fs::path json_path =
+      fs::temp_directory_path() / ("bench-online-" + std::to_string(::getpid()) + ".json");
+  const testing::CliResult result = testing::run_cli(
+      "bench-serve --url http://127.0.0.1:" + std::to_string(server_->port()) +
+      " --api-key sesame --served-model-name mla-tiny --num-prompts 6 --input-len 24 "
+      "--output-len 5 --concurrency 3 --json '" +
+      json_path.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const json out = json::parse(testing::slurp(json_path));
+  fs::remove(json_path);
+  EXPECT_EQ(out["completed"], 6);
+  EXPECT_EQ(out["failed"], 0);
+  EXPECT_EQ(out["output_tokens"], 30);
+  EXPECT_GT(out["output_tok_s"].get<double>(), 0.0);
+  EXPECT_LE(out["ttft_p50_ms"].get<double>(), out["ttft_p99_ms"].get<double>());
+  EXPECT_GT(out["itl_p50_ms"].get<double>(), 0.0);
+  // A wrong key: every request fails, and the command says so.
+  const testing::CliResult denied =
+      testing::run_cli("bench-serve --url http://127.0.0.1:" + std::to_string(server_->port()) +
+                       " --num-prompts 2 --input-len 4 --output-len 2");
+  EXPECT_NE(denied.exit_code, 0);
+  EXPECT_NE(denied.err.find("HTTP 401"), std::string::npos) << denied.err;
+}
+
 TEST(Server, ChatWithATemplateAndStopOnSigterm) {
   const fs::path dir = fs::temp_directory_path() / ("chat-template-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -331,27 +357,29 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
   EXPECT_EQ(out["object"], "chat.completion");
   EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
   EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), 3);
-  const std::vector<json> events = [&] {
-    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}};
-    body["stream"] = true;
-    httplib::Client c = server.client();
-    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
-    std::vector<json> parsed;
-    if (!res) return parsed;
-    size_t pos = 0;
-    while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
-      const size_t end = res->body.find("\n\n", pos);
-      const std::string payload = res->body.substr(pos + 6, end - pos - 6);
-      parsed.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
-      pos = end;
-    }
-    return parsed;
-  }();
+  const std::vector<json> events =
+      stream(server, "/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}}, {});
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.front()["object"], "chat.completion.chunk");
   EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(events.back(), "[DONE]");
+  // SIGTERM with a request running: it is drained (finishes) and the server exits 0.
+  std::vector<json> drained;
+  std::thread client([&] {
+    drained = stream(server, "/v1/completions",
+                     {{"prompt", "Once"},
+                      {"max_tokens", 300},
+                      {"ignore_eos", true},
+                      {"stream_options", {{"include_usage", true}}}},
+                     {});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(server.stop(), 0) << server.log();
+  client.join();
+  ASSERT_GE(drained.size(), 2u) << server.log();
+  EXPECT_EQ(drained.back(), "[DONE]");
+  EXPECT_EQ(drained[drained.size() - 2]["usage"]["completion_tokens"], 300) << server.log();
   fs::remove_all(dir);
 }
 

@@ -45,8 +45,8 @@ class ServingEngine {
   struct QueueFull : Error {
     using Error::Error;
   };
-  // Validates and queues (Scheduler::add's errors), or throws QueueFull, or InvalidArgument after
-  // shutdown began. The callbacks may run before submit returns.
+  // Validates and queues (Scheduler::add's errors), or throws QueueFull when max_waiting requests
+  // wait or shutdown began. The callbacks may run before submit returns.
   RequestId submit(Request request, RequestCallbacks callbacks);
   // Cancels a waiting or running request; its on_finish follows (kCancelled) within a step.
   void cancel(RequestId id);

@@ -51,6 +51,9 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
                             const std::vector<Request>& requests, const SchedulerOptions& options,
                             const ServeProgress& progress = {});
 
+// The p-quantile (p in [0, 1]) of `values`, linearly interpolated as numpy's default; 0 when empty.
+double percentile(std::vector<double> values, double p);
+
 // "8GiB", "512MiB", "1.5GB", "300000000": bytes. Throws InvalidArgument otherwise.
 int64_t parse_byte_size(const std::string& text);
 

@@ -24,7 +24,7 @@ ServingEngine::~ServingEngine() { shutdown(std::chrono::milliseconds(0)); }
 
 RequestId ServingEngine::submit(Request request, RequestCallbacks callbacks) {
   std::lock_guard lock(mutex_);
-  if (!accepting_) throw InvalidArgument("the server is shutting down");
+  if (!accepting_) throw QueueFull("the server is shutting down");
   if (scheduler_.num_waiting() >= max_waiting_) {
     throw QueueFull(std::to_string(scheduler_.num_waiting()) + " requests are waiting already");
   }

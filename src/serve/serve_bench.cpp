@@ -11,8 +11,6 @@
 #include "quantmla/error.h"
 
 namespace quantmla {
-namespace {
-
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
@@ -21,8 +19,6 @@ double percentile(std::vector<double> values, double p) {
   const size_t high = std::min(low + 1, values.size() - 1);
   return values[low] + (rank - static_cast<double>(low)) * (values[high] - values[low]);
 }
-
-}  // namespace
 
 std::vector<Request> make_workload(const ServeWorkload& w, const ModelConfig& config) {
   if (w.num_prompts < 1 || w.input_len < 1 || w.output_len < 1 || !(w.range_ratio >= 0.0) ||

@@ -2,12 +2,14 @@
 // requests, all submitted at t = 0) through the scheduler, one cache format after another on the
 // same requests and the same cache byte budget.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench_online.h"
 #include "commands.h"
 #include "quantmla/error.h"
 #include "quantmla/serve_bench.h"
@@ -25,6 +27,7 @@ struct BenchServeOptions {
   SchedulerOptions scheduler;
   int64_t check_outputs = 0;
   std::string json, plot;
+  OnlineOptions online;  // --url: against a running server
 };
 
 void print_row(const ServeResult& r) {
@@ -38,7 +41,58 @@ void print_row(const ServeResult& r) {
   std::fflush(stdout);
 }
 
+// bench-serve --url: the same workload sent to a running server.
+void run_bench_online_cli(const BenchServeOptions& options) {
+  const ModelConfig config =
+      ModelConfig::from_file(std::filesystem::path(options.model) / "config.json");
+  const std::vector<Request> requests = make_workload(options.workload, config);
+  std::fprintf(stderr, "bench-serve: %lld requests to %s, concurrency %lld, rate %.2f/s\n",
+               static_cast<long long>(requests.size()), options.online.url.c_str(),
+               static_cast<long long>(options.online.concurrency), options.online.request_rate);
+  const OnlineResult r = run_bench_online(requests, options.online);
+  std::printf("%-28s %7s %9s %9s %8s %8s %7s %7s %7s %7s %s\n", "url", "wall s", "out tok/s",
+              "tot tok/s", "ttft p50", "ttft p99", "tpot 50", "tpot 99", "itl 50", "itl 99",
+              "done");
+  std::printf("%-28s %7.2f %9.1f %9.1f %8.0f %8.0f %7.1f %7.1f %7.1f %7.1f %lld/%zu\n",
+              options.online.url.c_str(), r.wall_s, r.output_tok_s, r.total_tok_s, r.ttft_p50_ms,
+              r.ttft_p99_ms, r.tpot_p50_ms, r.tpot_p99_ms, r.itl_p50_ms, r.itl_p99_ms,
+              static_cast<long long>(r.completed), requests.size());
+  if (r.failed > 0) {
+    std::fprintf(stderr, "bench-serve: %lld requests failed, the first: %s\n",
+                 static_cast<long long>(r.failed), r.first_error.c_str());
+  }
+  if (!options.json.empty()) {
+    const nlohmann::json out = {{"url", options.online.url},
+                                {"requests", requests.size()},
+                                {"input_len", options.workload.input_len},
+                                {"output_len", options.workload.output_len},
+                                {"concurrency", options.online.concurrency},
+                                {"request_rate", options.online.request_rate},
+                                {"wall_s", r.wall_s},
+                                {"output_tok_s", r.output_tok_s},
+                                {"total_tok_s", r.total_tok_s},
+                                {"requests_s", r.requests_s},
+                                {"ttft_p50_ms", r.ttft_p50_ms},
+                                {"ttft_p99_ms", r.ttft_p99_ms},
+                                {"tpot_p50_ms", r.tpot_p50_ms},
+                                {"tpot_p99_ms", r.tpot_p99_ms},
+                                {"itl_p50_ms", r.itl_p50_ms},
+                                {"itl_p99_ms", r.itl_p99_ms},
+                                {"completed", r.completed},
+                                {"failed", r.failed},
+                                {"output_tokens", r.output_tokens}};
+    std::ofstream file(options.json, std::ios::trunc);
+    if (!file) throw IoError("cannot write " + options.json);
+    file << out.dump(2) << "\n";
+  }
+  if (r.completed == 0) throw IoError("bench-serve: no request completed: " + r.first_error);
+}
+
 void run_bench_serve(const BenchServeOptions& options) {
+  if (!options.online.url.empty()) {
+    run_bench_online_cli(options);
+    return;
+  }
   std::unique_ptr<Model> model;
   const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
@@ -206,7 +260,24 @@ void add_bench_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "Write the results as JSON to this file");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
-  cmd->callback([o] { run_bench_serve(*o); });
+  cmd->add_option("--url", o->online.url,
+                  "Online: send the requests to a running server (http://HOST:PORT) instead; "
+                  "--model then only gives the vocabulary (config.json)");
+  cmd->add_option("--concurrency", o->online.concurrency,
+                  "Online: requests in flight at most (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--request-rate", o->online.request_rate,
+                  "Online: Poisson arrivals per second (0 = all at t = 0)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--api-key", o->online.api_key, "Online: the server's API key");
+  cmd->add_option("--served-model-name", o->online.model_name,
+                  "Online: the model name to put in the requests");
+  cmd->callback([o] {
+    o->online.seed = o->workload.seed;
+    run_bench_serve(*o);
+  });
 }
 
 }  // namespace quantmla::cli

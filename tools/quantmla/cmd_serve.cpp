@@ -2,6 +2,7 @@
 // running requests finish for up to --shutdown-timeout seconds, cancel the rest, and exit 0.
 #include <pthread.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -82,10 +83,15 @@ void run_serve(ServeCliOptions options) {
   options.server.add_bos = reads_add_bos(dir);
   OpenAiServer server(engine, tokenizer, std::move(chat_template), tokens.bos_token,
                       tokens.eos_token, options.server);
+  // On a signal: stop taking requests, give the running ones the deadline, then stop the HTTP
+  // server (whose handler threads are waiting for exactly those requests).
+  const auto deadline =
+      std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_s * 1e3));
   std::thread waiter([&] {
     int signal = 0;
     sigwait(&signals, &signal);
     std::fprintf(stderr, "serve: signal %d, stopping\n", signal);
+    engine.shutdown(deadline);
     server.stop();
   });
   const bool listened = server.listen();
@@ -96,8 +102,6 @@ void run_serve(ServeCliOptions options) {
                   std::to_string(options.server.port));
   }
   waiter.join();
-  engine.shutdown(
-      std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_s * 1e3)));
   std::fprintf(stderr, "serve: stopped\n");
 }
 

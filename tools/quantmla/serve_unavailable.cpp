@@ -1,5 +1,6 @@
-// `quantmla serve` in a build without cpp-httplib (the GPU machine's unpacked dependencies): the
-// command exists and says what is missing.
+// `quantmla serve` and `bench-serve --url` in a build without cpp-httplib (the GPU machine's
+// unpacked dependencies): the commands exist and say what is missing.
+#include "bench_online.h"
 #include "commands.h"
 #include "quantmla/error.h"
 
@@ -13,6 +14,12 @@ void add_serve(CLI::App& app) {
         "this build has no HTTP server: cpp-httplib was not found when it was configured "
         "(install libcpp-httplib-dev and re-run cmake)");
   });
+}
+
+OnlineResult run_bench_online(const std::vector<Request>&, const OnlineOptions&) {
+  throw InvalidArgument(
+      "this build has no HTTP client for bench-serve --url: cpp-httplib was not found when it was "
+      "configured (install libcpp-httplib-dev and re-run cmake)");
 }
 
 }  // namespace quantmla::cli
