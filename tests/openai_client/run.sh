@@ -12,7 +12,7 @@ if [ ! -d "$work/node_modules/openai" ]; then
     { echo "npm install openai failed (no registry?):"; tail -5 "$work/npm.log"; exit 77; }
 fi
 cp "$here/client_test.mjs" "$work/"
-python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['chat_template'])" \
+node -e 'process.stdout.write(require(process.argv[1]).chat_template)' \
   "$shared/tokenizers/deepseek-v3/tokenizer_config.json" >"$work/template.jinja"
 cd "$here/../.."  # the source tree: the default model path resolves
 "$binary" serve --port 0 --cache-memory 16MiB --api-key sesame --served-model-name mla-tiny \
