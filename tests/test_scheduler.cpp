@@ -422,6 +422,9 @@ TEST(ServeBench, WorkloadAndFiguresAddUp) {
   EXPECT_LE(result.peak_seqs, 10);
   EXPECT_GT(result.output_tok_s, 0.0);
   EXPECT_LE(result.ttft_p50_ms, result.ttft_p99_ms);
+  EXPECT_EQ(result.decode_steps + result.prefill_steps, result.steps);
+  EXPECT_GT(result.prefill_steps, 0);
+  EXPECT_LE(result.decode_steps_s + result.prefill_steps_s, result.wall_s);
   for (size_t i = 0; i < requests.size(); ++i) {
     EXPECT_EQ(static_cast<int64_t>(result.outputs[i].size()), requests[i].max_tokens);
   }

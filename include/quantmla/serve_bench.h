@@ -38,6 +38,10 @@ struct ServeResult {
   int64_t preemptions = 0, recomputed_tokens = 0, steps = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;
   int64_t completed = 0, failed = 0;  // failed: refused at submission (never fits)
+  // Where the wall time went, by kind of step: steps of decodes only, and steps that carried
+  // prefill chunks (prompts, or recomputation after a preemption) with or without decodes.
+  int64_t decode_steps = 0, prefill_steps = 0;
+  double decode_steps_s = 0, prefill_steps_s = 0;
   int64_t output_tokens = 0, prompt_tokens = 0;
   std::vector<std::vector<int32_t>> outputs;  // per request, in submission order (empty: failed)
 };

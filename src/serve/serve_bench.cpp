@@ -92,7 +92,18 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
   const double t0 = scheduler.now_s();
   const int64_t total = static_cast<int64_t>(requests.size());
   while (scheduler.has_work()) {
-    for (FinishedRequest& f : scheduler.step().finished) {
+    const auto step_start = std::chrono::steady_clock::now();
+    StepReport report = scheduler.step();
+    const double step_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    if (report.tokens > report.decodes) {
+      ++result.prefill_steps;
+      result.prefill_steps_s += step_s;
+    } else if (report.tokens > 0) {
+      ++result.decode_steps;
+      result.decode_steps_s += step_s;
+    }
+    for (FinishedRequest& f : report.finished) {
       ++result.completed;
       result.output_tokens += static_cast<int64_t>(f.tokens.size());
       ttft.push_back((f.first_token_s - t0) * 1e3);

@@ -32,11 +32,12 @@ struct BenchServeOptions {
 
 void print_row(const ServeResult& r) {
   std::printf(
-      "%-34s %7lld %7.2f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f %4lld/%lld\n",
+      "%-34s %7lld %7.2f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f %8.0f%% "
+      "%4lld/%lld\n",
       r.cache.c_str(), static_cast<long long>(r.pages), r.wall_s, r.output_tok_s, r.total_tok_s,
       static_cast<long long>(r.peak_seqs), r.mean_batch, static_cast<long long>(r.preemptions),
       static_cast<long long>(r.recomputed_tokens), r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms,
-      r.tpot_p99_ms, static_cast<long long>(r.completed),
+      r.tpot_p99_ms, 100.0 * r.prefill_steps_s / r.wall_s, static_cast<long long>(r.completed),
       static_cast<long long>(r.completed + r.failed));
   std::fflush(stdout);
 }
@@ -107,9 +108,9 @@ void run_bench_serve(const BenchServeOptions& options) {
                static_cast<long long>(options.workload.output_len), options.workload.range_ratio,
                static_cast<unsigned long long>(options.workload.seed), runner->device().c_str(),
                static_cast<long long>(bytes));
-  std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %s\n", "cache", "pages",
+  std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache", "pages",
               "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
-              "ttft p99", "tpot 50", "tpot 99", "done");
+              "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
   std::vector<ServeResult> results;
   for (const std::string& spec : caches) {
     const CacheFormat format = CacheFormat::parse(spec);
@@ -183,7 +184,11 @@ void run_bench_serve(const BenchServeOptions& options) {
                          {"completed", r.completed},
                          {"failed", r.failed},
                          {"output_tokens", r.output_tokens},
-                         {"prompt_tokens", r.prompt_tokens}});
+                         {"prompt_tokens", r.prompt_tokens},
+                         {"decode_steps", r.decode_steps},
+                         {"decode_steps_s", r.decode_steps_s},
+                         {"prefill_steps", r.prefill_steps},
+                         {"prefill_steps_s", r.prefill_steps_s}});
     }
     const nlohmann::json out = {{"device", runner->device()},
                                 {"model", options.model},
