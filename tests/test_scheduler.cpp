@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -388,6 +389,51 @@ TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
     EXPECT_EQ(outputs[0][i].size(), 60u);
     EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i;
   }
+}
+
+// Logprobs are the log-softmax of the runner's own logits: the first generated token's against a
+// prefill of the same prompt run directly.
+TEST(Scheduler, LogprobsAreTheModelsLogSoftmax) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  const int64_t vocab = model.config().vocab_size;
+  Request r;
+  r.prompt = {static_cast<int32_t>(model.config().bos_token_id), 400, 500, 600, 700};
+  r.max_tokens = 4;
+  r.ignore_eos = true;
+  r.top_logprobs = 3;
+  auto pool = runner->make_pool(CacheFormat::f32(), 4);
+  Scheduler scheduler(*runner, *pool, {});
+  scheduler.add(r);
+  std::vector<FinishedRequest> done;
+  while (scheduler.has_work()) {
+    for (FinishedRequest& f : scheduler.step().finished) done.push_back(std::move(f));
+  }
+  ASSERT_EQ(done.size(), 1u);
+  const FinishedRequest& f = done[0];
+  ASSERT_EQ(f.logprobs.size(), f.tokens.size());
+  for (size_t i = 0; i < f.tokens.size(); ++i) {
+    const TokenLogprob& lp = f.logprobs[i];
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, f.tokens[i]) << "greedy: the chosen token is the most likely";
+    EXPECT_EQ(lp.top[0].second, lp.logprob);
+    EXPECT_LE(lp.logprob, 0.0f);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+  }
+  auto direct_pool = runner->make_pool(CacheFormat::f32(), 4);
+  const SequenceId seq = direct_pool->add_sequence();
+  direct_pool->reserve(seq, static_cast<int64_t>(r.prompt.size()));
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  runner->step(StepBatch{{{seq, r.prompt, LogitRows::kLast, {}}}}, *direct_pool, {logits, {}});
+  double max_logit = -INFINITY, sum = 0;
+  for (float v : logits) max_logit = std::max<double>(max_logit, v);
+  for (float v : logits) sum += std::exp(v - max_logit);
+  const double expected = logits[static_cast<size_t>(f.tokens[0])] - max_logit - std::log(sum);
+  EXPECT_NEAR(f.logprobs[0].logprob, expected, 1e-5);
+  Request bad = r;
+  bad.top_logprobs = 21;
+  EXPECT_THROW(scheduler.add(bad), InvalidArgument);
 }
 
 TEST(ServeBench, WorkloadAndFiguresAddUp) {

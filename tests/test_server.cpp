@@ -207,6 +207,7 @@ TEST_F(ServerTest, StreamingGivesTheSameTextAndUsage) {
   EXPECT_EQ(text, whole["choices"][0]["text"]);
   EXPECT_EQ(reason, "length");
   EXPECT_EQ(usage["completion_tokens"], 16);
+  EXPECT_EQ(usage["prompt_tokens"], whole["usage"]["prompt_tokens"]);
 }
 
 TEST_F(ServerTest, StopStringsCutTheText) {
@@ -222,6 +223,66 @@ TEST_F(ServerTest, StopStringsCutTheText) {
   EXPECT_EQ(out["choices"][0]["text"], full.substr(0, full.find(stop)));
 }
 
+TEST_F(ServerTest, Logprobs) {
+  const json out = post(*server_, "/v1/completions",
+                        {{"prompt", "The Debian"},
+                         {"max_tokens", 4},
+                         {"temperature", 0},
+                         {"ignore_eos", true},
+                         {"logprobs", 2}},
+                        200);
+  const json& lp = out["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 4u) << out.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), 4u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 4u);
+  ASSERT_EQ(lp["text_offset"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
+  }
+  EXPECT_EQ(
+      post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 7}}, 400)["error"]["param"],
+      "logprobs");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 1}, {"stream", true}},
+                 400)["error"]["param"],
+            "logprobs");
+}
+
+TEST_F(ServerTest, SeveralPromptsAndSamples) {
+  const json out = post(*server_, "/v1/completions",
+                        {{"prompt", {"The Debian", "Once upon"}},
+                         {"n", 2},
+                         {"max_tokens", 5},
+                         {"temperature", 0.9},
+                         {"seed", 11},
+                         {"ignore_eos", true}},
+                        200);
+  ASSERT_EQ(out["choices"].size(), 4u) << out.dump();
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(out["choices"][k]["index"], k);
+  EXPECT_EQ(out["usage"]["completion_tokens"], 20);
+  // Each prompt's greedy choice equals the single-prompt request's.
+  const json greedy = post(*server_, "/v1/completions",
+                           {{"prompt", {"The Debian", "Once upon"}},
+                            {"max_tokens", 5},
+                            {"temperature", 0},
+                            {"ignore_eos", true}},
+                           200);
+  int prompt_tokens = 0;
+  for (const char* prompt : {"The Debian", "Once upon"}) {
+    const json alone = post(
+        *server_, "/v1/completions",
+        {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}}, 200);
+    prompt_tokens += alone["usage"]["prompt_tokens"].get<int>();
+    if (std::string(prompt) == "Once upon") {
+      EXPECT_EQ(greedy["choices"][1]["text"], alone["choices"][0]["text"]);
+    }
+  }
+  EXPECT_EQ(greedy["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 2}, {"stream", true}},
+                 400)["error"]["param"],
+            "n");
+}
+
 TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   const json bad_tokens =
       post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}}, 400);
@@ -233,7 +294,7 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
             "prompt");
   EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", {0, 999999}}}, 400)["error"]["type"],
             "invalid_request_error");
-  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 2}}, 400)["error"]["param"],
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400)["error"]["param"],
             "n");
   post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 100000}}, 400);
   EXPECT_EQ(post(*server_, "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}},
@@ -356,6 +417,18 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
                         200, {});
   EXPECT_EQ(out["object"], "chat.completion");
   EXPECT_EQ(out["choices"][0]["message"]["role"], "assistant");
+  const json with_logprobs = post(server, "/v1/chat/completions",
+                                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+                                   {"max_tokens", 3},
+                                   {"temperature", 0},
+                                   {"ignore_eos", true},
+                                   {"logprobs", true},
+                                   {"top_logprobs", 2}},
+                                  200, {});
+  const json& content = with_logprobs["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << with_logprobs.dump();
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_TRUE(content[0]["bytes"].is_array());
   EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), 3);
   const std::vector<json> events =
       stream(server, "/v1/chat/completions",

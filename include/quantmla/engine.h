@@ -19,7 +19,7 @@
 namespace quantmla {
 
 struct RequestCallbacks {
-  std::function<void(int32_t token)> on_token;            // each generated token, in order
+  std::function<void(const StepReport::Generated&)> on_token;  // each token, in order
   std::function<void(const FinishedRequest&)> on_finish;  // once, last
 };
 

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -21,6 +22,14 @@ namespace quantmla {
 
 using RequestId = int64_t;
 
+// The model's log-probabilities around one generated token (log-softmax of the raw logits, before
+// temperature and top-p, as OpenAI's and vLLM's logprobs).
+struct TokenLogprob {
+  float logprob = 0.0f;                          // of the token generated
+  std::vector<std::pair<int32_t, float>> top;  // the most likely tokens, most likely first
+};
+inline constexpr int kMaxTopLogprobs = 20;
+
 struct Request {
   std::vector<int32_t> prompt;  // token ids, BOS included if the model wants one
   SamplerOptions sampling;
@@ -28,6 +37,9 @@ struct Request {
   std::vector<int32_t> stop_token_ids;  // finish after generating one of these (it is kept)
   std::vector<std::string> stop;        // finish once the generated text contains one of these
   bool ignore_eos = false;              // false: the model's eos_token_id stops too
+  // -1: no logprobs; 0..kMaxTopLogprobs: each generated token's logprob and this many of the
+  // most likely tokens (the step then returns logits rows, which costs a copy of the vocabulary)
+  int top_logprobs = -1;
 };
 
 enum class FinishReason {
@@ -42,7 +54,8 @@ const char* to_string(FinishReason reason);
 // (steady, from its construction).
 struct FinishedRequest {
   RequestId id = 0;
-  std::vector<int32_t> tokens;  // generated, in order
+  std::vector<int32_t> tokens;         // generated, in order
+  std::vector<TokenLogprob> logprobs;  // one per token when the request asked (top_logprobs >= 0)
   FinishReason reason = FinishReason::kLength;
   double arrival_s = 0, first_token_s = -1, finish_s = 0;
   int64_t preemptions = 0;  // times it was preempted and recomputed
@@ -74,7 +87,12 @@ struct StepReport {
   int64_t decodes = 0;                    // of them single-token decodes of running sequences
   std::vector<FinishedRequest> finished;  // requests that ended in this step
   // Every token generated in this step, with its request (streaming), in step order.
-  std::vector<std::pair<RequestId, int32_t>> generated;
+  struct Generated {
+    RequestId id;
+    int32_t token;
+    std::optional<TokenLogprob> logprob;  // when the request asked
+  };
+  std::vector<Generated> generated;
 };
 
 class Scheduler {
@@ -123,6 +141,7 @@ class Scheduler {
   std::vector<FinishedRequest> cancelled_;
   SchedulerStats stats_;
   int64_t start_ns_ = 0;
+  std::vector<float> logits_;  // the step's logit rows, when a request wants logprobs
 };
 
 }  // namespace quantmla

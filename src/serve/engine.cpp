@@ -58,7 +58,7 @@ EngineSnapshot ServingEngine::snapshot() const {
 
 void ServingEngine::loop() {
   for (;;) {
-    std::vector<std::pair<RequestCallbacks*, int32_t>> tokens;
+    std::vector<std::pair<RequestCallbacks*, StepReport::Generated>> tokens;
     std::vector<std::pair<RequestCallbacks, FinishedRequest>> finished;
     {
       std::unique_lock lock(mutex_);
@@ -77,9 +77,9 @@ void ServingEngine::loop() {
         continue;
       }
       generation_tokens_total_ += static_cast<int64_t>(report.generated.size());
-      for (const auto& [id, token] : report.generated) {
-        const auto it = callbacks_.find(id);
-        if (it != callbacks_.end()) tokens.emplace_back(&it->second, token);
+      for (StepReport::Generated& g : report.generated) {
+        const auto it = callbacks_.find(g.id);
+        if (it != callbacks_.end()) tokens.emplace_back(&it->second, std::move(g));
       }
       for (FinishedRequest& f : report.finished) {
         ++finished_total_;

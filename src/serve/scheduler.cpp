@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -19,6 +20,31 @@ int64_t steady_ns() {
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// log-softmax of one logits row at `token`, and the `top` most likely tokens (ties: lower id).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
+  double max_logit = -INFINITY;
+  for (float v : logits) max_logit = std::max<double>(max_logit, v);
+  double sum = 0.0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - max_logit);
+  const double log_z = max_logit + std::log(sum);
+  TokenLogprob out;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const size_t k = std::min(static_cast<size_t>(top), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+                             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] &&
+                              a < b);
+                    });
+  for (size_t i = 0; i < k; ++i) {
+    out.top.emplace_back(ids[i],
+                         static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -51,6 +77,7 @@ struct Scheduler::Entry {
 
   int64_t known() const { return static_cast<int64_t>(tokens.size()); }
   int64_t generated() const { return known() - prompt_len; }
+  std::vector<TokenLogprob> logprobs;  // per generated token, when asked
 };
 
 Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& options,
@@ -90,6 +117,10 @@ RequestId Scheduler::add(Request request) {
                           str(config.max_position_embeddings) + " positions");
   }
   check_sampler_options(request.sampling);
+  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
+    throw InvalidArgument("request: top_logprobs " + str(request.top_logprobs) +
+                          " (need -1 for none, or 0.." + str(kMaxTopLogprobs) + ")");
+  }
   if (!request.stop.empty() && !detokenize_) {
     throw InvalidArgument("request: stop strings need a scheduler with a detokenizer");
   }
@@ -198,6 +229,7 @@ FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishRea
   FinishedRequest done;
   done.id = entry->id;
   done.tokens.assign(entry->tokens.begin() + entry->prompt_len, entry->tokens.end());
+  done.logprobs = entry->logprobs;
   done.reason = reason;
   done.arrival_s = entry->arrival_s;
   done.first_token_s = entry->first_token_s;
@@ -274,8 +306,10 @@ StepReport Scheduler::step() {
 
   StepBatch batch;
   int64_t sampled_rows = 0;
+  bool want_logits = false;
   for (const Scheduled& s : scheduled) {
     const bool completes = s.first + s.count == s.entry->known();
+    want_logits = want_logits || (completes && s.entry->request.top_logprobs >= 0);
     batch.chunks.push_back(
         {s.entry->sequence,
          std::span<const int32_t>(s.entry->tokens)
@@ -284,7 +318,10 @@ StepReport Scheduler::step() {
     sampled_rows += completes ? 1 : 0;
   }
   std::vector<int32_t> sampled(static_cast<size_t>(sampled_rows));
-  runner_.step(batch, pool_, {{}, sampled});
+  const int64_t vocab = runner_.config().vocab_size;
+  if (want_logits) logits_.resize(static_cast<size_t>(sampled_rows * vocab));
+  runner_.step(batch, pool_,
+               {want_logits ? std::span<float>(logits_) : std::span<float>(), sampled});
 
   ++stats_.steps;
   bool any_decode = false;
@@ -307,7 +344,15 @@ StepReport Scheduler::step() {
     if (entry->computed != entry->known()) continue;
     const int32_t token = sampled[row++];
     entry->tokens.push_back(token);
-    report.generated.emplace_back(entry->id, token);
+    std::optional<TokenLogprob> logprob;
+    if (entry->request.top_logprobs >= 0) {
+      logprob = token_logprob(
+          std::span<const float>(logits_).subspan(static_cast<size_t>((row - 1) * vocab),
+                                                  static_cast<size_t>(vocab)),
+          token, entry->request.top_logprobs);
+      entry->logprobs.push_back(*logprob);
+    }
+    report.generated.push_back({entry->id, token, std::move(logprob)});
     if (entry->first_token_s < 0) entry->first_token_s = now_s();
     if (stops(*entry, token)) {
       report.finished.push_back(finish(entry, FinishReason::kStop));

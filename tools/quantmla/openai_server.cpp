@@ -57,6 +57,7 @@ struct Channel {
 
 struct Sampling {
   Request request;  // everything but the prompt
+  int n = 1;        // choices per prompt
   bool stream = false;
   bool include_usage = false;
 };
@@ -72,7 +73,10 @@ double number_field(const json& body, const char* name, double fallback, double 
   return v;
 }
 
-Sampling parse_sampling(const json& body, int64_t default_max_tokens) {
+// Serialized with invalid UTF-8 (a token's bytes may be part of a character) replaced.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat) {
   Sampling s;
   Request& r = s.request;
   if (body.contains("max_tokens") && !body["max_tokens"].is_null()) {
@@ -95,11 +99,36 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens) {
     static std::atomic<uint64_t> counter{0x5eed};
     r.sampling.seed = counter.fetch_add(0x9e3779b97f4a7c15ull);
   }
-  if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1)) {
-    bad_field("n", "only n = 1 is supported");
+  if (body.contains("n") && !body["n"].is_null()) {
+    if (!body["n"].is_number_integer() || body["n"].get<int64_t>() < 1 ||
+        body["n"].get<int64_t>() > 16) {
+      bad_field("n", "n must be an integer in [1, 16]");
+    }
+    s.n = body["n"].get<int>();
   }
-  if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false) {
-    bad_field("logprobs", "logprobs are not supported yet");
+  // Completions: "logprobs": N (0..5) alternatives. Chat: "logprobs": true, "top_logprobs": N.
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    const json& lp = body["logprobs"];
+    if (chat) {
+      if (!lp.is_boolean()) bad_field("logprobs", "logprobs must be a boolean");
+      if (lp.get<bool>()) {
+        r.top_logprobs = 0;
+        if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+          const json& top = body["top_logprobs"];
+          if (!top.is_number_integer() || top.get<int>() < 0 || top.get<int>() > kMaxTopLogprobs) {
+            bad_field("top_logprobs", "top_logprobs must be an integer in [0, 20]");
+          }
+          r.top_logprobs = top.get<int>();
+        }
+      }
+    } else {
+      if (!lp.is_number_integer() || lp.get<int>() < 0 || lp.get<int>() > 5) {
+        bad_field("logprobs", "logprobs must be an integer in [0, 5]");
+      }
+      r.top_logprobs = lp.get<int>();
+    }
+  } else if (chat && body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+    bad_field("top_logprobs", "top_logprobs needs logprobs: true");
   }
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& stop = body["stop"];
@@ -124,6 +153,10 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens) {
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     s.include_usage = body["stream_options"].value("include_usage", false);
   }
+  if (s.stream && r.top_logprobs >= 0) {
+    bad_field("logprobs", "logprobs with stream are not supported yet");
+  }
+  if (s.stream && s.n > 1) bad_field("n", "n > 1 with stream is not supported yet");
   return s;
 }
 
@@ -266,18 +299,27 @@ struct OpenAiServer::Impl {
     return out;
   }
 
-  // "prompt": a string, token ids, or a list of either.
-  std::vector<int32_t> completion_prompt(const json& body) const {
+  // "prompt": a string, token ids, or a list of either (several prompts).
+  std::vector<std::vector<int32_t>> completion_prompts(const json& body) const {
     if (!body.contains("prompt")) bad_field("prompt", "prompt is required");
     const json& p = body["prompt"];
-    if (p.is_string()) return text_prompt(p.get<std::string>());
-    if (p.is_array() && !p.empty() && p[0].is_number_integer()) return id_prompt(p);
-    if (p.is_array() && p.size() == 1) {
-      if (p[0].is_string()) return text_prompt(p[0].get<std::string>());
-      if (p[0].is_array()) return id_prompt(p[0]);
+    if (p.is_string()) return {text_prompt(p.get<std::string>())};
+    if (p.is_array() && !p.empty() && p[0].is_number_integer()) return {id_prompt(p)};
+    if (!p.is_array() || p.empty()) {
+      bad_field("prompt", "prompt must be a string, a list of token ids, or a list of those");
     }
-    if (p.is_array() && p.size() > 1) bad_field("prompt", "one prompt per request is supported");
-    bad_field("prompt", "prompt must be a string, a list of token ids, or a list of one of those");
+    if (p.size() > 64) bad_field("prompt", "at most 64 prompts in one request");
+    std::vector<std::vector<int32_t>> prompts;
+    for (const json& one : p) {
+      if (one.is_string()) {
+        prompts.push_back(text_prompt(one.get<std::string>()));
+      } else if (one.is_array()) {
+        prompts.push_back(id_prompt(one));
+      } else {
+        bad_field("prompt", "each prompt of a list must be a string or a list of token ids");
+      }
+    }
+    return prompts;
   }
 
   std::vector<int32_t> chat_prompt(const json& body) const {
@@ -309,9 +351,9 @@ struct OpenAiServer::Impl {
     const size_t prompt = request.prompt.size();
     auto channel = std::make_shared<Channel>();
     RequestCallbacks callbacks;
-    callbacks.on_token = [channel](int32_t token) {
+    callbacks.on_token = [channel](const StepReport::Generated& g) {
       std::lock_guard lock(channel->mutex);
-      channel->tokens.push_back(token);
+      channel->tokens.push_back(g.token);
       channel->changed.notify_all();
     };
     callbacks.on_finish = [this, channel, id, prompt](const FinishedRequest& f) {
@@ -350,49 +392,115 @@ struct OpenAiServer::Impl {
                  (f.finish_s - f.arrival_s) * 1e3);
   }
 
+  // OpenAI's logprobs objects: completions {tokens, token_logprobs, top_logprobs, text_offset},
+  // chat {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+  json logprobs_json(const FinishedRequest& f, bool chat) const {
+    const auto bytes_of = [](const std::string& text) {
+      json out = json::array();
+      for (unsigned char c : text) out.push_back(static_cast<int>(c));
+      return out;
+    };
+    if (chat) {
+      json content = json::array();
+      for (size_t i = 0; i < f.tokens.size() && i < f.logprobs.size(); ++i) {
+        const std::string token = tokenizer.token_bytes(f.tokens[i]);
+        json top = json::array();
+        for (const auto& [id, lp] : f.logprobs[i].top) {
+          const std::string text = tokenizer.token_bytes(id);
+          top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
+        }
+        content.push_back({{"token", token},
+                           {"logprob", f.logprobs[i].logprob},
+                           {"bytes", bytes_of(token)},
+                           {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+         offsets = json::array();
+    size_t offset = 0;
+    for (size_t i = 0; i < f.tokens.size() && i < f.logprobs.size(); ++i) {
+      const std::string token = tokenizer.token_bytes(f.tokens[i]);
+      tokens.push_back(token);
+      token_logprobs.push_back(f.logprobs[i].logprob);
+      json alternatives = json::object();
+      for (const auto& [id, lp] : f.logprobs[i].top) alternatives[tokenizer.token_bytes(id)] = lp;
+      top.push_back(alternatives);
+      offsets.push_back(offset);
+      offset += token.size();
+    }
+    return {{"tokens", tokens},
+            {"token_logprobs", token_logprobs},
+            {"top_logprobs", top},
+            {"text_offset", offsets}};
+  }
+
   // The whole exchange of one completion or chat request.
   void serve(const httplib::Request& req, httplib::Response& res, bool chat) {
     check_auth(req);
     const json body = parse_body(req);
-    std::vector<int32_t> prompt = chat ? chat_prompt(body) : completion_prompt(body);
-    Sampling s = parse_sampling(body, chat ? 512 : 16);
-    s.request.prompt = prompt;
-    const size_t prompt_tokens = prompt.size();
+    const std::vector<std::vector<int32_t>> prompts =
+        chat ? std::vector<std::vector<int32_t>>{chat_prompt(body)} : completion_prompts(body);
+    Sampling s = parse_sampling(body, chat ? 512 : 16, chat);
+    if (s.stream && prompts.size() > 1) {
+      bad_field("prompt", "several prompts with stream are not supported yet");
+    }
+    const bool want_logprobs = s.request.top_logprobs >= 0;
     const std::vector<std::string> stop = s.request.stop;
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
     const std::string object = chat ? "chat.completion" : "text_completion";
-    const std::shared_ptr<Channel> channel = submit(std::move(s.request), id);
-    const auto usage = [&](size_t generated) {
+    size_t prompt_tokens = 0;
+    for (const auto& p : prompts) prompt_tokens += p.size();
+    // By value: the stream's provider runs after this function has returned.
+    const auto usage = [prompt_tokens](size_t generated) {
       return json{{"prompt_tokens", prompt_tokens},
                   {"completion_tokens", generated},
                   {"total_tokens", prompt_tokens + generated}};
     };
+    // Choice k = prompt k / n, sample k % n (its own seed, so the samples differ).
+    std::vector<std::shared_ptr<Channel>> channels;
+    try {
+      for (size_t k = 0; k < prompts.size() * static_cast<size_t>(s.n); ++k) {
+        Request r = s.request;
+        r.prompt = prompts[k / static_cast<size_t>(s.n)];
+        r.sampling.seed += k % static_cast<size_t>(s.n);
+        channels.push_back(
+            submit(std::move(r), channels.empty() ? id : id + "-" + std::to_string(k)));
+      }
+    } catch (...) {
+      for (const auto& c : channels) engine.cancel(c->id);
+      throw;
+    }
     if (!s.stream) {
-      std::unique_lock lock(channel->mutex);
-      channel->changed.wait(lock, [&] { return channel->done.has_value(); });
-      const FinishedRequest f = *channel->done;
-      lock.unlock();
-      const Text t = visible_text(tokenizer, f.tokens, stop, true);
-      if (f.reason == FinishReason::kError) {
-        throw ApiError{500, "the engine failed while running the request", "server_error", ""};
+      json choices = json::array();
+      size_t generated = 0;
+      for (size_t k = 0; k < channels.size(); ++k) {
+        std::unique_lock lock(channels[k]->mutex);
+        channels[k]->changed.wait(lock, [&] { return channels[k]->done.has_value(); });
+        const FinishedRequest f = *channels[k]->done;
+        lock.unlock();
+        if (f.reason == FinishReason::kError) {
+          throw ApiError{500, "the engine failed while running the request", "server_error", ""};
+        }
+        const Text t = visible_text(tokenizer, f.tokens, stop, true);
+        json choice = {{"index", k}, {"finish_reason", finish_reason(f, t.stopped)}};
+        if (chat) {
+          choice["message"] = {{"role", "assistant"}, {"content", t.text}};
+        } else {
+          choice["text"] = t.text;
+        }
+        choice["logprobs"] = want_logprobs ? logprobs_json(f, chat) : json(nullptr);
+        choices.push_back(choice);
+        generated += f.tokens.size();
       }
-      json choice = {{"index", 0}, {"finish_reason", finish_reason(f, t.stopped)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", t.text}};
-      } else {
-        choice["text"] = t.text;
-        choice["logprobs"] = nullptr;
-      }
-      const json out = {{"id", id},
-                        {"object", object},
-                        {"created", created},
-                        {"model", options.served_model_name},
-                        {"choices", {choice}},
-                        {"usage", usage(f.tokens.size())}};
-      res.set_content(out.dump(), "application/json");
+      const json out = {{"id", id},           {"object", object},
+                        {"created", created}, {"model", options.served_model_name},
+                        {"choices", choices}, {"usage", usage(generated)}};
+      res.set_content(dump(out), "application/json");
       return;
     }
+    const std::shared_ptr<Channel> channel = channels[0];
     // Server-sent events: a chunk per step with new text, the last with the finish reason, the
     // usage when asked, then [DONE]. A client that goes away cancels the request.
     const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
@@ -416,7 +524,7 @@ struct OpenAiServer::Impl {
                         {"created", created},
                         {"model", options.served_model_name},
                         {"choices", {choice}}};
-      return "data: " + out.dump() + "\n\n";
+      return "data: " + dump(out) + "\n\n";
     };
     const bool include_usage = s.include_usage;
     res.set_chunked_content_provider(
@@ -443,13 +551,12 @@ struct OpenAiServer::Impl {
           std::string tail = chunk("", finish_reason(*done, t.stopped));
           if (include_usage) {
             tail += "data: " +
-                    json{{"id", id},
-                         {"object", chunk_object},
-                         {"created", created},
-                         {"model", options.served_model_name},
-                         {"choices", json::array()},
-                         {"usage", usage(done->tokens.size())}}
-                        .dump() +
+                    dump(json{{"id", id},
+                              {"object", chunk_object},
+                              {"created", created},
+                              {"model", options.served_model_name},
+                              {"choices", json::array()},
+                              {"usage", usage(done->tokens.size())}}) +
                     "\n\n";
           }
           tail += "data: [DONE]\n\n";
