@@ -243,9 +243,25 @@ TEST_F(ServerTest, Logprobs) {
   EXPECT_EQ(
       post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 7}}, 400)["error"]["param"],
       "logprobs");
-  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 1}, {"stream", true}},
-                 400)["error"]["param"],
-            "logprobs");
+  // Streamed: the same logprobs, spread over the chunks.
+  const std::vector<json> events = stream(*server_, "/v1/completions",
+                                          {{"prompt", "The Debian"},
+                                           {"max_tokens", 4},
+                                           {"temperature", 0},
+                                           {"ignore_eos", true},
+                                           {"logprobs", 2}});
+  std::vector<double> streamed;
+  std::vector<int> offsets;
+  for (const json& e : events) {
+    if (e == "[DONE]" || e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& v : e["choices"][0]["logprobs"]["token_logprobs"]) streamed.push_back(v);
+    for (const json& v : e["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(v);
+  }
+  ASSERT_EQ(streamed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_DOUBLE_EQ(streamed[i], lp["token_logprobs"][i].get<double>());
+    EXPECT_EQ(offsets[i], lp["text_offset"][i].get<int>());
+  }
 }
 
 TEST_F(ServerTest, SeveralPromptsAndSamples) {

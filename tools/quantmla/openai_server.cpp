@@ -51,6 +51,7 @@ struct Channel {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // when the request asked, one per token
   std::optional<FinishedRequest> done;
   RequestId id = 0;
 };
@@ -152,9 +153,6 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
   }
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     s.include_usage = body["stream_options"].value("include_usage", false);
-  }
-  if (s.stream && r.top_logprobs >= 0) {
-    bad_field("logprobs", "logprobs with stream are not supported yet");
   }
   if (s.stream && s.n > 1) bad_field("n", "n > 1 with stream is not supported yet");
   return s;
@@ -354,6 +352,7 @@ struct OpenAiServer::Impl {
     callbacks.on_token = [channel](const StepReport::Generated& g) {
       std::lock_guard lock(channel->mutex);
       channel->tokens.push_back(g.token);
+      if (g.logprob) channel->logprobs.push_back(*g.logprob);
       channel->changed.notify_all();
     };
     callbacks.on_finish = [this, channel, id, prompt](const FinishedRequest& f) {
@@ -394,7 +393,10 @@ struct OpenAiServer::Impl {
 
   // OpenAI's logprobs objects: completions {tokens, token_logprobs, top_logprobs, text_offset},
   // chat {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
-  json logprobs_json(const FinishedRequest& f, bool chat) const {
+  // tokens [first, end) of a request: a response's whole list, or a stream chunk's part
+  // (`offset`: the text offset of tokens[first], for text_offset).
+  json logprobs_json(const std::vector<int32_t>& tokens_in, const std::vector<TokenLogprob>& lps,
+                     size_t first, size_t end, size_t offset, bool chat) const {
     const auto bytes_of = [](const std::string& text) {
       json out = json::array();
       for (unsigned char c : text) out.push_back(static_cast<int>(c));
@@ -402,15 +404,15 @@ struct OpenAiServer::Impl {
     };
     if (chat) {
       json content = json::array();
-      for (size_t i = 0; i < f.tokens.size() && i < f.logprobs.size(); ++i) {
-        const std::string token = tokenizer.token_bytes(f.tokens[i]);
+      for (size_t i = first; i < end && i < lps.size(); ++i) {
+        const std::string token = tokenizer.token_bytes(tokens_in[i]);
         json top = json::array();
-        for (const auto& [id, lp] : f.logprobs[i].top) {
+        for (const auto& [id, lp] : lps[i].top) {
           const std::string text = tokenizer.token_bytes(id);
           top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
         }
         content.push_back({{"token", token},
-                           {"logprob", f.logprobs[i].logprob},
+                           {"logprob", lps[i].logprob},
                            {"bytes", bytes_of(token)},
                            {"top_logprobs", top}});
       }
@@ -418,13 +420,12 @@ struct OpenAiServer::Impl {
     }
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
          offsets = json::array();
-    size_t offset = 0;
-    for (size_t i = 0; i < f.tokens.size() && i < f.logprobs.size(); ++i) {
-      const std::string token = tokenizer.token_bytes(f.tokens[i]);
+    for (size_t i = first; i < end && i < lps.size(); ++i) {
+      const std::string token = tokenizer.token_bytes(tokens_in[i]);
       tokens.push_back(token);
-      token_logprobs.push_back(f.logprobs[i].logprob);
+      token_logprobs.push_back(lps[i].logprob);
       json alternatives = json::object();
-      for (const auto& [id, lp] : f.logprobs[i].top) alternatives[tokenizer.token_bytes(id)] = lp;
+      for (const auto& [id, lp] : lps[i].top) alternatives[tokenizer.token_bytes(id)] = lp;
       top.push_back(alternatives);
       offsets.push_back(offset);
       offset += token.size();
@@ -490,7 +491,9 @@ struct OpenAiServer::Impl {
         } else {
           choice["text"] = t.text;
         }
-        choice["logprobs"] = want_logprobs ? logprobs_json(f, chat) : json(nullptr);
+        choice["logprobs"] = want_logprobs
+                                 ? logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), 0, chat)
+                                 : json(nullptr);
         choices.push_back(choice);
         generated += f.tokens.size();
       }
@@ -506,8 +509,20 @@ struct OpenAiServer::Impl {
     const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
     auto sent = std::make_shared<size_t>(0);
     auto first = std::make_shared<bool>(true);
-    const auto chunk = [=, this](const std::string& text, const char* reason) {
+    auto sent_tokens = std::make_shared<size_t>(0);  // tokens whose logprobs went out
+    auto token_offset = std::make_shared<size_t>(0);
+    const auto chunk = [=, this](const std::string& text, const char* reason,
+                                 const std::vector<int32_t>& tokens,
+                                 const std::vector<TokenLogprob>& lps) {
       json choice = {{"index", 0}};
+      json logprobs = nullptr;
+      if (want_logprobs) {
+        logprobs = logprobs_json(tokens, lps, *sent_tokens, lps.size(), *token_offset, chat);
+        for (size_t i = *sent_tokens; i < lps.size(); ++i) {
+          *token_offset += tokenizer.token_bytes(tokens[i]).size();
+        }
+        *sent_tokens = lps.size();
+      }
       if (chat) {
         json delta = json::object();
         if (*first) delta["role"] = "assistant";
@@ -515,8 +530,8 @@ struct OpenAiServer::Impl {
         choice["delta"] = delta;
       } else {
         choice["text"] = text;
-        choice["logprobs"] = nullptr;
       }
+      choice["logprobs"] = logprobs;
       *first = false;
       choice["finish_reason"] = reason == nullptr ? json(nullptr) : json(reason);
       const json out = {{"id", id},
@@ -533,12 +548,13 @@ struct OpenAiServer::Impl {
           std::unique_lock lock(channel->mutex);
           channel->changed.wait_for(lock, std::chrono::milliseconds(50));
           const std::vector<int32_t> tokens = channel->tokens;
+          const std::vector<TokenLogprob> lps = channel->logprobs;
           const std::optional<FinishedRequest> done = channel->done;
           lock.unlock();
           if (!sink.is_writable()) return false;
           const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
           if (t.text.size() > *sent) {
-            const std::string piece = chunk(t.text.substr(*sent), nullptr);
+            const std::string piece = chunk(t.text.substr(*sent), nullptr, tokens, lps);
             if (!sink.write(piece.data(), piece.size())) return false;
             *sent = t.text.size();
           }
@@ -548,7 +564,7 @@ struct OpenAiServer::Impl {
             engine.cancel(channel->id);
           }
           if (!done) return true;
-          std::string tail = chunk("", finish_reason(*done, t.stopped));
+          std::string tail = chunk("", finish_reason(*done, t.stopped), tokens, lps);
           if (include_usage) {
             tail += "data: " +
                     dump(json{{"id", id},
