@@ -294,9 +294,32 @@ TEST_F(ServerTest, SeveralPromptsAndSamples) {
     }
   }
   EXPECT_EQ(greedy["usage"]["prompt_tokens"], prompt_tokens);
-  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 2}, {"stream", true}},
-                 400)["error"]["param"],
-            "n");
+  // Streamed: every choice's text arrives under its index, equal to the non-streamed one.
+  const std::vector<json> events = stream(*server_, "/v1/completions",
+                                          {{"prompt", {"The Debian", "Once upon"}},
+                                           {"n", 2},
+                                           {"max_tokens", 5},
+                                           {"temperature", 0.9},
+                                           {"seed", 11},
+                                           {"ignore_eos", true},
+                                           {"stream_options", {{"include_usage", true}}}});
+  std::vector<std::string> texts(4);
+  std::vector<std::string> reasons(4);
+  json usage;
+  for (const json& e : events) {
+    if (e == "[DONE]") continue;
+    if (e.contains("usage")) usage = e["usage"];
+    for (const json& c : e["choices"]) {
+      texts[c["index"].get<size_t>()] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) reasons[c["index"].get<size_t>()] = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(texts[k], out["choices"][k]["text"]) << "choice " << k;
+    EXPECT_EQ(reasons[k], "length");
+  }
+  EXPECT_EQ(usage["completion_tokens"], 20);
 }
 
 TEST_F(ServerTest, ErrorsUseOpenAiObjects) {

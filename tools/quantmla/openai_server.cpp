@@ -154,7 +154,6 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     s.include_usage = body["stream_options"].value("include_usage", false);
   }
-  if (s.stream && s.n > 1) bad_field("n", "n > 1 with stream is not supported yet");
   return s;
 }
 
@@ -443,9 +442,6 @@ struct OpenAiServer::Impl {
     const std::vector<std::vector<int32_t>> prompts =
         chat ? std::vector<std::vector<int32_t>>{chat_prompt(body)} : completion_prompts(body);
     Sampling s = parse_sampling(body, chat ? 512 : 16, chat);
-    if (s.stream && prompts.size() > 1) {
-      bad_field("prompt", "several prompts with stream are not supported yet");
-    }
     const bool want_logprobs = s.request.top_logprobs >= 0;
     const std::vector<std::string> stop = s.request.stop;
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
@@ -503,36 +499,40 @@ struct OpenAiServer::Impl {
       res.set_content(dump(out), "application/json");
       return;
     }
-    const std::shared_ptr<Channel> channel = channels[0];
-    // Server-sent events: a chunk per step with new text, the last with the finish reason, the
-    // usage when asked, then [DONE]. A client that goes away cancels the request.
+    // Server-sent events: per choice a chunk whenever it has new text, the last one with its
+    // finish reason; then the usage when asked, then [DONE]. A client that goes away cancels the
+    // requests.
     const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-    auto sent = std::make_shared<size_t>(0);
-    auto first = std::make_shared<bool>(true);
-    auto sent_tokens = std::make_shared<size_t>(0);  // tokens whose logprobs went out
-    auto token_offset = std::make_shared<size_t>(0);
-    const auto chunk = [=, this](const std::string& text, const char* reason,
+    struct StreamState {
+      size_t sent_bytes = 0;    // of the visible text
+      size_t sent_tokens = 0;   // whose logprobs went out
+      size_t token_offset = 0;  // text offset of the next token (logprobs' text_offset)
+      bool first = true, finished = false;
+    };
+    auto states = std::make_shared<std::vector<StreamState>>(channels.size());
+    const auto chunk = [=, this](size_t k, const std::string& text, const char* reason,
                                  const std::vector<int32_t>& tokens,
                                  const std::vector<TokenLogprob>& lps) {
-      json choice = {{"index", 0}};
+      StreamState& st = (*states)[k];
+      json choice = {{"index", k}};
       json logprobs = nullptr;
       if (want_logprobs) {
-        logprobs = logprobs_json(tokens, lps, *sent_tokens, lps.size(), *token_offset, chat);
-        for (size_t i = *sent_tokens; i < lps.size(); ++i) {
-          *token_offset += tokenizer.token_bytes(tokens[i]).size();
+        logprobs = logprobs_json(tokens, lps, st.sent_tokens, lps.size(), st.token_offset, chat);
+        for (size_t i = st.sent_tokens; i < lps.size(); ++i) {
+          st.token_offset += tokenizer.token_bytes(tokens[i]).size();
         }
-        *sent_tokens = lps.size();
+        st.sent_tokens = lps.size();
       }
       if (chat) {
         json delta = json::object();
-        if (*first) delta["role"] = "assistant";
-        if (!text.empty() || *first) delta["content"] = text;
+        if (st.first) delta["role"] = "assistant";
+        if (!text.empty() || st.first) delta["content"] = text;
         choice["delta"] = delta;
       } else {
         choice["text"] = text;
       }
       choice["logprobs"] = logprobs;
-      *first = false;
+      st.first = false;
       choice["finish_reason"] = reason == nullptr ? json(nullptr) : json(reason);
       const json out = {{"id", id},
                         {"object", chunk_object},
@@ -545,26 +545,47 @@ struct OpenAiServer::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [=, this](size_t, httplib::DataSink& sink) {
-          std::unique_lock lock(channel->mutex);
-          channel->changed.wait_for(lock, std::chrono::milliseconds(50));
-          const std::vector<int32_t> tokens = channel->tokens;
-          const std::vector<TokenLogprob> lps = channel->logprobs;
-          const std::optional<FinishedRequest> done = channel->done;
-          lock.unlock();
+          // Wait a little for the first unfinished choice, then look at all of them.
+          for (size_t k = 0; k < channels.size(); ++k) {
+            if ((*states)[k].finished) continue;
+            std::unique_lock lock(channels[k]->mutex);
+            channels[k]->changed.wait_for(lock, std::chrono::milliseconds(50));
+            break;
+          }
           if (!sink.is_writable()) return false;
-          const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
-          if (t.text.size() > *sent) {
-            const std::string piece = chunk(t.text.substr(*sent), nullptr, tokens, lps);
-            if (!sink.write(piece.data(), piece.size())) return false;
-            *sent = t.text.size();
+          size_t generated = 0;
+          bool all_done = true;
+          std::string out;
+          for (size_t k = 0; k < channels.size(); ++k) {
+            Channel& c = *channels[k];
+            std::unique_lock lock(c.mutex);
+            const std::vector<int32_t> tokens = c.tokens;
+            const std::vector<TokenLogprob> lps = c.logprobs;
+            const std::optional<FinishedRequest> done = c.done;
+            lock.unlock();
+            StreamState& st = (*states)[k];
+            if (done) generated += done->tokens.size();
+            if (st.finished) continue;
+            const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
+            if (t.text.size() > st.sent_bytes) {
+              out += chunk(k, t.text.substr(st.sent_bytes), nullptr, tokens, lps);
+              st.sent_bytes = t.text.size();
+            }
+            if (!done && t.stopped) {
+              // The text reached a stop string the engine has not seen yet (special tokens are
+              // skipped here): end the request now.
+              engine.cancel(c.id);
+            }
+            if (done) {
+              out += chunk(k, "", finish_reason(*done, t.stopped), tokens, lps);
+              st.finished = true;
+            } else {
+              all_done = false;
+            }
           }
-          if (!done && t.stopped) {
-            // The text reached a stop string the engine has not seen yet (special tokens are
-            // skipped here): end the request now.
-            engine.cancel(channel->id);
-          }
-          if (!done) return true;
-          std::string tail = chunk("", finish_reason(*done, t.stopped), tokens, lps);
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (!all_done) return true;
+          std::string tail;
           if (include_usage) {
             tail += "data: " +
                     dump(json{{"id", id},
@@ -572,7 +593,7 @@ struct OpenAiServer::Impl {
                               {"created", created},
                               {"model", options.served_model_name},
                               {"choices", json::array()},
-                              {"usage", usage(done->tokens.size())}}) +
+                              {"usage", usage(generated)}}) +
                     "\n\n";
           }
           tail += "data: [DONE]\n\n";
@@ -581,10 +602,13 @@ struct OpenAiServer::Impl {
           return true;
         },
         [=, this](bool success) {
-          std::lock_guard lock(channel->mutex);
-          if (!success && !channel->done) {
-            std::fprintf(stderr, "request %s: client went away, cancelled\n", id.c_str());
-            engine.cancel(channel->id);
+          if (success) return;
+          for (const auto& c : channels) {
+            std::lock_guard lock(c->mutex);
+            if (!c->done) {
+              std::fprintf(stderr, "request %s: client went away, cancelled\n", id.c_str());
+              engine.cancel(c->id);
+            }
           }
         });
   }
