@@ -32,6 +32,9 @@ size_t sz(int64_t count) { return static_cast<size_t>(count); }
 
 // Steps of at most this many tokens run their projections through the skinny kernel.
 constexpr int64_t kSkinnyMaxRows = 16;
+
+// The skinny kernel's shape rule (skinny_gemm.h): K and the row stride of x multiples of 8.
+bool skinny_shape(int64_t k, int64_t ldx) { return k % 8 == 0 && ldx % 8 == 0; }
 // The routed experts run as grouped skinny products while they average at most this many rows.
 constexpr int64_t kGroupedRowsPerExpert = 32;
 
@@ -450,7 +453,8 @@ class CudaRunner final : public Runner {
     const ModelConfig& c = config_;
     if (c.n_routed_experts == 0) return true;
     return tokens * c.num_experts_per_tok <= kGroupedRowsPerExpert * c.n_routed_experts &&
-           c.hidden_size % 8 == 0 && c.moe_intermediate_size % 8 == 0;
+           skinny_shape(c.hidden_size, c.hidden_size) &&
+           skinny_shape(c.moe_intermediate_size, c.moe_intermediate_size);
   }
 
   gpu::MlaDecodeWorkspace plan_workspace(size_t group, size_t bytes) {
@@ -758,7 +762,7 @@ class CudaRunner final : public Runner {
   // the time), cuBLASLt otherwise; counted for last_step_stats.
   void gemm(int64_t m, int64_t out, int64_t in, const uint16_t* x, int64_t ldx, const uint16_t* w,
             void* y, int64_t ldy, DType out_dtype, float beta) {
-    if (m <= kSkinnyMaxRows && in % 8 == 0 && ldx % 8 == 0) {
+    if (m <= kSkinnyMaxRows && skinny_shape(in, ldx)) {
       gpu::SkinnyGemmParams p;
       p.x = x;
       p.ldx = ldx;
@@ -785,7 +789,7 @@ class CudaRunner final : public Runner {
   // x += down(silu(gate h) * up h)
   void run_mlp(const DeviceMlp& mlp) {
     const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
-    if (n <= kSkinnyMaxRows && d % 8 == 0 && inner % 8 == 0) {
+    if (n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner)) {
       gpu::SkinnyGemmParams p;
       p.x = buf_.h;
       p.ldx = d;
