@@ -6,6 +6,9 @@ packages=(
   nlohmann-json3-dev libcli11-dev libopenblas-openmp-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
 )
+# The server's client test runs npm's `openai` on node: Debian's nodejs and npm, unless a node
+# with npm is there already (another distribution of it would conflict with Debian's npm).
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
