@@ -103,10 +103,23 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
                 void* stream = nullptr);
 
 // Quantize-on-write: encodes new tokens' (c, k_pe) into their records, byte for byte as
-// encode_path does on the CPU for finite inputs.
+// encode_path does on the CPU for finite inputs. It can also take the rows as kv_a_proj_with_mqa
+// writes them and apply kv_a_layernorm to c and RoPE to k_pe first (the arithmetic of the model
+// runner's rms_norm and rope kernels), so that a step makes its cache rows in one kernel.
 struct MlaWriteParams {
-  const float* c = nullptr;              // [num_tokens, kLatentDim]
-  const float* k_pe = nullptr;           // [num_tokens, kRopeDim], after RoPE
+  const float* c = nullptr;     // [num_tokens, kLatentDim], row stride c_stride
+  const float* k_pe = nullptr;  // [num_tokens, kRopeDim], row stride k_pe_stride, after RoPE
+                                // unless inv_freq is set
+  int64_t c_stride = kLatentDim;
+  int64_t k_pe_stride = kRopeDim;
+  // Set: c is normalized here, weight * (c * inv_rms), inv_rms = float(1 / sqrt(mean_double(c^2)
+  // + eps)). [kLatentDim] FP32.
+  const float* norm_weight = nullptr;
+  float norm_eps = 0.0f;
+  // Set: k_pe is rotated here at its position (interleaved pairs, angle = position * inv_freq[i],
+  // cos and sin times attention_factor). [kRopeDim / 2] FP32.
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
   const int32_t* seq_ids = nullptr;      // [num_tokens] row of block_table of each token
   const int32_t* positions = nullptr;    // [num_tokens] position of each token in its sequence
   uint8_t* pool = nullptr;               // [physical pages, kPageTokens, record_bytes]
@@ -115,6 +128,19 @@ struct MlaWriteParams {
   int64_t num_tokens = 0;
 };
 void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* stream = nullptr);
+
+// Dequantizes one sequence's cache rows back to BF16 (the expanded prefill attention reads them):
+// out[t] = [c ; k_pe] of position first + t, channel order, as the decode kernel sees them (the
+// codes times the BF16-rounded scale plus min; kept RoPE pairs as stored).
+struct MlaGatherParams {
+  const uint8_t* pool = nullptr;         // [physical pages, kPageTokens, record_bytes]
+  const int32_t* block_table = nullptr;  // [pages of the sequence]: its row of the block table
+  int64_t first = 0;                     // first position gathered
+  int64_t num_tokens = 0;
+  uint16_t* out = nullptr;  // [num_tokens, kKeyDim] BF16 bits, row stride out_stride >= kKeyDim
+  int64_t out_stride = kKeyDim;
+};
+void mla_gather(const CacheFormat& format, const MlaGatherParams& params, void* stream = nullptr);
 
 // True when a CUDA device can be used from this process.
 bool device_available();

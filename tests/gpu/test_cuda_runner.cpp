@@ -238,11 +238,13 @@ void check_fixture(const fs::path& dir, const std::string& name) {
 }
 
 // CUDA runner against the CPU runner on a fresh ragged batch (prefill chunks, continued chunks,
-// single-token decodes) in a cache format both run: random lengths, printed seed.
-void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint64_t seed) {
+// single-token decodes) in a cache format both run: random lengths, printed seed. Chunks of 128
+// tokens and more take the expanded prefill attention unless the options turn it off.
+void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint64_t seed,
+                       const CudaRunnerOptions& options = {}, const std::string& variant = "") {
   const Model model = Model::load(model_dir);
   const auto cpu = make_cpu_runner(model);
-  const auto cuda = make_cuda_runner(model_dir);
+  const auto cuda = make_cuda_runner(model_dir, options);
   const int64_t vocab = model.config().vocab_size;
   const CacheFormat format = CacheFormat::parse(spec);
   std::mt19937_64 rng(seed);
@@ -250,7 +252,9 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
   std::vector<std::vector<int32_t>> prefixes(sequences), chunks(sequences);
   for (int s = 0; s < sequences; ++s) {
     const int64_t prefix = std::uniform_int_distribution<int64_t>(0, 300)(rng);
-    const int64_t chunk = s % 3 == 0 ? 1 : std::uniform_int_distribution<int64_t>(1, 200)(rng);
+    const int64_t chunk = s % 3 == 0   ? 1
+                          : s % 3 == 1 ? std::uniform_int_distribution<int64_t>(1, 127)(rng)
+                                       : std::uniform_int_distribution<int64_t>(128, 400)(rng);
     for (int64_t i = 0; i < prefix + chunk; ++i) {
       const int32_t id = std::uniform_int_distribution<int32_t>(0, int32_t(vocab) - 1)(rng);
       (i < prefix ? prefixes[s] : chunks[s]).push_back(id);
@@ -258,7 +262,7 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
   }
   std::vector<std::vector<float>> out;
   for (Runner* runner : {cpu.get(), cuda.get()}) {
-    auto pool = runner->make_pool(format, sequences * 10);
+    auto pool = runner->make_pool(format, sequences * 12);
     StepBatch batch;
     for (int s = 0; s < sequences; ++s) {
       const SequenceId id = pool->add_sequence();
@@ -275,7 +279,8 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
   const Bound bound = !rounded_only                         ? Bound::kArgmaxOnly
                       : model.config().n_routed_experts > 0 ? Bound::kMostRows
                                                             : Bound::kEveryRow;
-  report(model_dir.filename().string() + " cuda vs cpu, " + spec + ", seed " + std::to_string(seed),
+  report(model_dir.filename().string() + " cuda" + variant + " vs cpu, " + spec + ", seed " +
+             std::to_string(seed),
          compare_rows(out[1].data(), out[0].data(), static_cast<int64_t>(out[0].size()) / vocab,
                       vocab),
          bound);
@@ -401,6 +406,10 @@ int main(int argc, char** argv) {
       for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
         check_against_cpu(model, spec, seed);
       }
+      // The path the default replaces: prefill attention through the decode kernel.
+      CudaRunnerOptions absorbed;
+      absorbed.prefill_expanded_max_context = 0;
+      check_against_cpu(model, "bf16", seed, absorbed, " (absorbed prefill)");
       check_graphs(model, seed);
       check_refusals(model);
     }

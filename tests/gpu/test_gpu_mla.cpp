@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/model_ops.h"
 #include "quantmla/attention.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/dtype.h"
@@ -109,16 +110,19 @@ HostCache make_cache(const CacheFormat& format, const std::vector<int32_t>& lens
 }
 
 // Largest error the GPU's dequantization to BF16 adds to one decoded value of this path, relative
-// to the largest magnitude in its record: int formats round scale and min to BF16 (2^-9 each of
-// |scale * code| <= range and |min|) and the result (2^-9), fp8 rounds the scaled value.
+// to the largest magnitude in its record, with u = 2^-8 the unit roundoff of BF16 (8 significant
+// bits; the gather test measured errors up to 1.8x of a bound built on 2^-9): int formats round
+// scale and min to BF16 (u each of |scale * code| <= range and |min|) and the result (u), fp8
+// rounds the scaled value.
 double dequant_error_factor(const PathFormat& format) {
+  constexpr double kBf16Unit = 0x1.0p-8;
   switch (format.codec) {
     case Codec::kBF16:
       return 0.0;
     case Codec::kFP8:
-      return std::ldexp(1.0, -9);
+      return kBf16Unit;
     default:
-      return 4.0 * std::ldexp(1.0, -9);  // range <= 2 max|v|, |min| <= max|v| (+ clip), result
+      return 4.0 * kBf16Unit;  // range <= 2 max|v|, |min| <= max|v| (+ clip), result
   }
 }
 
@@ -346,6 +350,130 @@ void run_write_case(const std::string& spec, int num_sequences, int tokens_per_s
   expect(mismatches == 0, line);
 }
 
+// Dequantize-on-read of a span of one sequence's rows against decode_path: every value within
+// the GPU's dequantization error of the CPU's decoded value (exact for BF16 paths), the row
+// padding left untouched.
+void run_gather_case(const std::string& spec) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  HostCache cache = make_cache(format, {70, 300});
+  constexpr int kFirst = 37, kTokens = 250, kStride = kKeyDim + 8;
+  DeviceArray<uint8_t> d_pool(cache.pool);
+  DeviceArray<int32_t> d_table(cache.block_table);
+  DeviceArray<uint16_t> d_out(static_cast<size_t>(kTokens) * kStride);
+  d_out.fill_bytes(0xff);
+  gpu::MlaGatherParams params;
+  params.pool = d_pool.data();
+  params.block_table = d_table.data() + cache.max_pages;  // the second sequence
+  params.first = kFirst;
+  params.num_tokens = kTokens;
+  params.out = d_out.data();
+  params.out_stride = kStride;
+  gpu::mla_gather(format, params);
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> out = d_out.download();
+  double worst_ratio = 0.0;
+  int bad = 0, touched_padding = 0;
+  std::vector<float> row(kKeyDim);
+  for (int t = 0; t < kTokens; ++t) {
+    const uint8_t* rec = cache.record(1, kFirst + t);
+    decode_path(format.content, rec, kLatentDim, row.data());
+    decode_path(format.rope, rec + cache.content_bytes, kRopeDim, row.data() + kLatentDim);
+    for (const bool rope : {false, true}) {
+      const int begin = rope ? kLatentDim : 0, end = rope ? kKeyDim : kLatentDim;
+      double path_max = 0.0;
+      for (int i = begin; i < end; ++i) path_max = std::max<double>(path_max, std::fabs(row[i]));
+      const double bound = dequant_error_factor(rope ? format.rope : format.content) * path_max;
+      for (int i = begin; i < end; ++i) {
+        const double got = bf16_to_f32(out[static_cast<size_t>(t) * kStride + i]);
+        const double err = std::fabs(got - row[i]);
+        if (!(err <= bound)) ++bad;  // NaN counts
+        if (bound > 0.0) worst_ratio = std::max(worst_ratio, err / bound);
+      }
+    }
+    for (int i = kKeyDim; i < kStride; ++i) {
+      if (out[static_cast<size_t>(t) * kStride + i] != 0xffff) ++touched_padding;
+    }
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "gather %-52s %d rows: %d values beyond the bound (worst %.3f of it), %d padding "
+                "values written",
+                spec.c_str(), kTokens, bad, worst_ratio, touched_padding);
+  std::printf("%s\n", line);
+  expect(bad == 0 && touched_padding == 0, line);
+}
+
+// The write that normalizes and rotates the raw kv_a_proj rows itself gives the records of
+// gpu::rms_norm and gpu::rope followed by the plain write, byte for byte.
+void run_fused_write_case(const std::string& spec, int num_tokens) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  constexpr int kWidth = kKeyDim + 8;  // the raw rows' stride (a padded buffer)
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> raw(static_cast<size_t>(num_tokens) * kWidth), weight(kLatentDim),
+      inv_freq(kRopeDim / 2);
+  for (float& v : raw) v = 3.0f * normal(rng);
+  for (float& w : weight) w = 1.0f + 0.3f * normal(rng);
+  for (int i = 0; i < kRopeDim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / kRopeDim);
+  std::vector<int32_t> seq_ids(num_tokens), positions(num_tokens);
+  const int max_pages = 4096;
+  std::vector<int32_t> table(2 * max_pages);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  // Distinct positions per sequence (no two tokens share a record), spread to 130K and beyond.
+  const int base = std::uniform_int_distribution<int>(0, 999)(rng);
+  for (int t = 0; t < num_tokens; ++t) {
+    seq_ids[t] = t % 2;
+    positions[t] = base + (t / 2) * 523;
+  }
+  const int64_t record = format.record_bytes(kLatentDim, kRopeDim);
+  const size_t pool_bytes = static_cast<size_t>(2 * max_pages) * kPageTokens * record;
+  DeviceArray<float> d_raw(raw), d_weight(weight), d_freq(inv_freq);
+  DeviceArray<float> d_c(static_cast<size_t>(num_tokens) * kLatentDim),
+      d_k(static_cast<size_t>(num_tokens) * kRopeDim);
+  DeviceArray<int32_t> d_seq(seq_ids), d_pos(positions), d_table(table);
+  DeviceArray<uint8_t> fused(pool_bytes), separate(pool_bytes);
+  fused.fill_bytes(0xff);
+  separate.fill_bytes(0xff);
+  const float eps = 1e-6f, factor = 1.1f;
+  gpu::MlaWriteParams params;
+  params.seq_ids = d_seq.data();
+  params.positions = d_pos.data();
+  params.block_table = d_table.data();
+  params.block_table_stride = max_pages;
+  params.num_tokens = num_tokens;
+  // Separate: normalized c and rotated k_pe in their own buffers, then the plain write.
+  gpu::rms_norm(d_raw.data(), kWidth, d_weight.data(), d_c.data(), kLatentDim, DType::kF32,
+                num_tokens, kLatentDim, eps, nullptr);
+  QUANTMLA_CUDA_CHECK(cudaMemcpy2D(d_k.data(), kRopeDim * 4, d_raw.data() + kLatentDim, kWidth * 4,
+                                   kRopeDim * 4, num_tokens, cudaMemcpyDeviceToDevice));
+  gpu::rope(d_k.data(), kRopeDim, kRopeDim, d_pos.data(), d_freq.data(), factor, num_tokens, 1,
+            kRopeDim, nullptr);
+  params.c = d_c.data();
+  params.k_pe = d_k.data();
+  params.pool = separate.data();
+  gpu::mla_write(format, params);
+  // Fused: the raw rows.
+  params.c = d_raw.data();
+  params.c_stride = kWidth;
+  params.k_pe = d_raw.data() + kLatentDim;
+  params.k_pe_stride = kWidth;
+  params.norm_weight = d_weight.data();
+  params.norm_eps = eps;
+  params.inv_freq = d_freq.data();
+  params.attention_factor = factor;
+  params.pool = fused.data();
+  gpu::mla_write(format, params);
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> a = fused.download(), b = separate.download();
+  size_t mismatches = 0;
+  for (size_t i = 0; i < a.size(); ++i) mismatches += a[i] != b[i];
+  char line[200];
+  std::snprintf(line, sizeof line, "fused write %-46s %d tokens: %zu bytes differ", spec.c_str(),
+                num_tokens, mismatches);
+  std::printf("%s\n", line);
+  expect(mismatches == 0, line);
+}
+
 template <class Error, class F>
 void expect_throws(const std::string& what, F&& f) {
   try {
@@ -437,6 +565,8 @@ int main(int argc, char** argv) {
   try {
     run_error_cases();
     for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
+    for (const std::string& spec : kFormats) run_gather_case(spec);
+    for (const std::string& spec : kFormats) run_fused_write_case(spec, 500);
     const int heads[] = {16, 32, 64, 128};
     int n = 0;
     for (const std::string& spec : kFormats) {

@@ -27,6 +27,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "quantmla/dtype.h"
@@ -1682,6 +1683,135 @@ void run_sampling_cases() {
   });
 }
 
+// ---------------------------------------------------------------- prefill attention
+
+// The expanded prefill attention against a double reference on the same BF16 inputs. Bound per
+// output element, with u the BF16 unit roundoff and A = sum_j P_j |v_j| (the weights' mass on the
+// values): the keys' and values' rounding to BF16 after the up-projection (u each: a score moves
+// by at most u sum_i |q_i k_i|, which changes P_j by a factor within exp(+-2 scale ds)), P's
+// rounding (u A), the output's rounding (u |o|), and FP32 accumulation in every product.
+void run_prefill_attention_case(gpu::GemmRunner& gemm, int heads, int64_t tokens, int64_t context,
+                                int64_t max_context) {
+  constexpr int kNope = 128, kRope = 64, kV = 128, kRank = 512;
+  constexpr int kQk = kNope + kRope, kKv = kNope + kV, kRow = kRank + kRope;
+  const float scale = 0.2f;  // scores of about N(0, 192): softmax weights far from uniform
+  std::vector<float> q, keys, kv_b;
+  const std::vector<uint16_t> q_bits =
+      random_bf16(static_cast<size_t>(tokens * heads * kQk), 1.0f, &q);
+  std::vector<uint16_t> key_bits = random_bf16(static_cast<size_t>(context * kRow), 1.0f, &keys);
+  const std::vector<uint16_t> kv_b_bits =
+      random_bf16(static_cast<size_t>(heads * kKv * kRank), 1.0f / std::sqrt(float(kRank)), &kv_b);
+  DeviceArray<uint16_t> dq(q_bits), dkeys(key_bits), dkv_b(kv_b_bits);
+  DeviceArray<uint16_t> dout(static_cast<size_t>(tokens * heads * kV));
+  const size_t bytes = gpu::PrefillAttentionWorkspace::bytes_for(heads, kNope, kV, max_context);
+  DeviceArray<uint8_t> workspace(bytes);
+  poison(dout);
+  workspace.fill_bytes(0xff);
+  gpu::PrefillAttentionParams p;
+  p.q = dq.data();
+  p.keys = dkeys.data();
+  p.keys_stride = kRow;
+  p.kv_b = dkv_b.data();
+  p.out = dout.data();
+  p.out_stride = heads * kV;
+  p.tokens = tokens;
+  p.context = context;
+  p.heads = heads;
+  p.nope = kNope, p.rope = kRope, p.v = kV, p.rank = kRank;
+  p.softmax_scale = scale;
+  gpu::prefill_attention(gemm, p, {workspace.data(), bytes, max_context}, kStream);
+  sync();
+  const std::vector<float> got = to_float(dout.download());
+
+  // expanded[j, h, :] in double, and the magnitudes of its sums (for the FP32 accumulation).
+  std::vector<double> expanded(static_cast<size_t>(context * heads * kKv));
+  std::vector<double> expanded_mass(expanded.size());
+  for (int64_t j = 0; j < context; ++j) {
+    for (int64_t o = 0; o < heads * kKv; ++o) {
+      double sum = 0.0, mass = 0.0;
+      for (int r = 0; r < kRank; ++r) {
+        const double product = static_cast<double>(keys[j * kRow + r]) * kv_b[o * kRank + r];
+        sum += product;
+        mass += std::fabs(product);
+      }
+      expanded[j * heads * kKv + o] = sum;
+      expanded_mass[j * heads * kKv + o] = mass;
+    }
+  }
+  const double u = kBf16Unit, acc = kAccumulateUnit;
+  std::vector<double> ref(got.size()), bound(got.size());
+  std::vector<double> s, ds, prob;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t visible = context - tokens + t + 1;
+    for (int h = 0; h < heads; ++h) {
+      const float* qh = q.data() + (t * heads + h) * kQk;
+      s.assign(static_cast<size_t>(visible), 0.0);
+      ds.assign(static_cast<size_t>(visible), 0.0);
+      double max_s = -INFINITY, max_ds = 0.0;
+      for (int64_t j = 0; j < visible; ++j) {
+        const double* k = expanded.data() + (j * heads + h) * kKv;
+        const double* k_mass = expanded_mass.data() + (j * heads + h) * kKv;
+        double dot = 0.0, rounding = 0.0, mass = 0.0;
+        for (int i = 0; i < kNope; ++i) {
+          dot += qh[i] * k[i];
+          // BF16 rounding of k, plus its FP32 accumulation over the rank.
+          rounding += std::fabs(qh[i]) * (u * std::fabs(k[i]) + kRank * acc * k_mass[i]);
+          mass += std::fabs(qh[i] * k[i]);
+        }
+        for (int i = 0; i < kRope; ++i) {
+          const double product = static_cast<double>(qh[kNope + i]) * keys[j * kRow + kRank + i];
+          dot += product;
+          mass += std::fabs(product);
+        }
+        s[j] = dot;
+        ds[j] = rounding + kQk * acc * mass;
+        max_s = std::max(max_s, dot);
+        max_ds = std::max(max_ds, ds[j]);
+      }
+      prob.assign(static_cast<size_t>(visible), 0.0);
+      double sum = 0.0;
+      for (int64_t j = 0; j < visible; ++j) sum += prob[j] = std::exp(scale * (s[j] - max_s));
+      // The scores' errors, then the kernel's own: the scaled scores rounded to FP32 (relative
+      // 2^-24 of the largest, in the log2 domain) and exp2f's two ulps.
+      double max_abs_s = 0.0;
+      for (int64_t j = 0; j < visible; ++j) max_abs_s = std::max(max_abs_s, std::fabs(s[j]));
+      const double drift = std::expm1(2.0 * scale * max_ds) +
+                           2.0 * 0x1.0p-24 * scale * 1.4427 * max_abs_s + 4.0 * 0x1.0p-24;
+      for (int c = 0; c < kV; ++c) {
+        double o = 0.0, mass = 0.0, v_rounding = 0.0;
+        for (int64_t j = 0; j < visible; ++j) {
+          const double vj = expanded[(j * heads + h) * kKv + kNope + c];
+          const double pj = prob[j] / sum;
+          o += pj * vj;
+          mass += pj * std::fabs(vj);
+          v_rounding += pj * kRank * acc * expanded_mass[(j * heads + h) * kKv + kNope + c];
+        }
+        const size_t at = static_cast<size_t>((t * heads + h) * kV + c);
+        ref[at] = o;
+        const double inner = mass * (2 * u + drift + visible * acc) + v_rounding;
+        bound[at] = inner + u * (std::fabs(o) + inner);
+      }
+    }
+  }
+  check_close("prefill_attention H " + std::to_string(heads) + ", " + std::to_string(tokens) +
+                  " queries after " + std::to_string(context - tokens) + " cached",
+              got, ref, bound);
+}
+
+void run_prefill_attention_errors(gpu::GemmRunner& gemm) {
+  gpu::PrefillAttentionParams p;
+  p.heads = 16, p.nope = 128, p.rope = 64, p.v = 128, p.rank = 512;
+  p.keys_stride = 576, p.out_stride = 16 * 128;
+  p.tokens = 10, p.context = 5000;
+  expect_throws<ShapeError>("prefill_attention with a context beyond the workspace", [&] {
+    gpu::prefill_attention(gemm, p, {nullptr, 1 << 20, 4096}, kStream);
+  });
+  p.context = 5;
+  expect_throws<ShapeError>("prefill_attention with fewer keys than queries", [&] {
+    gpu::prefill_attention(gemm, p, {nullptr, 1 << 20, 4096}, kStream);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1747,10 +1877,18 @@ int main(int argc, char** argv) {
       run_sort_case("moe_sort with invalid entries", experts, 50, 2, 16);
     }
     run_sort_case("moe_sort n 1 k 1 E 4", {2}, 1, 1, 4);
+    // One chunk of entries (decode steps): the single-block kernel.
+    run_sort_case("moe_sort one chunk n 42 k 6 E 64", random_choices(42, 6, 64, false), 42, 6, 64);
+    run_sort_case("moe_sort one chunk n 256 k 1 E 4096", random_choices(256, 1, 4096, true), 256, 1,
+                  4096);
     run_gather_combine_case(300, 8, 64, 512);
     run_expert_mlp_case(gemm);
 
     run_sampling_cases();
+
+    run_prefill_attention_case(gemm, 16, 520, 700, 1024);  // two query tiles, 180 cached
+    run_prefill_attention_case(gemm, 8, 130, 130, 16384);  // no prefix, mla-tiny's heads
+    run_prefill_attention_errors(gemm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());
     return 1;

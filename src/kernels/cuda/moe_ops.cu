@@ -281,6 +281,51 @@ __global__ void __launch_bounds__(kSortChunk)
   token_of_slot[slot] = static_cast<int32_t>(i / k);
 }
 
+// The three kernels' work in one block when the entries fit one chunk (decode steps: one launch
+// instead of three): the same counts, offsets and stable slots.
+__global__ void __launch_bounds__(kSortChunk)
+    sort_one_chunk_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
+                          int32_t* counts, int32_t* offsets, int32_t* slot_of,
+                          int32_t* token_of_slot) {
+  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+  __shared__ int32_t chunk_experts[kSortChunk];
+  for (int e = threadIdx.x; e < num_experts; e += kSortChunk) first_slot[e] = 0;
+  const int i = static_cast<int>(threadIdx.x);
+  const int32_t e = i < entries ? experts[i] : -1;
+  const bool valid = e >= 0 && e < num_experts;
+  chunk_experts[i] = valid ? e : -1;
+  __syncthreads();
+  if (valid) atomicAdd(&first_slot[e], 1);
+  __syncthreads();
+  for (int x = threadIdx.x; x < num_experts; x += kSortChunk) counts[x] = first_slot[x];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t running = 0;
+    for (int x = 0; x < num_experts; ++x) {
+      const int32_t count = first_slot[x];
+      first_slot[x] = running;
+      running += count;
+    }
+    first_slot[num_experts] = running;
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x <= num_experts; x += kSortChunk) offsets[x] = first_slot[x];
+  // Slots past the valid ones (entries without an expert) name no token.
+  for (int64_t slot = first_slot[num_experts] + threadIdx.x; slot < entries; slot += kSortChunk) {
+    token_of_slot[slot] = -1;
+  }
+  if (i >= entries) return;
+  if (!valid) {
+    slot_of[i] = -1;
+    return;
+  }
+  int32_t rank = 0;  // earlier entries with the same expert: the stable order
+  for (int j = 0; j < i; ++j) rank += chunk_experts[j] == e;
+  const int32_t slot = first_slot[e] + rank;
+  slot_of[i] = slot;
+  token_of_slot[slot] = i / k;
+}
+
 // ---- gather / combine ----
 
 constexpr int kCopyThreads = 256;
@@ -422,6 +467,13 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
   }
   auto* chunk_counts = static_cast<int32_t*>(buffers.workspace);
   const size_t histogram_bytes = static_cast<size_t>(num_experts) * sizeof(int32_t);
+  if (chunks == 1) {
+    sort_one_chunk_kernel<<<1, kSortChunk, histogram_bytes + sizeof(int32_t), stream>>>(
+        experts, entries, k, num_experts, buffers.counts, buffers.offsets, buffers.slot_of,
+        buffers.token_of_slot);
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (chunks > 0) {
     sort_histogram_kernel<<<static_cast<unsigned>(chunks), kSortChunk, histogram_bytes, stream>>>(
         experts, entries, num_experts, chunk_counts);

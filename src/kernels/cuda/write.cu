@@ -11,8 +11,14 @@ namespace quantmla::gpu {
 namespace {
 
 struct WriteKernelParams {
-  const float* c;              // [num_tokens, kLatentDim]
-  const float* k_pe;           // [num_tokens, kRopeDim]
+  const float* c;     // [num_tokens, kLatentDim], row stride c_stride
+  const float* k_pe;  // [num_tokens, kRopeDim], row stride k_pe_stride
+  int64_t c_stride;
+  int64_t k_pe_stride;
+  const float* norm_weight;  // [kLatentDim] or null
+  float norm_eps;
+  const float* inv_freq;  // [kRopeDim / 2] or null
+  float attention_factor;
   const int32_t* seq_ids;      // [num_tokens]
   const int32_t* positions;    // [num_tokens]
   uint8_t* pool;               // [pages, kPageTokens, record_bytes]
@@ -38,15 +44,37 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   uint8_t* rec =
       p.pool + (static_cast<int64_t>(page) * kPageTokens + pos % kPageTokens) * p.record_bytes;
   float x[16];
-  const float4* c = reinterpret_cast<const float4*>(p.c + token * kLatentDim + 16 * lane);
+  const float* c = p.c + token * p.c_stride + 16 * lane;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 v = c[i];
-    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+  for (int i = 0; i < 16; ++i) x[i] = c[i];
+  if (p.norm_weight != nullptr) {  // as rms_norm_kernel: squares summed in double
+    double sum_squares = 0.0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sum_squares += static_cast<double>(x[i]) * x[i];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, offset);
+    }
+    const float inv_rms =
+        static_cast<float>(1.0 / sqrt(sum_squares / static_cast<double>(kLatentDim) + p.norm_eps));
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      x[i] = __fmul_rn(p.norm_weight[16 * lane + i], __fmul_rn(x[i], inv_rms));
   }
   Content::encode(rec, x, lane, p.content_clip);
-  const float2 k = reinterpret_cast<const float2*>(p.k_pe + token * kRopeDim)[lane];
-  Rope::encode(rec + Content::kBytes, k.x, k.y, lane, p.rope_clip, p.kept);
+  float k0 = p.k_pe[token * p.k_pe_stride + 2 * lane];
+  float k1 = p.k_pe[token * p.k_pe_stride + 2 * lane + 1];
+  if (p.inv_freq != nullptr) {  // as rope_kernel: frequency pair `lane`
+    const float angle = __fmul_rn(static_cast<float>(pos), p.inv_freq[lane]);
+    float sin_value = 0.0f, cos_value = 0.0f;
+    sincosf(angle, &sin_value, &cos_value);
+    cos_value = __fmul_rn(cos_value, p.attention_factor);
+    sin_value = __fmul_rn(sin_value, p.attention_factor);
+    const float even = k0, odd = k1;
+    k0 = __fsub_rn(__fmul_rn(even, cos_value), __fmul_rn(odd, sin_value));
+    k1 = __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value));
+  }
+  Rope::encode(rec + Content::kBytes, k0, k1, lane, p.rope_clip, p.kept);
 }
 
 }  // namespace
@@ -62,8 +90,20 @@ void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* st
     throw InvalidArgument(
         "GPU write: c, k_pe, seq_ids, positions, pool and block_table must be set");
   }
+  if (params.c_stride < kLatentDim || params.k_pe_stride < kRopeDim) {
+    throw InvalidArgument("GPU write: c_stride " + std::to_string(params.c_stride) +
+                          " and k_pe_stride " + std::to_string(params.k_pe_stride) +
+                          " must be at least the rows' widths " + std::to_string(kLatentDim) +
+                          " and " + std::to_string(kRopeDim));
+  }
   WriteKernelParams kernel{params.c,
                            params.k_pe,
+                           params.c_stride,
+                           params.k_pe_stride,
+                           params.norm_weight,
+                           params.norm_eps,
+                           params.inv_freq,
+                           params.attention_factor,
                            params.seq_ids,
                            params.positions,
                            params.pool,

@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "model/rope.h"
@@ -35,6 +36,10 @@ constexpr int64_t kSkinnyMaxRows = 16;
 
 // The skinny kernel's shape rule (skinny_gemm.h): K and the row stride of x multiples of 8.
 bool skinny_shape(int64_t k, int64_t ldx) { return k % 8 == 0 && ldx % 8 == 0; }
+// Prefill chunks of at least this many tokens may take the expanded attention
+// (prefill_attention.h): below it the up-projection of the whole context costs more than the
+// absorbed form saves.
+constexpr int64_t kExpandedMinChunk = 128;
 // The routed experts run as grouped skinny products while they average at most this many rows.
 constexpr int64_t kGroupedRowsPerExpert = 32;
 
@@ -106,6 +111,10 @@ struct DeviceLayer {
   const uint16_t* const* device_gate = nullptr;
   const uint16_t* const* device_up = nullptr;
   const uint16_t* const* device_down = nullptr;
+  // Elements from one expert's weights to the next when every expert's gate, up and down sit at
+  // the same offsets of equal blocks (gate and up adjacent: one [2 inner, d] matrix), so that
+  // they are one strided-batched operand; 0 otherwise.
+  int64_t expert_stride = 0;
   bool has_shared = false;
   DeviceMlp shared;
 };
@@ -170,6 +179,20 @@ struct DeviceModel {
   const float* inv_freq = nullptr;
 };
 
+int64_t uniform_expert_stride(const DeviceLayer& layer, int64_t d, int64_t inner) {
+  const size_t e = layer.expert_gate.size();
+  if (e < 2 || layer.expert_gate[0] == nullptr) return 0;  // counting pass: no pointers yet
+  const int64_t stride = layer.expert_gate[1] - layer.expert_gate[0];
+  for (size_t i = 0; i < e; ++i) {
+    const uint16_t* gate = layer.expert_gate[i];
+    if (gate != layer.expert_gate[0] + static_cast<int64_t>(i) * stride ||
+        layer.expert_up[i] != gate + inner * d || layer.expert_down[i] != gate + 2 * inner * d) {
+      return 0;
+    }
+  }
+  return stride;
+}
+
 DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceArena& arena,
                          bool counting, const std::vector<float>& inv_freq) {
   WeightUploader up(store, arena, counting);
@@ -208,6 +231,7 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
         layer.expert_up.push_back(expert.up.w);
         layer.expert_down.push_back(expert.down.w);
       }
+      layer.expert_stride = uniform_expert_stride(layer, c.hidden_size, c.moe_intermediate_size);
       layer.device_gate = up.pointers(layer.expert_gate);
       layer.device_up = up.pointers(layer.expert_up);
       layer.device_down = up.pointers(layer.expert_down);
@@ -281,6 +305,10 @@ class CudaRunner final : public Runner {
     const Rope rope(config_);
     attention_factor_ = rope.attention_factor();
     const TensorStore store = TensorStore::open_dir(dir);
+    if (options.prefill_expanded_max_context < 0) {
+      throw InvalidArgument("CUDA runner: prefill_expanded_max_context " +
+                            std::to_string(options.prefill_expanded_max_context) + " must be >= 0");
+    }
     upload_model(config_, store, weights_arena_, /*counting=*/true, rope.inv_freq());
     weights_arena_.allocate();
     model_ = upload_model(config_, store, weights_arena_, /*counting=*/false, rope.inv_freq());
@@ -362,6 +390,7 @@ class CudaRunner final : public Runner {
     int64_t num_chunks;
     int64_t first_token;
     int64_t s_q;
+    bool expanded;  // attention through prefill_attention, not the decode kernel
     std::unique_ptr<gpu::MlaDecodePlan> plan;
   };
 
@@ -404,13 +433,20 @@ class CudaRunner final : public Runner {
     buf_.seq_ids = a.take<int32_t>(t);
     buf_.x = a.take<float>(t * c.hidden_size);
     buf_.h = a.take<uint16_t>(t * c.hidden_size);
+    if (options_.prefill_expanded_max_context > 0) {
+      const int64_t context = options_.prefill_expanded_max_context;
+      buf_.gathered = a.take<uint16_t>(context * gpu::kKeyDim);
+      prefill_workspace_.max_context = context;
+      prefill_workspace_.bytes = gpu::PrefillAttentionWorkspace::bytes_for(
+          static_cast<int>(heads), static_cast<int>(c.qk_nope_head_dim),
+          static_cast<int>(c.v_head_dim), context);
+      prefill_workspace_.device = a.take<uint8_t>(static_cast<int64_t>(prefill_workspace_.bytes));
+    }
     buf_.q_low = a.take<float>(t * std::max<int64_t>(c.q_lora_rank, 1));
     buf_.q_low_bf16 = a.take<uint16_t>(t * std::max<int64_t>(c.q_lora_rank, 1));
     buf_.q = a.take<float>(t * heads * c.qk_head_dim());
     buf_.q_bf16 = a.take<uint16_t>(t * heads * c.qk_head_dim());
     buf_.kv = a.take<float>(t * c.cache_row_width());
-    buf_.latent = a.take<float>(t * c.kv_lora_rank);
-    buf_.k_pe = a.take<float>(t * c.qk_rope_head_dim);
     buf_.q_dec = a.take<uint16_t>(t * hp * gpu::kKeyDim);
     buf_.attn = a.take<uint16_t>(t * hp * gpu::kLatentDim);
     buf_.head_out = a.take<uint16_t>(t * heads * c.v_head_dim);
@@ -428,17 +464,21 @@ class CudaRunner final : public Runner {
       buf_.router_logits = a.take<float>(t * e);
       buf_.experts = a.take<int32_t>(slots);
       buf_.expert_weights = a.take<float>(slots);
-      buf_.sort.counts = a.take<int32_t>(e);
       buf_.layer_expert_counts = a.take<int32_t>(c.num_layers * e);
       buf_.sort.offsets = a.take<int32_t>(e + 1);
       buf_.sort.slot_of = a.take<int32_t>(slots);
       buf_.sort.token_of_slot = a.take<int32_t>(slots);
       buf_.sort.workspace = a.take<uint8_t>(static_cast<int64_t>(
           gpu::moe_sort_workspace_bytes(t, static_cast<int>(k), static_cast<int>(e))));
-      buf_.sorted = a.take<uint16_t>(slots * c.hidden_size);
-      buf_.expert_gate_up = a.take<float>(slots * 2 * c.moe_intermediate_size);
-      buf_.expert_act = a.take<uint16_t>(slots * c.moe_intermediate_size);
-      buf_.expert_out = a.take<float>(slots * c.hidden_size);
+      // Room for the padded layout of the batched experts (each expert's rows padded to the
+      // busiest expert's count) while the imbalance stays under 1.5x.
+      expert_rows_ = slots + slots / 2;
+      buf_.padded_slot_of = a.take<int32_t>(slots);
+      buf_.token_of_row = a.take<int32_t>(expert_rows_);
+      buf_.sorted = a.take<uint16_t>(expert_rows_ * c.hidden_size);
+      buf_.expert_gate_up = a.take<float>(expert_rows_ * 2 * c.moe_intermediate_size);
+      buf_.expert_act = a.take<uint16_t>(expert_rows_ * c.moe_intermediate_size);
+      buf_.expert_out = a.take<float>(expert_rows_ * c.hidden_size);
     }
   }
 
@@ -508,7 +548,9 @@ class CudaRunner final : public Runner {
       const int64_t s_q = static_cast<int64_t>(chunk.tokens.size());
       const int64_t pos0 = pool.length(chunk.sequence);
       if (groups_.empty() || groups_.back().s_q != s_q) {
-        groups_.push_back({g, 0, static_cast<int64_t>(host_ids_.size()), s_q, nullptr});
+        groups_.push_back({g, 0, static_cast<int64_t>(host_ids_.size()), s_q,
+                           s_q >= kExpandedMinChunk && options_.prefill_expanded_max_context > 0,
+                           nullptr});
       }
       ++groups_.back().num_chunks;
       chunk_first_token_[sz(order_[sz(g)])] = static_cast<int64_t>(host_ids_.size());
@@ -518,12 +560,14 @@ class CudaRunner final : public Runner {
         host_seq_ids_.push_back(static_cast<int32_t>(g));
       }
       host_seq_lens_[sz(g)] = static_cast<int32_t>(pos0 + s_q);
+      if (pos0 + s_q > options_.prefill_expanded_max_context) groups_.back().expanded = false;
       const std::vector<int32_t>& table = pool.block_table(chunk.sequence);
       std::copy(table.begin(), table.end(), host_block_table_.begin() + g * block_stride_);
     }
     const int hp = gpu::padded_heads(config_.num_heads);
     for (size_t i = 0; i < groups_.size(); ++i) {
       Group& group = groups_[i];
+      if (group.expanded) continue;
       const std::vector<int32_t> lens(
           host_seq_lens_.begin() + group.first_chunk,
           host_seq_lens_.begin() + group.first_chunk + group.num_chunks);
@@ -642,7 +686,6 @@ class CudaRunner final : public Runner {
     const DeviceLayer& layer = model_.layers[sz(l)];
     const int64_t d = c.hidden_size, heads = c.num_heads, qk = c.qk_head_dim();
     const int64_t nope = c.qk_nope_head_dim, v_dim = c.v_head_dim, rank = c.kv_lora_rank;
-    const int hp = gpu::padded_heads(static_cast<int>(heads));
     const float eps = static_cast<float>(c.rms_norm_eps);
     const int64_t n = n_;
     const auto linear = [&](const DeviceLinear& w, const uint16_t* x, int64_t ldx, void* y,
@@ -658,23 +701,23 @@ class CudaRunner final : public Runner {
     } else {
       linear(layer.q, buf_.h, d, buf_.q, heads * qk, DType::kF32, 0.0f);
     }
-    // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
+    // Cache rows: kv = kv_a_proj(h); the write normalizes c = kv[:rank] (kv_a_layernorm), rotates
+    // k_pe = kv[rank:] and encodes both.
     const int64_t width = c.cache_row_width();
     linear(layer.kv_a, buf_.h, d, buf_.kv, width, DType::kF32, 0.0f);
-    gpu::rms_norm(buf_.kv, width, layer.kv_a_norm, buf_.latent, rank, DType::kF32, n, rank, eps,
-                  stream_);
-    gpu::rope(buf_.kv + rank, width, c.qk_rope_head_dim, buf_.positions, model_.inv_freq,
-              attention_factor_, n, 1, static_cast<int>(c.qk_rope_head_dim), stream_);
-    QUANTMLA_CUDA_CHECK(cudaMemcpy2DAsync(buf_.k_pe, c.qk_rope_head_dim * 4, buf_.kv + rank,
-                                          width * 4, c.qk_rope_head_dim * 4, sz(n),
-                                          cudaMemcpyDeviceToDevice, stream_));
     gpu::rope(buf_.q + nope, heads * qk, qk, buf_.positions, model_.inv_freq, attention_factor_, n,
               heads, static_cast<int>(c.qk_rope_head_dim), stream_);
 
     uint8_t* pages = pool.storage().layer_pages(l);
     gpu::MlaWriteParams write;
-    write.c = buf_.latent;
-    write.k_pe = buf_.k_pe;
+    write.c = buf_.kv;
+    write.c_stride = width;
+    write.k_pe = buf_.kv + rank;
+    write.k_pe_stride = width;
+    write.norm_weight = layer.kv_a_norm;
+    write.norm_eps = eps;
+    write.inv_freq = model_.inv_freq;
+    write.attention_factor = attention_factor_;
     write.seq_ids = buf_.seq_ids;
     write.positions = buf_.positions;
     write.pool = pages;
@@ -683,70 +726,14 @@ class CudaRunner final : public Runner {
     write.num_tokens = n;
     gpu::mla_write(pool.format(), write, stream_);
 
-    // Absorbed queries: q_dec[t, h] = [bf16(q_nope_h W_UK_h) ; bf16(q_pe_h)], padding heads 0.
     gpu::convert_f32_to_bf16(buf_.q, buf_.q_bf16, n * heads * qk, stream_);
-    gpu::BatchedGemmParams absorb;
-    absorb.batch = heads;
-    absorb.m = n;
-    absorb.n = rank;
-    absorb.k = nope;
-    absorb.x = buf_.q_bf16;
-    absorb.ldx = heads * qk;
-    absorb.stride_x = qk;
-    absorb.w = layer.kv_b.w;  // per head: W_UK_h [nope, rank] rows, then W_UV_h [v, rank]
-    absorb.ldw = rank;
-    absorb.stride_w = (nope + v_dim) * rank;
-    absorb.op_w = gpu::GemmOp::kN;
-    absorb.y = buf_.q_dec;
-    absorb.ldy = hp * gpu::kKeyDim;
-    absorb.stride_y = gpu::kKeyDim;
-    absorb.out_dtype = DType::kBF16;
-    gemm_->batched(absorb, stream_);
-    count(heads * nope * rank, n * heads * nope * rank);
-    gpu::PackQueriesParams pack;
-    pack.q_pe = buf_.q + nope;
-    pack.pe_token_stride = heads * qk;
-    pack.pe_head_stride = qk;
-    pack.out = buf_.q_dec;
-    pack.tokens = n;
-    pack.heads = static_cast<int>(heads);
-    pack.heads_padded = hp;
-    gpu::pack_absorbed_queries(pack, stream_);
-
     for (const Group& group : groups_) {
-      gpu::MlaDecodeParams p;
-      p.q = buf_.q_dec + group.first_token * hp * gpu::kKeyDim;
-      p.pool = pages;
-      p.block_table = buf_.block_table + group.first_chunk * block_stride_;
-      p.block_table_stride = block_stride_;
-      p.seq_lens = buf_.seq_lens + group.first_chunk;
-      p.out = buf_.attn + group.first_token * hp * gpu::kLatentDim;
-      p.batch = static_cast<int>(group.num_chunks);
-      p.s_q = static_cast<int>(group.s_q);
-      p.num_heads = hp;
-      p.softmax_scale = static_cast<float>(c.softmax_scale());
-      gpu::mla_decode(pool.format(), p, *group.plan, stream_);
+      if (group.expanded) {
+        expanded_attention(layer, group, pages, pool.format());
+      } else {
+        absorbed_attention(layer, group, pages, pool.format());
+      }
     }
-
-    // Values: o_h = W_UV_h attended_h, then o_proj added into the residual stream.
-    gpu::BatchedGemmParams values;
-    values.batch = heads;
-    values.m = n;
-    values.n = v_dim;
-    values.k = rank;
-    values.x = buf_.attn;
-    values.ldx = hp * gpu::kLatentDim;
-    values.stride_x = gpu::kLatentDim;
-    values.w = layer.kv_b.w + nope * rank;
-    values.ldw = rank;
-    values.stride_w = (nope + v_dim) * rank;
-    values.op_w = gpu::GemmOp::kT;
-    values.y = buf_.head_out;
-    values.ldy = heads * v_dim;
-    values.stride_y = v_dim;
-    values.out_dtype = DType::kBF16;
-    gemm_->batched(values, stream_);
-    count(heads * v_dim * rank, n * heads * v_dim * rank);
     linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
 
     gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
@@ -755,6 +742,113 @@ class CudaRunner final : public Runner {
       if (layer.has_shared) run_mlp(layer.shared);
     } else {
       run_mlp(layer.mlp);
+    }
+  }
+
+  // The decode kernel over the pool, in the absorbed form: q_dec[t, h] = [bf16(q_nope_h W_UK_h) ;
+  // bf16(q_pe_h)] (padding heads 0), the attended latents, then o_h = W_UV_h attended_h.
+  void absorbed_attention(const DeviceLayer& layer, const Group& group, const uint8_t* pages,
+                          const CacheFormat& format) {
+    const ModelConfig& c = config_;
+    const int64_t heads = c.num_heads, qk = c.qk_head_dim();
+    const int64_t nope = c.qk_nope_head_dim, v_dim = c.v_head_dim, rank = c.kv_lora_rank;
+    const int hp = gpu::padded_heads(static_cast<int>(heads));
+    const int64_t first = group.first_token, tokens = group.num_chunks * group.s_q;
+    gpu::BatchedGemmParams absorb;
+    absorb.batch = heads;
+    absorb.m = tokens;
+    absorb.n = rank;
+    absorb.k = nope;
+    absorb.x = buf_.q_bf16 + first * heads * qk;
+    absorb.ldx = heads * qk;
+    absorb.stride_x = qk;
+    absorb.w = layer.kv_b.w;  // per head: W_UK_h [nope, rank] rows, then W_UV_h [v, rank]
+    absorb.ldw = rank;
+    absorb.stride_w = (nope + v_dim) * rank;
+    absorb.op_w = gpu::GemmOp::kN;
+    absorb.y = buf_.q_dec + first * hp * gpu::kKeyDim;
+    absorb.ldy = hp * gpu::kKeyDim;
+    absorb.stride_y = gpu::kKeyDim;
+    absorb.out_dtype = DType::kBF16;
+    gemm_->batched(absorb, stream_);
+    count(heads * nope * rank, tokens * heads * nope * rank);
+    gpu::PackQueriesParams pack;
+    pack.q_pe = buf_.q + first * heads * qk + nope;
+    pack.pe_token_stride = heads * qk;
+    pack.pe_head_stride = qk;
+    pack.out = buf_.q_dec + first * hp * gpu::kKeyDim;
+    pack.tokens = tokens;
+    pack.heads = static_cast<int>(heads);
+    pack.heads_padded = hp;
+    gpu::pack_absorbed_queries(pack, stream_);
+
+    gpu::MlaDecodeParams p;
+    p.q = buf_.q_dec + first * hp * gpu::kKeyDim;
+    p.pool = pages;
+    p.block_table = buf_.block_table + group.first_chunk * block_stride_;
+    p.block_table_stride = block_stride_;
+    p.seq_lens = buf_.seq_lens + group.first_chunk;
+    p.out = buf_.attn + first * hp * gpu::kLatentDim;
+    p.batch = static_cast<int>(group.num_chunks);
+    p.s_q = static_cast<int>(group.s_q);
+    p.num_heads = hp;
+    p.softmax_scale = static_cast<float>(c.softmax_scale());
+    gpu::mla_decode(format, p, *group.plan, stream_);
+
+    gpu::BatchedGemmParams values;
+    values.batch = heads;
+    values.m = tokens;
+    values.n = v_dim;
+    values.k = rank;
+    values.x = buf_.attn + first * hp * gpu::kLatentDim;
+    values.ldx = hp * gpu::kLatentDim;
+    values.stride_x = gpu::kLatentDim;
+    values.w = layer.kv_b.w + nope * rank;
+    values.ldw = rank;
+    values.stride_w = (nope + v_dim) * rank;
+    values.op_w = gpu::GemmOp::kT;
+    values.y = buf_.head_out + first * heads * v_dim;
+    values.ldy = heads * v_dim;
+    values.stride_y = v_dim;
+    values.out_dtype = DType::kBF16;
+    gemm_->batched(values, stream_);
+    count(heads * v_dim * rank, tokens * heads * v_dim * rank);
+  }
+
+  // Long prefill chunks: each sequence's cache rows dequantized back to BF16, up-projected to
+  // per-head keys and values, attended to by its chunk (prefill_attention.h).
+  void expanded_attention(const DeviceLayer& layer, const Group& group, const uint8_t* pages,
+                          const CacheFormat& format) {
+    const ModelConfig& c = config_;
+    const int64_t heads = c.num_heads, qk = c.qk_head_dim(), v_dim = c.v_head_dim;
+    const int64_t kv = c.qk_nope_head_dim + v_dim;
+    for (int64_t i = 0; i < group.num_chunks; ++i) {
+      const int64_t chunk = group.first_chunk + i;
+      const int64_t context = host_seq_lens_[sz(chunk)];
+      const int64_t first = group.first_token + i * group.s_q;
+      gpu::MlaGatherParams gather;
+      gather.pool = pages;
+      gather.block_table = buf_.block_table + chunk * block_stride_;
+      gather.num_tokens = context;
+      gather.out = buf_.gathered;
+      gpu::mla_gather(format, gather, stream_);
+      gpu::PrefillAttentionParams p;
+      p.q = buf_.q_bf16 + first * heads * qk;
+      p.keys = buf_.gathered;
+      p.keys_stride = gpu::kKeyDim;
+      p.kv_b = layer.kv_b.w;
+      p.out = buf_.head_out + first * heads * v_dim;
+      p.out_stride = heads * v_dim;
+      p.tokens = group.s_q;
+      p.context = context;
+      p.heads = static_cast<int>(heads);
+      p.nope = static_cast<int>(c.qk_nope_head_dim);
+      p.rope = static_cast<int>(c.qk_rope_head_dim);
+      p.v = static_cast<int>(v_dim);
+      p.rank = static_cast<int>(c.kv_lora_rank);
+      p.softmax_scale = static_cast<float>(c.softmax_scale());
+      gpu::prefill_attention(*gemm_, p, prefill_workspace_, stream_);
+      count(heads * kv * c.kv_lora_rank, context * heads * kv * c.kv_lora_rank);
     }
   }
 
@@ -814,7 +908,7 @@ class CudaRunner final : public Runner {
   }
 
   // The routed experts. Their weight reads and FLOPs are counted in finish from the per-layer
-  // expert counts, copied aside here on the device.
+  // expert counts, which the sort writes into that layer's row.
   void run_moe(int64_t l, const DeviceLayer& layer) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
@@ -823,9 +917,9 @@ class CudaRunner final : public Runner {
     gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
     gpu::moe_route(buf_.router_logits, e, layer.correction_bias, buf_.experts, buf_.expert_weights,
                    n, route_, stream_);
-    gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), buf_.sort, stream_);
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.layer_expert_counts + l * e, buf_.sort.counts, e * 4,
-                                        cudaMemcpyDeviceToDevice, stream_));
+    gpu::MoeSortBuffers sort = buf_.sort;
+    sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
+    gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), sort, stream_);
     if (moe_grouped(n)) {
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
@@ -863,6 +957,16 @@ class CudaRunner final : public Runner {
       QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), buf_.sort.offsets, (e + 1) * 4,
                                           cudaMemcpyDeviceToHost, stream_));
       QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      int64_t busiest = 0;
+      for (int64_t i = 0; i < e; ++i) {
+        busiest = std::max<int64_t>(busiest, host_offsets_[sz(i + 1)] - host_offsets_[sz(i)]);
+      }
+      // Rounded up so that steps of similar sizes share cuBLASLt plans.
+      busiest = (busiest + 15) / 16 * 16;
+      if (layer.expert_stride > 0 && e * busiest <= expert_rows_) {
+        batched_experts(layer, busiest);
+        return;
+      }
       const int64_t slots = host_offsets_.back();
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
       const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
@@ -873,6 +977,78 @@ class CudaRunner final : public Runner {
     }
     gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
                      stream_);
+  }
+
+  // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
+  // once (one launch fills the GPU, where a GEMM per expert of a few hundred rows leaves most SMs
+  // idle): each expert's rows padded with zero rows to the busiest expert's count. The layout is
+  // made on the host from the sort (copied back; this path already synchronizes for the offsets).
+  void batched_experts(const DeviceLayer& layer, int64_t rows) {
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
+    const int64_t inner = c.moe_intermediate_size;
+    const int k = static_cast<int>(c.num_experts_per_tok);
+    const int64_t slots = host_offsets_.back();
+    host_token_of_slot_.resize(sz(slots));
+    host_slot_of_.resize(sz(n * k));
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_token_of_slot_.data(), buf_.sort.token_of_slot,
+                                        slots * 4, cudaMemcpyDeviceToHost, stream_));
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_slot_of_.data(), buf_.sort.slot_of, n * k * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // Slot s of expert x becomes row x * rows + (s - offsets[x]); padding rows gather token -1
+    // (zeros).
+    host_token_of_row_.assign(sz(e * rows), -1);
+    host_row_of_slot_.resize(sz(slots));
+    for (int64_t x = 0; x < e; ++x) {
+      for (int64_t s = host_offsets_[sz(x)]; s < host_offsets_[sz(x + 1)]; ++s) {
+        const int64_t row = x * rows + (s - host_offsets_[sz(x)]);
+        host_token_of_row_[sz(row)] = host_token_of_slot_[sz(s)];
+        host_row_of_slot_[sz(s)] = static_cast<int32_t>(row);
+      }
+    }
+    for (int32_t& slot : host_slot_of_) slot = slot < 0 ? -1 : host_row_of_slot_[sz(slot)];
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.token_of_row, host_token_of_row_.data(),
+                                        host_token_of_row_.size() * 4, cudaMemcpyHostToDevice,
+                                        stream_));
+    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.padded_slot_of, host_slot_of_.data(), n * k * 4,
+                                        cudaMemcpyHostToDevice, stream_));
+    gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, e * rows, buf_.sorted, d, d, stream_);
+    gpu::BatchedGemmParams gate_up;  // [rows, 2 inner] per expert: gate and up stacked
+    gate_up.batch = e;
+    gate_up.m = rows;
+    gate_up.n = 2 * inner;
+    gate_up.k = d;
+    gate_up.x = buf_.sorted;
+    gate_up.ldx = d;
+    gate_up.stride_x = rows * d;
+    gate_up.w = layer.expert_gate[0];
+    gate_up.ldw = d;
+    gate_up.stride_w = layer.expert_stride;
+    gate_up.op_w = gpu::GemmOp::kT;
+    gate_up.y = buf_.expert_gate_up;
+    gate_up.ldy = 2 * inner;
+    gate_up.stride_y = rows * 2 * inner;
+    gemm_->batched(gate_up, stream_);
+    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_);
+    gpu::BatchedGemmParams down;
+    down.batch = e;
+    down.m = rows;
+    down.n = d;
+    down.k = inner;
+    down.x = buf_.expert_act;
+    down.ldx = inner;
+    down.stride_x = rows * inner;
+    down.w = layer.expert_down[0];
+    down.ldw = inner;
+    down.stride_w = layer.expert_stride;
+    down.op_w = gpu::GemmOp::kT;
+    down.y = buf_.expert_out;
+    down.ldy = d;
+    down.stride_y = rows * d;
+    gemm_->batched(down, stream_);
+    gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
+                     d, stream_);
   }
 
   // The outputs copied back, the routed experts counted, the lengths committed.
@@ -911,8 +1087,9 @@ class CudaRunner final : public Runner {
 
   struct Buffers {
     int32_t *ids, *positions, *seq_ids, *block_table, *seq_lens, *logit_rows, *sampled;
-    float *x, *q_low, *q, *kv, *latent, *k_pe, *gate_up, *final_rows, *logits;
+    float *x, *q_low, *q, *kv, *gate_up, *final_rows, *logits;
     uint16_t *h, *q_low_bf16, *q_bf16, *q_dec, *attn, *head_out, *act;
+    uint16_t* gathered = nullptr;  // [prefill_expanded_max_context, 576] one sequence's rows
     gpu::SampleParams* sample_params;
     float* router_logits = nullptr;
     int32_t* experts = nullptr;
@@ -923,6 +1100,8 @@ class CudaRunner final : public Runner {
     float* expert_gate_up = nullptr;
     uint16_t* expert_act = nullptr;
     float* expert_out = nullptr;
+    int32_t* token_of_row = nullptr;    // [expert_rows_] the padded layout's gather (-1: padding)
+    int32_t* padded_slot_of = nullptr;  // [n * k] slot_of in the padded layout
   };
 
   CudaRunnerOptions options_;
@@ -937,6 +1116,7 @@ class CudaRunner final : public Runner {
   std::unique_ptr<gpu::GemmRunner> gemm_;
   StepStats stats_;
   gpu::MoeRouteParams route_;
+  gpu::PrefillAttentionWorkspace prefill_workspace_;
   std::vector<PlanWorkspace> plan_workspaces_;  // one per group of a step
   std::map<GraphKey, CapturedStep> graphs_;
   // The step being run.
@@ -949,6 +1129,8 @@ class CudaRunner final : public Runner {
   std::vector<Group> groups_;
   std::vector<int32_t> host_ids_, host_positions_, host_seq_ids_, host_seq_lens_;
   std::vector<int32_t> host_block_table_, host_offsets_;
+  std::vector<int32_t> host_token_of_slot_, host_slot_of_, host_token_of_row_, host_row_of_slot_;
+  int64_t expert_rows_ = 0;  // rows of the expert buffers (slots, plus room for padding)
 };
 
 }  // namespace
