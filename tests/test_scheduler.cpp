@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -15,6 +17,7 @@
 
 #include "error_matchers.h"
 #include "model_fixtures.h"
+#include "quantmla/engine.h"
 #include "quantmla/error.h"
 #include "quantmla/page_pool.h"
 #include "quantmla/runner.h"
@@ -434,6 +437,40 @@ TEST(Scheduler, LogprobsAreTheModelsLogSoftmax) {
   Request bad = r;
   bad.top_logprobs = 21;
   EXPECT_THROW(scheduler.add(bad), InvalidArgument);
+}
+
+// A request whose token callback throws (the server's text handling failed) ends with an error;
+// the engine thread and the other requests go on.
+TEST(ServingEngine, ACallbackThatThrowsEndsOnlyItsRequest) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::f32(), 8);
+  ServingEngine engine(
+      *runner, *pool, {}, [](std::span<const int32_t>) { return std::string(); }, 16);
+  Request r;
+  r.prompt = {static_cast<int32_t>(model.config().bos_token_id), 400, 500, 600};
+  r.max_tokens = 6;
+  r.ignore_eos = true;
+  std::promise<FinishedRequest> failing_done, healthy_done;
+  RequestCallbacks failing;
+  failing.on_token = [](const StepReport::Generated&) { throw InvalidArgument("no text"); };
+  failing.on_finish = [&](const FinishedRequest& f) { failing_done.set_value(f); };
+  RequestCallbacks healthy;
+  int healthy_tokens = 0;
+  healthy.on_token = [&](const StepReport::Generated&) { ++healthy_tokens; };
+  healthy.on_finish = [&](const FinishedRequest& f) { healthy_done.set_value(f); };
+  engine.submit(r, std::move(failing));
+  engine.submit(r, std::move(healthy));
+  auto failed = failing_done.get_future(), finished = healthy_done.get_future();
+  ASSERT_EQ(failed.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(failed.get().reason, FinishReason::kError);
+  const FinishedRequest ok = finished.get();
+  EXPECT_EQ(ok.reason, FinishReason::kLength);
+  EXPECT_EQ(ok.tokens.size(), 6u);
+  EXPECT_EQ(healthy_tokens, 6);
+  engine.shutdown(std::chrono::milliseconds(1000));
+  EXPECT_EQ(pool->used_pages(), 0) << "the failed request's pages went back";
 }
 
 TEST(ServeBench, WorkloadAndFiguresAddUp) {

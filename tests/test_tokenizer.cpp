@@ -376,6 +376,10 @@ TEST(TokenizerErrors, DecodeOfUnknownIdIsInvalidArgument) {
   const std::string message = error_message<InvalidArgument>([&] { tiny.decode({5, 4096}); });
   EXPECT_NE(message.find("4096"), std::string::npos) << message;
   EXPECT_THROW(tiny.decode({-1}), InvalidArgument);
+  EXPECT_TRUE(tiny.knows(0));
+  EXPECT_TRUE(tiny.knows(static_cast<int32_t>(tiny.vocab_size() - 1)));
+  EXPECT_FALSE(tiny.knows(-1));
+  EXPECT_FALSE(tiny.knows(static_cast<int32_t>(tiny.vocab_size())));
   EXPECT_THROW(tiny.token_bytes(1 << 20), InvalidArgument);
 }
 

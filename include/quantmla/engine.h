@@ -1,6 +1,6 @@
 // The scheduler on a thread of its own: any thread submits requests and gets their tokens and
 // their end through callbacks that run on the engine thread (keep them short: they delay the
-// next step).
+// next step). Submitting never waits for a step.
 #pragma once
 
 #include <chrono>
@@ -20,7 +20,7 @@ namespace quantmla {
 
 struct RequestCallbacks {
   std::function<void(const StepReport::Generated&)> on_token;  // each token, in order
-  std::function<void(const FinishedRequest&)> on_finish;  // once, last
+  std::function<void(const FinishedRequest&)> on_finish;       // once, last
 };
 
 // What /metrics reports.
@@ -45,8 +45,9 @@ class ServingEngine {
   struct QueueFull : Error {
     using Error::Error;
   };
-  // Validates and queues (Scheduler::add's errors), or throws QueueFull when max_waiting requests
-  // wait or shutdown began. The callbacks may run before submit returns.
+  // Validates (Scheduler::validate's errors) and queues for the engine thread, or throws QueueFull
+  // when max_waiting requests wait or shutdown began. The callbacks may run before submit
+  // returns.
   RequestId submit(Request request, RequestCallbacks callbacks);
   // Cancels a waiting or running request; its on_finish follows (kCancelled) within a step.
   void cancel(RequestId id);
@@ -57,18 +58,36 @@ class ServingEngine {
   const Runner& runner() const { return runner_; }
 
  private:
+  struct Arrival {
+    RequestId id;
+    Request request;
+    RequestCallbacks callbacks;
+  };
   void loop();
+  // Moves the inbox into the scheduler (engine thread, mutex_ held).
+  void admit(std::vector<Arrival>& arrivals, std::vector<RequestId>& cancels);
 
   Runner& runner_;
   PagePool& pool_;
   int64_t max_waiting_;
-  mutable std::mutex mutex_;
+  // Submissions and cancellations land in the inbox under inbox_mutex_, which is never held
+  // across a step, so an HTTP thread never waits for the GPU; the engine thread moves them into
+  // the scheduler between steps.
+  mutable std::mutex inbox_mutex_;
   std::condition_variable wake_;
-  Scheduler scheduler_;
-  std::map<RequestId, RequestCallbacks> callbacks_;
-  std::set<RequestId> failed_;  // cancelled because a step failed: reported as kError
+  std::vector<Arrival> inbox_;
+  std::vector<RequestId> cancels_;
+  RequestId next_id_ = 1;
+  int64_t queued_ = 0;     // the scheduler's waiting requests after the last step
+  bool has_work_ = false;  // the scheduler's, after the last step
   bool accepting_ = true, stopping_ = false;
+  // The scheduler and what snapshot() reads, held by the engine thread while it steps.
+  mutable std::mutex mutex_;
+  Scheduler scheduler_;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
+  // Engine thread only.
+  std::map<RequestId, RequestCallbacks> callbacks_;
+  std::set<RequestId> failed_;  // cancelled because a step or a callback failed: kError
   std::thread thread_;
 };
 

@@ -25,7 +25,7 @@ using RequestId = int64_t;
 // The model's log-probabilities around one generated token (log-softmax of the raw logits, before
 // temperature and top-p, as OpenAI's and vLLM's logprobs).
 struct TokenLogprob {
-  float logprob = 0.0f;                          // of the token generated
+  float logprob = 0.0f;                        // of the token generated
   std::vector<std::pair<int32_t, float>> top;  // the most likely tokens, most likely first
 };
 inline constexpr int kMaxTopLogprobs = 20;
@@ -108,6 +108,12 @@ class Scheduler {
   // CapacityError for a request whose prompt and max_tokens could never fit in the whole pool
   // (it would wait forever).
   RequestId add(Request request);
+  // The same under an id the caller chose (a front end that hands ids out before the request
+  // reaches the scheduler): ids must increase from call to call, and exceed those add() gave.
+  void add(Request request, RequestId id);
+  // add()'s checks alone. Reads only the model's config and the pool's size, which never change,
+  // so it may run on any thread while another steps the scheduler.
+  void validate(const Request& request) const;
   // Ends a waiting or running request at once (its pages freed); it is reported by the next
   // step() as kCancelled. False when the id is unknown or already finished.
   bool cancel(RequestId id);

@@ -34,6 +34,11 @@ class Tokenizer {
   std::string token_bytes(int32_t id) const;
 
   int64_t vocab_size() const;  // max id + 1 over the model vocab and added tokens
+  // Whether `id` names a token (decode and token_bytes refuse the others). A model may generate
+  // ids its tokenizer lacks (make-random-model's production-size vocabularies over the bundled
+  // tokenizer); the server and `generate` show them as no text, as Hugging Face's decode skips
+  // them.
+  bool knows(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
 
  private:

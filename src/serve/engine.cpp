@@ -1,5 +1,5 @@
-// ServingEngine: one thread steps the scheduler; submissions and cancellations take the same lock
-// (they wait for at most one step).
+// ServingEngine: one thread steps the scheduler; submissions and cancellations go through an
+// inbox that the thread empties between steps, so they never wait for one.
 #include "quantmla/engine.h"
 
 #include <cstdio>
@@ -23,22 +23,22 @@ ServingEngine::ServingEngine(Runner& runner, PagePool& pool, const SchedulerOpti
 ServingEngine::~ServingEngine() { shutdown(std::chrono::milliseconds(0)); }
 
 RequestId ServingEngine::submit(Request request, RequestCallbacks callbacks) {
-  std::lock_guard lock(mutex_);
+  scheduler_.validate(request);  // config and pool size only: safe beside a step
+  std::lock_guard lock(inbox_mutex_);
   if (!accepting_) throw QueueFull("the server is shutting down");
-  if (scheduler_.num_waiting() >= max_waiting_) {
-    throw QueueFull(std::to_string(scheduler_.num_waiting()) + " requests are waiting already");
+  const int64_t waiting = queued_ + static_cast<int64_t>(inbox_.size());
+  if (waiting >= max_waiting_) {
+    throw QueueFull(std::to_string(waiting) + " requests are waiting already");
   }
-  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
-  const RequestId id = scheduler_.add(std::move(request));
-  prompt_tokens_total_ += prompt;
-  callbacks_[id] = std::move(callbacks);
+  const RequestId id = next_id_++;
+  inbox_.push_back({id, std::move(request), std::move(callbacks)});
   wake_.notify_all();
   return id;
 }
 
 void ServingEngine::cancel(RequestId id) {
-  std::lock_guard lock(mutex_);
-  scheduler_.cancel(id);
+  std::lock_guard lock(inbox_mutex_);
+  cancels_.push_back(id);
   wake_.notify_all();
 }
 
@@ -47,6 +47,10 @@ EngineSnapshot ServingEngine::snapshot() const {
   EngineSnapshot s;
   s.running = scheduler_.num_running();
   s.waiting = scheduler_.num_waiting();
+  {
+    std::lock_guard inbox(inbox_mutex_);
+    s.waiting += static_cast<int64_t>(inbox_.size());
+  }
   s.used_pages = pool_.used_pages();
   s.total_pages = pool_.num_pages();
   s.stats = scheduler_.stats();
@@ -56,26 +60,62 @@ EngineSnapshot ServingEngine::snapshot() const {
   return s;
 }
 
+void ServingEngine::admit(std::vector<Arrival>& arrivals, std::vector<RequestId>& cancels) {
+  for (Arrival& a : arrivals) {
+    prompt_tokens_total_ += static_cast<int64_t>(a.request.prompt.size());
+    scheduler_.add(std::move(a.request), a.id);  // validated in submit
+    callbacks_[a.id] = std::move(a.callbacks);
+  }
+  for (const RequestId id : cancels) scheduler_.cancel(id);
+  arrivals.clear();
+  cancels.clear();
+}
+
 void ServingEngine::loop() {
+  std::vector<Arrival> arrivals;
+  std::vector<RequestId> cancels;
   for (;;) {
+    bool stopping = false;
+    {
+      std::unique_lock inbox(inbox_mutex_);
+      wake_.wait(inbox,
+                 [&] { return stopping_ || has_work_ || !inbox_.empty() || !cancels_.empty(); });
+      arrivals.swap(inbox_);
+      cancels.swap(cancels_);
+      if (!arrivals.empty()) has_work_ = true;  // shutdown() must not see an idle engine now
+      stopping = stopping_;
+    }
     std::vector<std::pair<RequestCallbacks*, StepReport::Generated>> tokens;
-    std::vector<std::pair<RequestCallbacks, FinishedRequest>> finished;
+    std::vector<FinishedRequest> ended;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || scheduler_.has_work(); });
-      if (stopping_ && !scheduler_.has_work()) return;
-      StepReport report;
-      try {
-        report = scheduler_.step();
-      } catch (const std::exception& e) {
-        // The step committed nothing; every request ends with an error rather than the server.
-        std::fprintf(stderr, "engine: step failed: %s; cancelling %lld requests\n", e.what(),
-                     static_cast<long long>(scheduler_.num_running() + scheduler_.num_waiting()));
-        for (const auto& [id, unused] : callbacks_) {
-          if (scheduler_.cancel(id)) failed_.insert(id);
-        }
-        continue;
+      admit(arrivals, cancels);
+      if (stopping) {
+        // Past the deadline: whatever is left ends as cancelled (reported by the steps below).
+        for (const auto& [id, unused] : callbacks_) scheduler_.cancel(id);
+        if (!scheduler_.has_work()) return;
       }
+      StepReport report;
+      bool stepped = scheduler_.has_work();
+      if (stepped) {
+        try {
+          report = scheduler_.step();
+        } catch (const std::exception& e) {
+          // The step committed nothing; every request ends with an error rather than the server.
+          std::fprintf(stderr, "engine: step failed: %s; cancelling %lld requests\n", e.what(),
+                       static_cast<long long>(scheduler_.num_running() + scheduler_.num_waiting()));
+          for (const auto& [id, unused] : callbacks_) {
+            if (scheduler_.cancel(id)) failed_.insert(id);
+          }
+          stepped = false;
+        }
+      }
+      {
+        std::lock_guard inbox(inbox_mutex_);
+        has_work_ = scheduler_.has_work();
+        queued_ = scheduler_.num_waiting();
+      }
+      if (!stepped) continue;
       generation_tokens_total_ += static_cast<int64_t>(report.generated.size());
       for (StepReport::Generated& g : report.generated) {
         const auto it = callbacks_.find(g.id);
@@ -85,40 +125,59 @@ void ServingEngine::loop() {
         ++finished_total_;
         if (failed_.erase(f.id) > 0) f.reason = FinishReason::kError;
       }
-      // Tokens first (their callbacks stay valid until the finished ones are taken out below,
-      // after they ran), then the ends.
-      lock.unlock();
-      for (auto& [callbacks, token] : tokens) {
-        if (callbacks->on_token) callbacks->on_token(token);
-      }
-      lock.lock();
-      for (FinishedRequest& f : report.finished) {
-        const auto it = callbacks_.find(f.id);
-        if (it == callbacks_.end()) continue;
-        finished.emplace_back(std::move(it->second), std::move(f));
-        callbacks_.erase(it);
+      ended = std::move(report.finished);
+    }
+    // Outside the lock, so that snapshot() is never held up by a client: tokens first, then the
+    // ends (callbacks_ is this thread's alone, so the pointers stay valid until then).
+    for (auto& [callbacks, token] : tokens) {
+      if (!callbacks->on_token) continue;
+      try {
+        callbacks->on_token(token);
+      } catch (const std::exception& e) {
+        // A client's handler failed: that request ends (with an error), the server goes on.
+        std::fprintf(stderr, "engine: request %lld: %s; cancelled\n",
+                     static_cast<long long>(token.id), e.what());
+        std::lock_guard lock(mutex_);
+        if (scheduler_.cancel(token.id)) failed_.insert(token.id);
       }
     }
+    std::vector<std::pair<RequestCallbacks, FinishedRequest>> finished;
+    for (FinishedRequest& f : ended) {
+      const auto it = callbacks_.find(f.id);
+      if (it == callbacks_.end()) continue;
+      finished.emplace_back(std::move(it->second), std::move(f));
+      callbacks_.erase(it);
+    }
     for (auto& [callbacks, done] : finished) {
-      if (callbacks.on_finish) callbacks.on_finish(done);
+      if (!callbacks.on_finish) continue;
+      try {
+        callbacks.on_finish(done);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "engine: request %lld: %s while finishing\n",
+                     static_cast<long long>(done.id), e.what());
+      }
     }
   }
 }
 
 void ServingEngine::shutdown(std::chrono::milliseconds deadline) {
   {
-    std::unique_lock lock(mutex_);
-    if (!thread_.joinable()) return;
+    std::lock_guard inbox(inbox_mutex_);
+    if (!thread_.joinable() || stopping_) return;
     accepting_ = false;
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    while (scheduler_.has_work() && std::chrono::steady_clock::now() < until) {
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      lock.lock();
+  }
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    {
+      std::lock_guard inbox(inbox_mutex_);
+      if ((!has_work_ && inbox_.empty() && cancels_.empty()) ||
+          std::chrono::steady_clock::now() >= until) {
+        stopping_ = true;
+        wake_.notify_all();
+        break;
+      }
     }
-    for (const auto& [id, unused] : callbacks_) scheduler_.cancel(id);
-    stopping_ = true;
-    wake_.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   thread_.join();
 }

@@ -33,15 +33,13 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top
   std::vector<int32_t> ids(logits.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   const size_t k = std::min(static_cast<size_t>(top), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(k), ids.end(),
-                    [&](int32_t a, int32_t b) {
-                      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-                             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] &&
-                              a < b);
-                    });
+  std::partial_sort(
+      ids.begin(), ids.begin() + static_cast<long>(k), ids.end(), [&](int32_t a, int32_t b) {
+        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+               (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+      });
   for (size_t i = 0; i < k; ++i) {
-    out.top.emplace_back(ids[i],
-                         static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
+    out.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
   }
   return out;
 }
@@ -97,6 +95,28 @@ Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& opt
 double Scheduler::now_s() const { return static_cast<double>(steady_ns() - start_ns_) * 1e-9; }
 
 RequestId Scheduler::add(Request request) {
+  const RequestId id = next_id_;
+  add(std::move(request), id);
+  return id;
+}
+
+void Scheduler::add(Request request, RequestId id) {
+  validate(request);
+  if (id < next_id_) {
+    throw InvalidArgument("request: id " + str(id) + " was handed out before (next is " +
+                          str(next_id_) + ")");
+  }
+  next_id_ = id + 1;
+  auto entry = std::make_shared<Entry>();
+  entry->id = id;
+  entry->prompt_len = static_cast<int64_t>(request.prompt.size());
+  entry->tokens = request.prompt;
+  entry->request = std::move(request);
+  entry->arrival_s = now_s();
+  waiting_.push_back(entry);
+}
+
+void Scheduler::validate(const Request& request) const {
   const ModelConfig& config = runner_.config();
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   if (prompt == 0) throw InvalidArgument("request: empty prompt");
@@ -130,14 +150,6 @@ RequestId Scheduler::add(Request request) {
                         str(request.max_tokens) + " needs " + str(pages) +
                         " pages, and the whole cache holds " + str(pool_.num_pages()));
   }
-  auto entry = std::make_shared<Entry>();
-  entry->id = next_id_++;
-  entry->tokens = request.prompt;
-  entry->prompt_len = prompt;
-  entry->request = std::move(request);
-  entry->arrival_s = now_s();
-  waiting_.push_back(entry);
-  return entry->id;
 }
 
 std::shared_ptr<Scheduler::Entry> Scheduler::find(RequestId id) const {
@@ -346,10 +358,10 @@ StepReport Scheduler::step() {
     entry->tokens.push_back(token);
     std::optional<TokenLogprob> logprob;
     if (entry->request.top_logprobs >= 0) {
-      logprob = token_logprob(
-          std::span<const float>(logits_).subspan(static_cast<size_t>((row - 1) * vocab),
-                                                  static_cast<size_t>(vocab)),
-          token, entry->request.top_logprobs);
+      logprob =
+          token_logprob(std::span<const float>(logits_).subspan(
+                            static_cast<size_t>((row - 1) * vocab), static_cast<size_t>(vocab)),
+                        token, entry->request.top_logprobs);
       entry->logprobs.push_back(*logprob);
     }
     report.generated.push_back({entry->id, token, std::move(logprob)});

@@ -209,6 +209,11 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   return impl_->checked_bytes(id, "Tokenizer::token_bytes");
 }
 
+bool Tokenizer::knows(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->bytes_of_id.size() &&
+         impl_->kind_of_id[id] != Impl::TokenKind::kUnassigned;
+}
+
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->bytes_of_id.size()); }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

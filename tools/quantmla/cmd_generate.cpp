@@ -39,7 +39,7 @@ void run_generate(const GenerateCliOptions& options) {
   std::printf("%s", options.prompt.c_str());
   std::string pending;
   generate(*runner, prompt, generate_options, [&](int32_t token) {
-    pending += tokenizer.token_bytes(token);
+    if (tokenizer.knows(token)) pending += tokenizer.token_bytes(token);
     const size_t ready = complete_utf8_prefix(pending);
     std::fwrite(pending.data(), 1, ready, stdout);
     std::fflush(stdout);

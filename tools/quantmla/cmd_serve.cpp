@@ -27,6 +27,7 @@ struct ServeCliOptions {
   std::string cache_memory = "256MiB";
   SchedulerOptions scheduler;
   int64_t max_waiting = 1024;
+  int64_t http_threads = 0;  // 0: max_seqs + 64
   double shutdown_timeout_s = 10.0;
   std::string chat_template;
   ServerOptions server;
@@ -74,13 +75,19 @@ void run_serve(ServeCliOptions options) {
   ServingEngine engine(
       *runner, *pool, options.scheduler,
       [&tokenizer](std::span<const int32_t> ids) {
-        return tokenizer.decode(std::vector<int32_t>(ids.begin(), ids.end()));
+        std::vector<int32_t> known;  // ids the tokenizer lacks have no text (Tokenizer::knows)
+        for (const int32_t id : ids) {
+          if (tokenizer.knows(id)) known.push_back(id);
+        }
+        return tokenizer.decode(known);
       },
       options.max_waiting);
   if (options.server.served_model_name.empty()) {
     options.server.served_model_name = std::filesystem::absolute(dir).filename().string();
   }
   options.server.add_bos = reads_add_bos(dir);
+  options.server.http_threads = static_cast<size_t>(
+      options.http_threads > 0 ? options.http_threads : options.scheduler.max_seqs + 64);
   OpenAiServer server(engine, tokenizer, std::move(chat_template), tokens.bos_token,
                       tokens.eos_token, options.server);
   // On a signal: stop taking requests, give the running ones the deadline, then stop the HTTP
@@ -133,6 +140,11 @@ void add_serve(CLI::App& app) {
                   "Requests allowed to wait; more are answered 503")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", o->http_threads,
+                  "HTTP handler threads, each serving one request at a time (0: max-seqs + 64, so "
+                  "that every running request and a few more are served at once)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--api-key", o->server.api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", o->server.served_model_name,
                   "Model id in the API (default: the model directory's name)");

@@ -3,12 +3,15 @@
 #include "openai_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -157,7 +160,13 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
   return s;
 }
 
-// The text a client sees of `tokens`: special tokens skipped, cut before the first stop string.
+// The bytes of one token; none for an id the tokenizer does not know (Tokenizer::knows).
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  return tokenizer.knows(id) ? tokenizer.token_bytes(id) : std::string();
+}
+
+// The text a client sees of `tokens`: special tokens and ids the tokenizer does not know skipped,
+// cut before the first stop string.
 // `complete`: the request ended, so no stop string can still be forming at the end.
 struct Text {
   std::string text;
@@ -165,7 +174,12 @@ struct Text {
 };
 Text visible_text(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens,
                   const std::vector<std::string>& stop, bool complete) {
-  Text t{tokenizer.decode(tokens, /*skip_special=*/true)};
+  std::vector<int32_t> known;
+  known.reserve(tokens.size());
+  for (const int32_t id : tokens) {
+    if (tokenizer.knows(id)) known.push_back(id);
+  }
+  Text t{tokenizer.decode(known, /*skip_special=*/true)};
   size_t cut = std::string::npos;
   size_t longest = 0;
   for (const std::string& s : stop) {
@@ -247,6 +261,8 @@ struct OpenAiServer::Impl {
         bos_token(std::move(bos)),
         eos_token(std::move(eos)),
         options(std::move(o)) {
+    const size_t threads = std::max<size_t>(options.http_threads, 1);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     routes();
   }
 
@@ -404,10 +420,10 @@ struct OpenAiServer::Impl {
     if (chat) {
       json content = json::array();
       for (size_t i = first; i < end && i < lps.size(); ++i) {
-        const std::string token = tokenizer.token_bytes(tokens_in[i]);
+        const std::string token = token_text(tokenizer, tokens_in[i]);
         json top = json::array();
         for (const auto& [id, lp] : lps[i].top) {
-          const std::string text = tokenizer.token_bytes(id);
+          const std::string text = token_text(tokenizer, id);
           top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
         }
         content.push_back({{"token", token},
@@ -420,11 +436,11 @@ struct OpenAiServer::Impl {
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
          offsets = json::array();
     for (size_t i = first; i < end && i < lps.size(); ++i) {
-      const std::string token = tokenizer.token_bytes(tokens_in[i]);
+      const std::string token = token_text(tokenizer, tokens_in[i]);
       tokens.push_back(token);
       token_logprobs.push_back(lps[i].logprob);
       json alternatives = json::object();
-      for (const auto& [id, lp] : lps[i].top) alternatives[tokenizer.token_bytes(id)] = lp;
+      for (const auto& [id, lp] : lps[i].top) alternatives[token_text(tokenizer, id)] = lp;
       top.push_back(alternatives);
       offsets.push_back(offset);
       offset += token.size();
@@ -507,6 +523,7 @@ struct OpenAiServer::Impl {
       size_t sent_bytes = 0;    // of the visible text
       size_t sent_tokens = 0;   // whose logprobs went out
       size_t token_offset = 0;  // text offset of the next token (logprobs' text_offset)
+      size_t seen_tokens = 0;   // generated tokens a chunk went out for
       bool first = true, finished = false;
     };
     auto states = std::make_shared<std::vector<StreamState>>(channels.size());
@@ -519,7 +536,7 @@ struct OpenAiServer::Impl {
       if (want_logprobs) {
         logprobs = logprobs_json(tokens, lps, st.sent_tokens, lps.size(), st.token_offset, chat);
         for (size_t i = st.sent_tokens; i < lps.size(); ++i) {
-          st.token_offset += tokenizer.token_bytes(tokens[i]).size();
+          st.token_offset += token_text(tokenizer, tokens[i]).size();
         }
         st.sent_tokens = lps.size();
       }
@@ -567,9 +584,14 @@ struct OpenAiServer::Impl {
             if (done) generated += done->tokens.size();
             if (st.finished) continue;
             const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
-            if (t.text.size() > st.sent_bytes) {
-              out += chunk(k, t.text.substr(st.sent_bytes), nullptr, tokens, lps);
-              st.sent_bytes = t.text.size();
+            // A chunk for every step that generated tokens, with the text they make visible
+            // (possibly none: held back for a stop string or a split character, or tokens
+            // without text), as vLLM does, so that clients see each token's time.
+            if (t.text.size() > st.sent_bytes || tokens.size() > st.seen_tokens) {
+              out += chunk(k, t.text.substr(std::min(st.sent_bytes, t.text.size())), nullptr,
+                           tokens, lps);
+              st.sent_bytes = std::max(st.sent_bytes, t.text.size());
+              st.seen_tokens = tokens.size();
             }
             if (!done && t.stopped) {
               // The text reached a stop string the engine has not seen yet (special tokens are
@@ -721,12 +743,26 @@ OpenAiServer::~OpenAiServer() = default;
 
 bool OpenAiServer::listen() {
   Impl& s = *impl_;
+  // Debian's libcpp-httplib listens with a backlog of 5: a burst of clients connecting at once
+  // (a benchmark's 256) overflows it, and the dropped handshakes come back seconds later or fail.
+  // The socket is kept here and listened on again with the system's limit after binding.
+  int listening = -1;
+  s.http.set_socket_options([&listening](socket_t sock) {
+    httplib::default_socket_options(sock);
+    if (listening < 0) listening = sock;
+  });
   int port = s.options.port;
   if (port == 0) {
     port = s.http.bind_to_any_port(s.options.host);
     if (port < 0) return false;
   } else if (!s.http.bind_to_port(s.options.host, port)) {
     return false;
+  }
+  if (listening >= 0 && ::listen(listening, SOMAXCONN) != 0) {
+    std::fprintf(stderr,
+                 "serve: could not raise the listen backlog (%s); bursts of connections "
+                 "may be refused\n",
+                 std::strerror(errno));
   }
   s.options.port = port;
   std::fprintf(stderr, "serve: listening on http://%s:%d (model %s)\n", s.options.host.c_str(),

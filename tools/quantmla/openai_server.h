@@ -22,6 +22,9 @@ struct ServerOptions {
   std::string served_model_name;  // the id /v1/models lists and requests name
   size_t max_body_bytes = size_t{8} << 20;
   bool add_bos = true;  // prepend BOS to text prompts (tokenizer_config add_bos_token)
+  // HTTP handler threads. Each request in flight holds one until its last byte (a stream for its
+  // whole generation), so this bounds the requests served at once; more wait for a thread.
+  size_t http_threads = 320;
 };
 
 class OpenAiServer {
