@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # What the GPU machine needs from outside the checkout, in .carry/ (ignored; the device tool's
-# `carry`): the Debian dependencies (scripts/device-deps.sh) and a slice of ../shared.
-#   bash scripts/device-carry.sh          for bench/gpu/run-runner.sh's default stages, calib, passkey
-#   LONG=1 bash scripts/device-carry.sh   for its `long` stage: mla-tiny-v2-4k (54 MB) and the first
-#     82K WikiText-2 ids only. The device takes at most 64 MiB of tree and carry together, and
-#     models/mla-tiny is 52 MB of the tree: move it out of the checkout for that one call.
+# `carry`): the Debian dependencies (scripts/device-deps.sh: deps.tar.xz, and deps-server.tar.xz
+# for `quantmla serve`) and a slice of ../shared. The device takes at most 64 MiB of tree and
+# carry together (the tree is 55 MiB, models/mla-tiny 50 of it), so each call carries what it
+# needs:
+#   bash scripts/device-carry.sh          carry [".carry/deps.tar.xz", ".carry/shared"] for
+#     bench/gpu/run-runner.sh's stages; [".carry/deps.tar.xz", ".carry/deps-server.tar.xz"] for
+#     run-serve.sh and run-online.sh.
+#   LONG=1 bash scripts/device-carry.sh   for run-runner.sh's long and longcalib stages:
+#     mla-tiny-v2-4k and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
+#     for that call and carry [".carry/deps.tar.xz", ".carry/shared"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f .carry/deps.tar.xz ] || bash scripts/device-deps.sh
+[ -f .carry/deps.tar.xz ] && [ -f .carry/deps-server.tar.xz ] || bash scripts/device-deps.sh
 shared=${SHARED:-../shared}
 rm -rf .carry/shared && mkdir -p .carry/shared/tools .carry/shared/models/mla-tiny .carry/shared/reference
 cp "$shared/tools/make_gpu_fixtures.py" .carry/shared/tools/

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one call: the full build with the CUDA runner (the Debian dependencies
-# from .carry/deps.tar.xz, scripts/device-deps.sh), the GPU kernels' tests, the GPU fixtures of
+# On the GPU machine, in one call: the full build with the CUDA runner (bench/gpu/device-build.sh,
+# the Debian dependencies carried in .carry/), the GPU kernels' tests, the GPU fixtures of
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
-#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,bench (default build,ops,runner,ppl,bench)
+#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,bench
+#   (default build,ops,runner,ppl,bench)
 #   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
-#   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k. Every
+#   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k; longcalib:
+#   the same for an INT4/INT4 mla-tiny-v2-4k calibrated here (windows of --seq 512). Every
 #   comparison must agree (bench/gpu/compare_devices.py: PPL within 0.1%, the same prompts pass).
 # Needs .carry/shared (scripts/device-carry.sh): tools/make_gpu_fixtures.py, the mla-tiny tokenizer
 # files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32, passkey-public.json.
@@ -23,14 +25,9 @@ nproc_=$(nproc)
 export OMP_NUM_THREADS=$nproc_
 
 if has build; then
-  mkdir -p /tmp/deps && tar -xJf .carry/deps.tar.xz -C /tmp/deps
-  cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQUANTMLA_CUDA=ON \
-    -DQUANTMLA_DEPS_ROOT=/tmp/deps -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
-    >"$out/configure.txt" 2>&1 || { tail -20 "$out/configure.txt"; exit 1; }
   start=$(date +%s)
-  ninja -C $build quantmla test_model_ops test_cuda_runner test_gpu_mla test_decode_schedule \
-    bench_runner bench_skinny >"$out/build.txt" 2>&1 ||
-    { grep -E "error|Error" -A3 "$out/build.txt" | head -40; exit 1; }
+  bash bench/gpu/device-build.sh quantmla test_model_ops test_cuda_runner test_gpu_mla \
+    test_decode_schedule bench_runner bench_skinny || exit 1
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -91,6 +88,18 @@ if has long; then
   done
   both long eval-passkey --model $long --prompts $prompts --cache bf16
   python3 bench/gpu/compare_devices.py mla-tiny-v2-4k="$out/long.jsonl" || status=1
+fi
+if has longcalib; then
+  long=.carry/shared/models/mla-tiny-v2-4k
+  echo "== calibrated INT4/INT4 mla-tiny-v2-4k: eval-ppl ctx 4096, all pass-key prompts"
+  start=$(date +%s)
+  $build/quantmla calibrate --model $long --cache content=int4:g64,rope=int4:g64 \
+    --out /tmp/v2-4k-q4 --threads "$nproc_" >"$out/calibrate-long.txt" 2>&1 ||
+    { tail -5 "$out/calibrate-long.txt"; status=1; }
+  echo "calibrated in $(($(date +%s) - start)) s"
+  both longcalib eval-ppl --model /tmp/v2-4k-q4 --ids $ids --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
+  both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
+  python3 bench/gpu/compare_devices.py mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
 fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"

@@ -10,11 +10,7 @@ out=${OUT:-gpu-results}
 mkdir -p "$out"
 n=${1:-256} input=${2:-512} output=${3:-128}
 build=build-gpu-full
-mkdir -p /tmp/deps && tar -xJf .carry/deps.tar.xz -C /tmp/deps
-cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DQUANTMLA_CUDA=ON \
-  -DQUANTMLA_DEPS_ROOT=/tmp/deps -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
-  >"$out/configure.txt" 2>&1 || { tail -20 "$out/configure.txt"; exit 1; }
-ninja -C $build quantmla >"$out/build.txt" 2>&1 || { grep -E "error" -A3 "$out/build.txt" | head; exit 1; }
+bash bench/gpu/device-build.sh quantmla || exit 1
 [[ -f /tmp/v2-lite/config.json ]] ||
   $build/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite --seed 1 2>/dev/null | tail -1
 # V2-Lite BF16: 27 layers x 1152 bytes a token.
