@@ -224,6 +224,17 @@ __global__ void __launch_bounds__(kSortChunk)
 
 constexpr int kScanThreads = 1024;
 
+// counts[0..n) -> their exclusive prefix sums, counts[n] = the total (one thread: E <= 4096).
+__device__ void exclusive_prefix_sum(int32_t* counts, int n) {
+  int32_t running = 0;
+  for (int e = 0; e < n; ++e) {
+    const int32_t count = counts[e];
+    counts[e] = running;
+    running += count;
+  }
+  counts[n] = running;
+}
+
 // One block: counts, offsets, and chunk_counts[c, e] rewritten as the first slot of chunk c's
 // entries of expert e.
 __global__ void __launch_bounds__(kScanThreads)
@@ -242,15 +253,7 @@ __global__ void __launch_bounds__(kScanThreads)
     first_slot[e] = total;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // E <= 4096 additions
-    int32_t running = 0;
-    for (int e = 0; e < num_experts; ++e) {
-      const int32_t count = first_slot[e];
-      first_slot[e] = running;
-      running += count;
-    }
-    first_slot[num_experts] = running;
-  }
+  if (threadIdx.x == 0) exclusive_prefix_sum(first_slot, num_experts);
   __syncthreads();
   for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) offsets[e] = first_slot[e];
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
@@ -299,15 +302,7 @@ __global__ void __launch_bounds__(kSortChunk)
   __syncthreads();
   for (int x = threadIdx.x; x < num_experts; x += kSortChunk) counts[x] = first_slot[x];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t running = 0;
-    for (int x = 0; x < num_experts; ++x) {
-      const int32_t count = first_slot[x];
-      first_slot[x] = running;
-      running += count;
-    }
-    first_slot[num_experts] = running;
-  }
+  if (threadIdx.x == 0) exclusive_prefix_sum(first_slot, num_experts);
   __syncthreads();
   for (int x = threadIdx.x; x <= num_experts; x += kSortChunk) offsets[x] = first_slot[x];
   // Slots past the valid ones (entries without an expert) name no token.

@@ -1014,39 +1014,30 @@ class CudaRunner final : public Runner {
     QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.padded_slot_of, host_slot_of_.data(), n * k * 4,
                                         cudaMemcpyHostToDevice, stream_));
     gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, e * rows, buf_.sorted, d, d, stream_);
-    gpu::BatchedGemmParams gate_up;  // [rows, 2 inner] per expert: gate and up stacked
-    gate_up.batch = e;
-    gate_up.m = rows;
-    gate_up.n = 2 * inner;
-    gate_up.k = d;
-    gate_up.x = buf_.sorted;
-    gate_up.ldx = d;
-    gate_up.stride_x = rows * d;
-    gate_up.w = layer.expert_gate[0];
-    gate_up.ldw = d;
-    gate_up.stride_w = layer.expert_stride;
-    gate_up.op_w = gpu::GemmOp::kT;
-    gate_up.y = buf_.expert_gate_up;
-    gate_up.ldy = 2 * inner;
-    gate_up.stride_y = rows * 2 * inner;
-    gemm_->batched(gate_up, stream_);
+    // y_x = x_x W_x^T for every expert x: [rows, k] -> [rows, n], weights one stride apart.
+    const auto all_experts = [&](const uint16_t* x, int64_t k, const uint16_t* w, int64_t n,
+                                 float* y) {
+      gpu::BatchedGemmParams p;
+      p.batch = e;
+      p.m = rows;
+      p.n = n;
+      p.k = k;
+      p.x = x;
+      p.ldx = k;
+      p.stride_x = rows * k;
+      p.w = w;
+      p.ldw = k;
+      p.stride_w = layer.expert_stride;
+      p.op_w = gpu::GemmOp::kT;
+      p.y = y;
+      p.ldy = n;
+      p.stride_y = rows * n;
+      gemm_->batched(p, stream_);
+    };
+    // gate and up stacked: [rows, 2 inner] per expert.
+    all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
     gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_);
-    gpu::BatchedGemmParams down;
-    down.batch = e;
-    down.m = rows;
-    down.n = d;
-    down.k = inner;
-    down.x = buf_.expert_act;
-    down.ldx = inner;
-    down.stride_x = rows * inner;
-    down.w = layer.expert_down[0];
-    down.ldw = inner;
-    down.stride_w = layer.expert_stride;
-    down.op_w = gpu::GemmOp::kT;
-    down.y = buf_.expert_out;
-    down.ldy = d;
-    down.stride_y = rows * d;
-    gemm_->batched(down, stream_);
+    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out);
     gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
                      d, stream_);
   }
