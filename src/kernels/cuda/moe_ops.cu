@@ -486,6 +486,27 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
   }
 }
 
+void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                       int64_t rows, std::vector<int32_t>& token_of_row,
+                       std::vector<int32_t>& slot_of) {
+  token_of_row.assign(static_cast<size_t>(num_experts * rows), -1);
+  std::vector<int32_t> row_of_slot(static_cast<size_t>(std::max(offsets[num_experts], 0)));
+  for (int x = 0; x < num_experts; ++x) {
+    const int64_t count = offsets[x + 1] - offsets[x];
+    if (offsets[x] < 0 || count < 0 || count > rows) {
+      throw InvalidArgument("pad_expert_layout: expert " + std::to_string(x) + " has slots [" +
+                            std::to_string(offsets[x]) + ", " + std::to_string(offsets[x + 1]) +
+                            "), more than " + str(rows) + " rows or not a prefix sum");
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = x * rows + i;
+      token_of_row[static_cast<size_t>(row)] = token_of_slot[offsets[x] + i];
+      row_of_slot[static_cast<size_t>(offsets[x] + i)] = static_cast<int32_t>(row);
+    }
+  }
+  for (int32_t& slot : slot_of) slot = slot < 0 ? -1 : row_of_slot[static_cast<size_t>(slot)];
+}
+
 void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token_of_slot,
                 int64_t slots, uint16_t* sorted, int64_t ld_sorted, int64_t d,
                 cudaStream_t stream) {

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/gemm.h"
 #include "quantmla/config.h"
@@ -99,6 +100,19 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
 void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                  cudaStream_t stream);
+
+// The layout of the routed experts as one strided-batched GEMM (host side, from moe_sort's
+// outputs copied back): expert x's slots [offsets[x], offsets[x + 1]) become rows
+// [x * rows, x * rows + their count); the rest of each block of `rows` is padding.
+//   offsets: [E + 1]; token_of_slot: [offsets[E]];
+//   token_of_row (out): [E * rows], the token each row gathers, -1 for padding (moe_gather gives
+//   such rows zeros);
+//   slot_of (in, out): [n * k] moe_sort's slots, rewritten as rows (-1 stays -1).
+// Throws InvalidArgument when rows is less than an expert's count or the offsets are not a
+// prefix sum.
+void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                       int64_t rows, std::vector<int32_t>& token_of_row,
+                       std::vector<int32_t>& slot_of);
 
 // The routed experts' weights: host arrays of E device pointers (an expert that gets no slot may
 // be null). Separate gate and up matrices, so the checkpoint's tensors are used as they are.

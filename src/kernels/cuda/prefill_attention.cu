@@ -18,10 +18,6 @@ constexpr int64_t kMinScoreElements = int64_t{1} << 25;  // 192 MiB of scores an
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-int64_t score_elements(int heads, int64_t max_context) {
-  return std::max(heads * kMinQueryTile * round_up(max_context, 8), kMinScoreElements);
-}
-
 // Running (max, sum of exp(x - max)) pairs, merged: one pass over the scores finds both.
 struct MaxSum {
   float max;
@@ -79,9 +75,20 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
+int64_t prefill_score_elements(int heads, int64_t max_context) {
+  return std::max(heads * kMinQueryTile * round_up(max_context, 8), kMinScoreElements);
+}
+
+int64_t prefill_query_tile(int heads, int64_t tokens, int64_t context, int64_t max_context) {
+  const int64_t fits = prefill_score_elements(heads, max_context) / (heads * round_up(context, 8));
+  int64_t tile = std::min(kMaxQueryTile, fits);
+  if (tile >= kMinQueryTile) tile = tile / kMinQueryTile * kMinQueryTile;
+  return std::min(tile, tokens);
+}
+
 size_t PrefillAttentionWorkspace::bytes_for(int heads, int nope, int v, int64_t max_context) {
   const int64_t ctx = round_up(max_context, 8);
-  const int64_t elements = score_elements(heads, max_context);
+  const int64_t elements = prefill_score_elements(heads, max_context);
   return align256(static_cast<size_t>(ctx * heads * (nope + v)) * 2) +
          align256(static_cast<size_t>(elements) * 4) + align256(static_cast<size_t>(elements) * 2);
 }
@@ -126,7 +133,7 @@ void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& p,
   }
   const int64_t ld = round_up(p.context, 8);
   auto* expanded = static_cast<uint16_t*>(workspace.device);
-  const int64_t elements = score_elements(p.heads, workspace.max_context);
+  const int64_t elements = prefill_score_elements(p.heads, workspace.max_context);
   auto* scores = reinterpret_cast<float*>(
       static_cast<uint8_t*>(workspace.device) +
       align256(static_cast<size_t>(round_up(workspace.max_context, 8) * p.heads * kv) * 2));
@@ -137,9 +144,7 @@ void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& p,
   gemm.linear(p.context, p.heads * kv, p.rank, p.keys, p.keys_stride, p.kv_b, p.rank, expanded,
               p.heads * kv, DType::kBF16, 0.0f, stream);
 
-  int64_t tile = std::min(kMaxQueryTile, elements / (p.heads * ld));
-  if (tile >= kMinQueryTile) tile = tile / kMinQueryTile * kMinQueryTile;
-  tile = std::min(tile, p.tokens);
+  const int64_t tile = prefill_query_tile(p.heads, p.tokens, p.context, workspace.max_context);
   const int64_t first_position = p.context - p.tokens;
   for (int64_t t0 = 0; t0 < p.tokens; t0 += tile) {
     const int64_t rows = std::min(tile, p.tokens - t0);

@@ -45,6 +45,14 @@ struct PrefillAttentionWorkspace {
   int64_t max_context = 0;
 };
 
+// Queries per tile for `tokens` queries over `context` keys: at most 512 (smaller tiles skip more
+// of the causal mask's zeros), a multiple of 64 unless all the queries fit, and never more
+// score rows (tile x heads x context rounded up to 8) than bytes_for(.., max_context) holds.
+// Requires 1 <= tokens <= context <= max_context.
+int64_t prefill_query_tile(int heads, int64_t tokens, int64_t context, int64_t max_context);
+// Score elements of the workspace (FP32 scores and BF16 probabilities each hold this many).
+int64_t prefill_score_elements(int heads, int64_t max_context);
+
 // Runs the attention of one sequence's chunk on `stream` through `gemm`; allocates nothing.
 // Throws ShapeError for inconsistent shapes, a context beyond the workspace's max_context or a
 // workspace smaller than bytes_for.

@@ -996,18 +996,8 @@ class CudaRunner final : public Runner {
     QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_slot_of_.data(), buf_.sort.slot_of, n * k * 4,
                                         cudaMemcpyDeviceToHost, stream_));
     QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    // Slot s of expert x becomes row x * rows + (s - offsets[x]); padding rows gather token -1
-    // (zeros).
-    host_token_of_row_.assign(sz(e * rows), -1);
-    host_row_of_slot_.resize(sz(slots));
-    for (int64_t x = 0; x < e; ++x) {
-      for (int64_t s = host_offsets_[sz(x)]; s < host_offsets_[sz(x + 1)]; ++s) {
-        const int64_t row = x * rows + (s - host_offsets_[sz(x)]);
-        host_token_of_row_[sz(row)] = host_token_of_slot_[sz(s)];
-        host_row_of_slot_[sz(s)] = static_cast<int32_t>(row);
-      }
-    }
-    for (int32_t& slot : host_slot_of_) slot = slot < 0 ? -1 : host_row_of_slot_[sz(slot)];
+    gpu::pad_expert_layout(host_offsets_.data(), static_cast<int>(e), host_token_of_slot_.data(),
+                           rows, host_token_of_row_, host_slot_of_);
     QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.token_of_row, host_token_of_row_.data(),
                                         host_token_of_row_.size() * 4, cudaMemcpyHostToDevice,
                                         stream_));
@@ -1120,7 +1110,7 @@ class CudaRunner final : public Runner {
   std::vector<Group> groups_;
   std::vector<int32_t> host_ids_, host_positions_, host_seq_ids_, host_seq_lens_;
   std::vector<int32_t> host_block_table_, host_offsets_;
-  std::vector<int32_t> host_token_of_slot_, host_slot_of_, host_token_of_row_, host_row_of_slot_;
+  std::vector<int32_t> host_token_of_slot_, host_slot_of_, host_token_of_row_;
   int64_t expert_rows_ = 0;  // rows of the expert buffers (slots, plus room for padding)
 };
 

@@ -1,0 +1,139 @@
+// Host-side index math of the GPU runner's kernels, checked exhaustively without a GPU: the
+// expanded prefill attention's query tiles always fit the workspace and cover the chunk, and the
+// padded layout of the batched expert GEMMs puts every (token, choice) in its expert's block
+// exactly once. Exit status 0 when every check passes.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "quantmla/error.h"
+
+namespace {
+
+using namespace quantmla;
+
+int failures = 0, checks = 0;
+
+void expect(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok && failures++ < 20) std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+}
+
+void check_query_tiles(std::mt19937_64& rng) {
+  for (const int heads : {1, 8, 16, 32, 64, 128}) {
+    for (const int64_t max_context : {1, 64, 1000, 4096, 16384, 65536}) {
+      const int64_t elements = gpu::prefill_score_elements(heads, max_context);
+      for (int trial = 0; trial < 200; ++trial) {
+        const int64_t context = std::uniform_int_distribution<int64_t>(1, max_context)(rng);
+        const int64_t tokens =
+            trial % 4 == 0 ? context : std::uniform_int_distribution<int64_t>(1, context)(rng);
+        const int64_t tile = gpu::prefill_query_tile(heads, tokens, context, max_context);
+        const std::string name = "H " + std::to_string(heads) + " max " +
+                                 std::to_string(max_context) + " context " +
+                                 std::to_string(context) + " tokens " + std::to_string(tokens) +
+                                 ": tile " + std::to_string(tile);
+        const int64_t ld = (context + 7) / 8 * 8;
+        expect(tile >= 1 && tile <= tokens && tile <= 512, name + " in [1, min(tokens, 512)]");
+        expect(tile % 64 == 0 || tile == tokens, name + " a multiple of 64 or every query");
+        expect(tile * heads * ld <= elements, name + " fits the workspace's scores");
+      }
+    }
+  }
+}
+
+// moe_sort's outputs, as its stable counting sort defines them.
+struct Sorted {
+  std::vector<int32_t> offsets, slot_of, token_of_slot;
+};
+Sorted sort_entries(const std::vector<int32_t>& experts, int k, int num_experts) {
+  Sorted s;
+  s.offsets.assign(static_cast<size_t>(num_experts) + 1, 0);
+  for (const int32_t e : experts) {
+    if (e >= 0 && e < num_experts) ++s.offsets[static_cast<size_t>(e) + 1];
+  }
+  for (int e = 0; e < num_experts; ++e) s.offsets[e + 1] += s.offsets[e];
+  std::vector<int32_t> next(s.offsets.begin(), s.offsets.end() - 1);
+  s.slot_of.assign(experts.size(), -1);
+  s.token_of_slot.assign(static_cast<size_t>(s.offsets.back()), -1);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const int32_t e = experts[i];
+    if (e < 0 || e >= num_experts) continue;
+    s.slot_of[i] = next[static_cast<size_t>(e)]++;
+    s.token_of_slot[static_cast<size_t>(s.slot_of[i])] = static_cast<int32_t>(i / k);
+  }
+  return s;
+}
+
+void check_expert_layout(std::mt19937_64& rng) {
+  for (int trial = 0; trial < 300; ++trial) {
+    const int num_experts = std::uniform_int_distribution<int>(1, 64)(rng);
+    const int k = std::uniform_int_distribution<int>(1, std::min(8, num_experts))(rng);
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 500)(rng);
+    std::vector<int32_t> experts(static_cast<size_t>(n * k));
+    const bool skewed = trial % 3 == 0;
+    for (int32_t& e : experts) {
+      e = std::uniform_int_distribution<int32_t>(0, num_experts - 1)(rng);
+      if (skewed && e % 2 == 1) e = 0;
+      if (trial % 5 == 0 && rng() % 50 == 0) e = -1;  // an entry without an expert
+    }
+    const Sorted s = sort_entries(experts, k, num_experts);
+    int64_t busiest = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      busiest = std::max<int64_t>(busiest, s.offsets[e + 1] - s.offsets[e]);
+    }
+    const int64_t rows = std::max<int64_t>((busiest + 15) / 16 * 16, 1);
+    std::vector<int32_t> token_of_row, slot_of = s.slot_of;
+    gpu::pad_expert_layout(s.offsets.data(), num_experts, s.token_of_slot.data(), rows,
+                           token_of_row, slot_of);
+    const std::string name = "E " + std::to_string(num_experts) + " k " + std::to_string(k) +
+                             " n " + std::to_string(n) + " rows " + std::to_string(rows);
+    expect(token_of_row.size() == static_cast<size_t>(num_experts * rows), name + ": row count");
+    std::set<int32_t> used;
+    bool placed = true;
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int32_t e = experts[i], row = slot_of[i];
+      if (e < 0) {
+        placed = placed && row == -1;
+        continue;
+      }
+      placed = placed && row >= e * rows && row < e * rows + (s.offsets[e + 1] - s.offsets[e]) &&
+               token_of_row[static_cast<size_t>(row)] == static_cast<int32_t>(i / k) &&
+               used.insert(row).second;
+    }
+    expect(placed, name + ": every entry in its expert's block, once, gathering its token");
+    int64_t padding = 0;
+    for (size_t r = 0; r < token_of_row.size(); ++r) {
+      if (!used.count(static_cast<int32_t>(r))) padding += token_of_row[r] == -1;
+    }
+    expect(padding + static_cast<int64_t>(used.size()) == num_experts * rows,
+           name + ": the other rows are padding");
+    if (busiest > 1) {
+      bool refused = false;
+      try {
+        gpu::pad_expert_layout(s.offsets.data(), num_experts, s.token_of_slot.data(), busiest - 1,
+                               token_of_row, slot_of);
+      } catch (const InvalidArgument&) {
+        refused = true;
+      }
+      expect(refused, name + ": fewer rows than the busiest expert's count are refused");
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const uint64_t seed =
+      argc > 2 && std::string(argv[1]) == "--seed" ? std::stoull(argv[2]) : std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  check_query_tiles(rng);
+  check_expert_layout(rng);
+  std::printf("%d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
