@@ -72,7 +72,7 @@ struct FormatRun {
 
 struct Row {
   std::string format;
-  int batch, context, heads;
+  int batch, context, heads, s_q;
   double ms, cache_mb, gbps, tflops;
   int repeats, blocks;
 };
@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   int heads_only = 0;  // 16 or 128: that half of the grid only
   double max_seconds = 420.0;
   bool quick = false;
+  int s_q = 1;  // queries per sequence (2: multi-token prediction)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -103,13 +104,19 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
       heads_only = std::stoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--s-q") && i + 1 < argc) {
+      s_q = std::stoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--max-seconds S] [--quick] [--heads 16|128] "
-                   "[--only FORMAT,B,CTX,H]\n",
+                   "[--s-q 1|2] [--only FORMAT,B,CTX,H]\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (s_q < 1 || s_q > 2) {
+    std::fprintf(stderr, "--s-q %d: 1 or 2\n", s_q);
+    return 2;
   }
   if (!gpu::device_available()) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -156,11 +163,11 @@ int main(int argc, char** argv) {
     std::shuffle(table.begin(), table.end(), std::mt19937_64(42));
     DeviceArray<int32_t> d_table(table);
     DeviceArray<uint8_t> flush(size_t{256} << 20);
-    DeviceArray<uint16_t> d_q(static_cast<size_t>(max_batch) * 128 * kKeyDim);
+    DeviceArray<uint16_t> d_q(static_cast<size_t>(max_batch) * s_q * 128 * kKeyDim);
     bench::random_bf16<<<bench::fill_blocks(d_q.size()), 256>>>(d_q.data(), d_q.size(), 1.7f, 7);
     QUANTMLA_CUDA_CHECK_LAUNCH();
-    DeviceArray<uint16_t> d_out(static_cast<size_t>(max_batch) * 128 * kLatentDim);
-    DeviceArray<float> d_lse(static_cast<size_t>(max_batch) * 128);
+    DeviceArray<uint16_t> d_out(static_cast<size_t>(max_batch) * s_q * 128 * kLatentDim);
+    DeviceArray<float> d_lse(static_cast<size_t>(max_batch) * s_q * 128);
 
     std::vector<Row> rows;
     std::vector<std::string> skipped;
@@ -215,7 +222,7 @@ int main(int argc, char** argv) {
             }
             const std::vector<int32_t> lens(batch, context);
             DeviceArray<int32_t> d_lens(lens);
-            gpu::MlaDecodePlan plan(format, lens, 1, heads);
+            gpu::MlaDecodePlan plan(format, lens, s_q, heads);
             gpu::MlaDecodeParams params;
             params.q = d_q.data();
             params.pool = pool.data();
@@ -225,7 +232,7 @@ int main(int argc, char** argv) {
             params.out = d_out.data();
             params.lse = d_lse.data();
             params.batch = batch;
-            params.s_q = 1;
+            params.s_q = s_q;
             params.num_heads = heads;
             params.softmax_scale = 1.0f / std::sqrt(192.0f);
             // One graph of the decode (and combine) kernels: each repeat is one launch, so host
@@ -265,17 +272,19 @@ int main(int argc, char** argv) {
                     batch,
                     context,
                     heads,
+                    s_q,
                     ms,
                     tokens * record_bytes / 1e6,
                     tokens * record_bytes / (ms * 1e-3) / 1e9,
-                    2.0 * heads * tokens * (kKeyDim + kLatentDim) / (ms * 1e-3) / 1e12,
+                    2.0 * heads * s_q * tokens * (kKeyDim + kLatentDim) / (ms * 1e-3) / 1e12,
                     static_cast<int>(times.size()),
                     plan.num_blocks()};
             rows.push_back(row);
             std::printf(
-                "%-20s B=%-3d ctx=%-6d H=%-3d %9.3f ms %9.1f MB %7.0f GB/s (%3.0f%% of copy) %6.1f "
-                "TFLOP/s  [%d blocks, %d repeats]\n",
-                row.format.c_str(), batch, context, heads, ms, row.cache_mb, row.gbps,
+                "%-20s B=%-3d ctx=%-6d H=%-3d s_q=%d %9.3f ms %9.1f MB %7.0f GB/s (%3.0f%% of "
+                "copy) "
+                "%6.1f TFLOP/s  [%d blocks, %d repeats]\n",
+                row.format.c_str(), batch, context, heads, s_q, ms, row.cache_mb, row.gbps,
                 100.0 * row.gbps / copy_gbps, row.tflops, row.blocks, row.repeats);
             std::fflush(stdout);
           }
@@ -331,9 +340,9 @@ int main(int argc, char** argv) {
         const Row& r = rows[i];
         std::fprintf(f,
                      "    {\"format\": \"%s\", \"heads\": %d, \"batch\": %d, \"context\": %d, "
-                     "\"ms\": %.4f, \"cache_mb\": %.2f, \"gbps\": %.1f, \"pct_copy\": %.1f, "
-                     "\"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d}%s\n",
-                     r.format.c_str(), r.heads, r.batch, r.context, r.ms, r.cache_mb, r.gbps,
+                     "\"s_q\": %d, \"ms\": %.4f, \"cache_mb\": %.2f, \"gbps\": %.1f, "
+                     "\"pct_copy\": %.1f, \"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d}%s\n",
+                     r.format.c_str(), r.heads, r.batch, r.context, r.s_q, r.ms, r.cache_mb, r.gbps,
                      100.0 * r.gbps / copy_gbps, r.tflops, r.repeats, r.blocks,
                      i + 1 < rows.size() ? "," : "");
       }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: builds the kernels (a kernels-only build: nvcc and CMake, none of
 # the Debian packages), runs the correctness test, compute-sanitizer memcheck on the quick test,
-# counts the tensor-core instructions in the SASS, and runs the benchmark. Results go to $OUT (the
-# device tool's folder) or ./gpu-results. Extra arguments go to the benchmark.
-#   bash bench/gpu/run.sh [--quick] [--max-seconds S]
+# counts the tensor-core instructions in the SASS, and runs the benchmark. Where the FlashMLA
+# anchor is carried in .anchor/ (../shared/anchors/flashmla/, see its README), it is built beside
+# ours and timed on the same grid and s_q, and bench/gpu/merge_anchor.py writes both into
+# decode-v2-DATE.json. Results go to $OUT (the device tool's folder) or ./gpu-results. Extra
+# arguments go to the benchmark (e.g. --s-q 2, --heads 16, --quick).
+#   bash bench/gpu/run.sh [--quick] [--max-seconds S] [--s-q 1|2] [--heads 16|128]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -13,7 +16,22 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
   -DCMAKE_BUILD_TYPE=Release >"$out/configure.txt"
+s_q=1
+for ((i = 1; i <= $#; ++i)); do [[ ${!i} == --s-q ]] && { j=$((i + 1)); s_q=${!j}; }; done
+anchor_pid=
+if [[ -f .anchor/bench_flashmla.py ]]; then
+  # FlashMLA's build (about 100 s) and timing run beside ours; it waits for the GPU only while
+  # timing, after our build, so the two never time at once.
+  fa=$(mktemp -d) && tar -xJf .anchor/flashmla-anchor.tar.xz -C "$fa"
+  (MAX_JOBS=6 python3 .anchor/bench_flashmla.py --root "$fa" --s-q "$s_q" \
+    --json "$out/flashmla.json" >"$out/flashmla.txt" 2>&1) &
+  anchor_pid=$!
+fi
 cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3
+if [[ -n $anchor_pid ]]; then
+  wait $anchor_pid || { echo "FlashMLA anchor failed:"; tail -5 "$out/flashmla.txt"; }
+  tail -3 "$out/flashmla.txt"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total \
   --format=csv | tee "$out/device.txt"
 
@@ -35,4 +53,8 @@ rm -f "$out/sass.txt"
 echo "== benchmark"
 "$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode.json" "$@" 2>&1 | tee "$out/bench.txt" ||
   status=1
+if [[ -f $out/flashmla.json ]]; then
+  python3 bench/gpu/merge_anchor.py --ours "$out/gpu-decode.json" --flashmla "$out/flashmla.json" \
+    --out "$out/decode-v2-$(date -u +%F)-sq$s_q.json" | tee "$out/vs-flashmla.txt" || status=1
+fi
 exit $status
