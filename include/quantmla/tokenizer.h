@@ -39,6 +39,8 @@ class Tokenizer {
   // tokenizer); the server and `generate` show them as no text, as Hugging Face's decode skips
   // them.
   bool knows(int32_t id) const;
+  // Whether a known id is a special token (decode(..., skip_special) leaves those out).
+  bool is_special(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
 
  private:

@@ -214,6 +214,10 @@ bool Tokenizer::knows(int32_t id) const {
          impl_->kind_of_id[id] != Impl::TokenKind::kUnassigned;
 }
 
+bool Tokenizer::is_special(int32_t id) const {
+  return knows(id) && impl_->kind_of_id[id] == Impl::TokenKind::kSpecial;
+}
+
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->bytes_of_id.size()); }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -58,6 +58,17 @@ std::optional<size_t> find_invalid_utf8(std::string_view text) {
   return std::nullopt;
 }
 
+size_t complete_utf8_prefix(std::string_view bytes) {
+  for (size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const auto byte = static_cast<unsigned char>(bytes[bytes.size() - back]);
+    if ((byte & 0xC0) != 0x80) {  // a lead byte: is its sequence complete?
+      const size_t needed = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1;
+      return needed > back ? bytes.size() - back : bytes.size();
+    }
+  }
+  return bytes.size();
+}
+
 std::string repair_utf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());

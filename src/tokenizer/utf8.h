@@ -15,6 +15,10 @@ std::optional<size_t> find_invalid_utf8(std::string_view text);
 // Rust's String::from_utf8_lossy does, which Hugging Face decoding uses).
 std::string repair_utf8(std::string_view bytes);
 
+// Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence (a lead byte
+// whose continuation bytes have not all come): what can be shown of a stream of token bytes.
+size_t complete_utf8_prefix(std::string_view bytes);
+
 // Decodes the code point at `pos` of well-formed UTF-8 and advances `pos` past it.
 char32_t next_code_point(std::string_view text, size_t& pos);
 

@@ -6,7 +6,7 @@
 #include "quantmla/error.h"
 #include "quantmla/generate.h"
 #include "quantmla/tokenizer.h"
-#include "utf8.h"
+#include "tokenizer/utf8.h"
 
 namespace quantmla::cli {
 namespace {
@@ -40,7 +40,7 @@ void run_generate(const GenerateCliOptions& options) {
   std::string pending;
   generate(*runner, prompt, generate_options, [&](int32_t token) {
     if (tokenizer.knows(token)) pending += tokenizer.token_bytes(token);
-    const size_t ready = complete_utf8_prefix(pending);
+    const size_t ready = detail::complete_utf8_prefix(pending);
     std::fwrite(pending.data(), 1, ready, stdout);
     std::fflush(stdout);
     pending.erase(0, ready);

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "quantmla/error.h"
-#include "utf8.h"
+#include "quantmla/stream_text.h"
 
 namespace quantmla::cli {
 namespace {
@@ -163,40 +163,6 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
 // The bytes of one token; none for an id the tokenizer does not know (Tokenizer::knows).
 std::string token_text(const Tokenizer& tokenizer, int32_t id) {
   return tokenizer.knows(id) ? tokenizer.token_bytes(id) : std::string();
-}
-
-// The text a client sees of `tokens`: special tokens and ids the tokenizer does not know skipped,
-// cut before the first stop string.
-// `complete`: the request ended, so no stop string can still be forming at the end.
-struct Text {
-  std::string text;
-  bool stopped = false;
-};
-Text visible_text(const Tokenizer& tokenizer, const std::vector<int32_t>& tokens,
-                  const std::vector<std::string>& stop, bool complete) {
-  std::vector<int32_t> known;
-  known.reserve(tokens.size());
-  for (const int32_t id : tokens) {
-    if (tokenizer.knows(id)) known.push_back(id);
-  }
-  Text t{tokenizer.decode(known, /*skip_special=*/true)};
-  size_t cut = std::string::npos;
-  size_t longest = 0;
-  for (const std::string& s : stop) {
-    cut = std::min(cut, t.text.find(s));
-    longest = std::max(longest, s.size());
-  }
-  if (cut != std::string::npos) {
-    t.text.resize(cut);
-    t.stopped = true;
-    return t;
-  }
-  if (!complete) {
-    // Hold back what could be the start of a stop string, and any incomplete character.
-    if (longest > 1) t.text.resize(t.text.size() - std::min(t.text.size(), longest - 1));
-    t.text.resize(complete_utf8_prefix(t.text));
-  }
-  return t;
 }
 
 const char* finish_reason(const FinishedRequest& f, bool stopped) {
@@ -496,12 +462,13 @@ struct OpenAiServer::Impl {
         if (f.reason == FinishReason::kError) {
           throw ApiError{500, "the engine failed while running the request", "server_error", ""};
         }
-        const Text t = visible_text(tokenizer, f.tokens, stop, true);
-        json choice = {{"index", k}, {"finish_reason", finish_reason(f, t.stopped)}};
+        StreamText t(tokenizer, stop);
+        t.update(f.tokens, /*complete=*/true);
+        json choice = {{"index", k}, {"finish_reason", finish_reason(f, t.stopped())}};
         if (chat) {
-          choice["message"] = {{"role", "assistant"}, {"content", t.text}};
+          choice["message"] = {{"role", "assistant"}, {"content", t.text()}};
         } else {
-          choice["text"] = t.text;
+          choice["text"] = t.text();
         }
         choice["logprobs"] = want_logprobs
                                  ? logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), 0, chat)
@@ -525,8 +492,10 @@ struct OpenAiServer::Impl {
       size_t token_offset = 0;  // text offset of the next token (logprobs' text_offset)
       size_t seen_tokens = 0;   // generated tokens a chunk went out for
       bool first = true, finished = false;
+      std::shared_ptr<StreamText> text;  // the visible text so far, updated incrementally
     };
     auto states = std::make_shared<std::vector<StreamState>>(channels.size());
+    for (StreamState& st : *states) st.text = std::make_shared<StreamText>(tokenizer, stop);
     const auto chunk = [=, this](size_t k, const std::string& text, const char* reason,
                                  const std::vector<int32_t>& tokens,
                                  const std::vector<TokenLogprob>& lps) {
@@ -583,23 +552,23 @@ struct OpenAiServer::Impl {
             StreamState& st = (*states)[k];
             if (done) generated += done->tokens.size();
             if (st.finished) continue;
-            const Text t = visible_text(tokenizer, tokens, stop, done.has_value());
+            StreamText& t = *st.text;
+            t.update(tokens, done.has_value());
             // A chunk for every step that generated tokens, with the text they make visible
             // (possibly none: held back for a stop string or a split character, or tokens
             // without text), as vLLM does, so that clients see each token's time.
-            if (t.text.size() > st.sent_bytes || tokens.size() > st.seen_tokens) {
-              out += chunk(k, t.text.substr(std::min(st.sent_bytes, t.text.size())), nullptr,
-                           tokens, lps);
-              st.sent_bytes = std::max(st.sent_bytes, t.text.size());
+            if (t.text().size() > st.sent_bytes || tokens.size() > st.seen_tokens) {
+              out += chunk(k, t.text().substr(st.sent_bytes), nullptr, tokens, lps);
+              st.sent_bytes = t.text().size();
               st.seen_tokens = tokens.size();
             }
-            if (!done && t.stopped) {
+            if (!done && t.stopped()) {
               // The text reached a stop string the engine has not seen yet (special tokens are
               // skipped here): end the request now.
               engine.cancel(c.id);
             }
             if (done) {
-              out += chunk(k, "", finish_reason(*done, t.stopped), tokens, lps);
+              out += chunk(k, "", finish_reason(*done, t.stopped()), tokens, lps);
               st.finished = true;
             } else {
               all_done = false;
