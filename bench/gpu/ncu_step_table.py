@@ -1,5 +1,8 @@
 """Sums Nsight Compute's per-kernel durations (ncu --csv --metrics gpu__time_duration.sum) over the
-last runner step of a bench_runner --only run and prints them per kernel name, largest first.
+last runner step of a bench_runner --only run and prints them per kernel name, largest first, after
+a summary by part of the step: GEMMs (cuBLAS/cuBLASLt and the skinny kernel), attention (the decode
+and prefill attention kernels, the cache write and read-back, the softmax; the expanded prefill
+attention's cuBLAS products count as GEMMs, their names do not tell) and the rest.
 
 A step's kernels start at its embedding kernel, so the last step is the run of kernels from the last
 `embed` launch on, up to the next kernel that is not the runner's (none, for bench_runner --only)."""
@@ -8,6 +11,20 @@ import sys
 from collections import defaultdict
 
 UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+
+# Kernel-name fragments of each part (checked in order; anything else is "the rest").
+PARTS = [
+    ("attention", ("mla_decode", "mla_combine", "mla_write", "mla_gather", "causal_softmax",
+                   "pack_queries")),
+    ("GEMMs", ("nvjet", "gemm", "cublas", "splitKreduce", "skinny", "xmma", "internal::kernel")),
+]
+
+
+def part_of(name):
+    for part, fragments in PARTS:
+        if any(f in name for f in fragments):
+            return part
+    return "the rest"
 
 
 def main(path):
@@ -28,6 +45,11 @@ def main(path):
         count[name] += 1
     grand = sum(total.values())
     print(f"last step: {len(step)} kernels, {grand:.1f} us of kernel time")
+    parts = defaultdict(float)
+    for name, us in total.items():
+        parts[part_of(name)] += us
+    print("  " + ", ".join(f"{part} {us:.1f} us ({100 * us / grand:.0f}%)"
+                           for part, us in sorted(parts.items(), key=lambda kv: -kv[1])))
     for name, us in sorted(total.items(), key=lambda kv: -kv[1]):
         print(f"{us:10.1f} us {100 * us / grand:5.1f}%  {count[name]:5d}x  {name}")
 

@@ -5,6 +5,8 @@
 # sums the kernels' durations per kernel name, so that wall time minus kernel time shows the host
 # and launch overhead.
 #   bash bench/gpu/profile-runner.sh [SHAPE ...]   SHAPE: decode:B or prefill:P (bench_runner --only)
+#   e.g. decode:32 decode:128 decode:208 for the decode batches of the serving benchmark's workload P;
+#   each table starts with the step's split into GEMMs, attention and the rest.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
