@@ -137,8 +137,11 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  for (int i = 1; i + 1 < argc; ++i) {
+  bool programmatic = false;  // --pdl: the runner's kernels as programmatic dependent launches
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--pdl") programmatic = true;
+    if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
       const size_t colon = value.find(':');
@@ -154,7 +157,7 @@ int main(int argc, char** argv) {
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P]\n");
+                 "decode:B|prefill:P] [--pdl]\n");
     return 2;
   }
   try {
@@ -168,6 +171,8 @@ int main(int argc, char** argv) {
     CudaRunnerOptions options;
     options.max_batch_tokens = 8192;
     options.max_sequences = 256;
+    options.programmatic_launch = programmatic;
+    if (programmatic) std::printf("kernels launched as programmatic dependent launches\n");
     const auto load_start = std::chrono::steady_clock::now();
     auto runner = make_cuda_runner(model_dir, options);
     const double load_s = seconds_since(load_start);
@@ -286,6 +291,7 @@ int main(int argc, char** argv) {
       std::ofstream out(json_path);
       out << "{\n  \"device\": \"" << prop.name << "\",\n  \"model\": \"" << model_dir
           << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"gemm_tflops\": " << gemm_tflops
+          << ",\n  \"programmatic_launch\": " << (programmatic ? "true" : "false")
           << ",\n  \"device_memory_in_use_bytes\": " << weights_bytes
           << ",\n  \"load_s\": " << load_s << ",\n  \"decode\": [\n";
       for (size_t i = 0; i < decode.size(); ++i) {

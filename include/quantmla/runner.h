@@ -97,6 +97,11 @@ struct CudaRunnerOptions {
   // sequences and shorter chunks go through the decode kernel. Sizes a workspace of about
   // 16 KiB per token of this context at 16 heads (allocated once). 0: always the decode kernel.
   int64_t prefill_expanded_max_context = 16384;
+  // The runner's kernels as programmatic dependent launches (Hopper): each may be scheduled while
+  // the previous one drains and waits for it before touching memory, which hides part of the
+  // launch latency that dominates small decode steps. Process-wide: the runner made last sets it.
+  // Off by default: not yet measured on the GPU (bench_runner --pdl).
+  bool programmatic_launch = false;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

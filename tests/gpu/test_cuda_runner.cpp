@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/launch.h"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
 #include "quantmla/model.h"
@@ -286,58 +287,91 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
          bound);
 }
 
-// Decode steps replayed from captured CUDA graphs give the logits of the same steps run
-// launch by launch, bit for bit (same kernels, same inputs), and the graphs are used.
-void check_graphs(const fs::path& model_dir, uint64_t seed) {
-  CudaRunnerOptions plain_options;
-  plain_options.max_graph_tokens = 0;
-  const auto graphs = make_cuda_runner(model_dir);
-  const auto plain = make_cuda_runner(model_dir, plain_options);
-  const int64_t vocab = graphs->config().vocab_size;
+// A prefill of three sequences, then decode steps (sampled), on an INT4 cache: every step's logits
+// and sampled tokens, and how many steps were replayed from a CUDA graph.
+struct DecodeRun {
+  std::vector<float> out;
+  int replayed = 0;
+};
+constexpr int kDecodeSteps = 6;
+DecodeRun run_decode_steps(Runner& runner, uint64_t seed) {
+  const int64_t vocab = runner.config().vocab_size;
   std::mt19937_64 rng(seed + 1);
-  const int sequences = 3, prompt = 70, steps = 6;
+  const int sequences = 3, prompt = 70;
   std::vector<std::vector<int32_t>> ids(sequences);
   for (auto& s : ids) {
-    for (int i = 0; i < prompt + steps; ++i) {
+    for (int i = 0; i < prompt + kDecodeSteps; ++i) {
       s.push_back(std::uniform_int_distribution<int32_t>(0, int32_t(vocab) - 1)(rng));
     }
   }
   const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
-  std::vector<std::vector<float>> out(2);
-  int replayed = 0;
-  for (int r = 0; r < 2; ++r) {
-    Runner& runner = r == 0 ? *graphs : *plain;
-    auto pool = runner.make_pool(format, sequences * 2);
-    std::vector<SequenceId> seqs;
-    StepBatch prefill;
-    for (int s = 0; s < sequences; ++s) {
-      seqs.push_back(pool->add_sequence());
-      pool->reserve(seqs.back(), prompt + steps);
-      prefill.chunks.push_back(
-          {seqs.back(), std::span(ids[s]).first(prompt), LogitRows::kNone, {}});
-    }
-    runner.step(prefill, *pool, {});
-    std::vector<float> logits(static_cast<size_t>(sequences * vocab));
-    std::vector<int32_t> tokens(sequences);
-    for (int t = 0; t < steps; ++t) {
-      StepBatch decode;
-      for (int s = 0; s < sequences; ++s) {
-        decode.chunks.push_back({seqs[s], std::span(ids[s]).subspan(prompt + t, 1),
-                                 LogitRows::kLast, SamplerOptions{0.8f, 0.9f, 7}});
-      }
-      runner.step(decode, *pool, {logits, tokens});
-      out[r].insert(out[r].end(), logits.begin(), logits.end());
-      for (int32_t token : tokens) out[r].push_back(static_cast<float>(token));
-      if (r == 0 && runner.last_step_stats().graph_replayed) ++replayed;
-    }
+  DecodeRun run;
+  auto pool = runner.make_pool(format, sequences * 2);
+  std::vector<SequenceId> seqs;
+  StepBatch prefill;
+  for (int s = 0; s < sequences; ++s) {
+    seqs.push_back(pool->add_sequence());
+    pool->reserve(seqs.back(), prompt + kDecodeSteps);
+    prefill.chunks.push_back({seqs.back(), std::span(ids[s]).first(prompt), LogitRows::kNone, {}});
   }
-  size_t differ = 0;
-  for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
-  std::printf("%-48s %d of %d steps replayed, %zu of %zu values differ\n",
-              (model_dir.filename().string() + " graphs vs launches").c_str(), replayed, steps,
-              differ, out[0].size());
-  check(replayed == steps - 1, "decode steps after the first not replayed from a graph");
+  runner.step(prefill, *pool, {});
+  std::vector<float> logits(static_cast<size_t>(sequences * vocab));
+  std::vector<int32_t> tokens(sequences);
+  for (int t = 0; t < kDecodeSteps; ++t) {
+    StepBatch decode;
+    for (int s = 0; s < sequences; ++s) {
+      decode.chunks.push_back({seqs[s], std::span(ids[s]).subspan(prompt + t, 1), LogitRows::kLast,
+                               SamplerOptions{0.8f, 0.9f, 7}});
+    }
+    runner.step(decode, *pool, {logits, tokens});
+    run.out.insert(run.out.end(), logits.begin(), logits.end());
+    for (int32_t token : tokens) run.out.push_back(static_cast<float>(token));
+    if (runner.last_step_stats().graph_replayed) ++run.replayed;
+  }
+  return run;
+}
+
+size_t count_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) differ += a[i] != b[i];
+  return differ;
+}
+
+// Decode steps replayed from captured CUDA graphs give the logits of the same steps run
+// launch by launch, bit for bit (same kernels, same inputs), and the graphs are used; so do the
+// steps of a runner whose kernels are programmatic dependent launches (each waits for its
+// predecessor before touching memory: only the launches overlap).
+void check_graphs(const fs::path& model_dir, uint64_t seed) {
+  DecodeRun graphs, plain, programmatic;
+  {
+    const auto runner = make_cuda_runner(model_dir);
+    graphs = run_decode_steps(*runner, seed);
+  }
+  {
+    CudaRunnerOptions options;
+    options.max_graph_tokens = 0;
+    const auto runner = make_cuda_runner(model_dir, options);
+    plain = run_decode_steps(*runner, seed);
+  }
+  {
+    CudaRunnerOptions options;
+    options.programmatic_launch = true;
+    const auto runner = make_cuda_runner(model_dir, options);
+    programmatic = run_decode_steps(*runner, seed);
+  }
+  gpu::set_programmatic_launch(false);
+  const size_t differ = count_differences(graphs.out, plain.out);
+  const size_t differ_programmatic = count_differences(graphs.out, programmatic.out);
+  std::printf(
+      "%-48s %d of %d steps replayed, %zu of %zu values differ; programmatic launches: "
+      "%d replayed, %zu differ\n",
+      (model_dir.filename().string() + " graphs vs launches").c_str(), graphs.replayed,
+      kDecodeSteps, differ, graphs.out.size(), programmatic.replayed, differ_programmatic);
+  check(graphs.replayed == kDecodeSteps - 1,
+        "decode steps after the first not replayed from a graph");
   check(differ == 0, "graph replay changed logits or sampled tokens");
+  check(programmatic.replayed == kDecodeSteps - 1 && differ_programmatic == 0,
+        "programmatic dependent launches changed logits or sampled tokens");
 }
 
 // Bad steps are refused before any work, with the runner and the pool still usable after.

@@ -12,6 +12,7 @@
 #include "kernels/cuda/decode_schedule.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "quantmla/cache.h"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
@@ -39,6 +40,7 @@ constexpr int kCombineThreads = kLatentDim / 4;
 // w_s = exp(lse_s - max lse), each thread 4 columns.
 __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  wait_for_previous_kernel();
   extern __shared__ float weights[];  // [num_splits]
   const CombineItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
@@ -312,8 +314,8 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
                                 params.s_q * params.num_heads};
     const dim3 grid(static_cast<unsigned>(layout.combines),
                     static_cast<unsigned>(schedule.rows_per_block));
-    mla_combine_kernel<<<grid, kCombineThreads, layout.max_splits * sizeof(float), stream>>>(
-        combine);
+    launch_kernel(mla_combine_kernel, grid, kCombineThreads, layout.max_splits * sizeof(float),
+                  stream, combine);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
 }

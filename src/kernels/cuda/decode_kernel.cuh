@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/decode_schedule.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/record_formats.cuh"
 
@@ -147,6 +148,7 @@ template <class Content, class Rope, int kRowTiles>
 __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThreads,
                                   DecodeLayout<Content, Rope, kRowTiles>::kBlocksPerSm)
     mla_decode_kernel(const __grid_constant__ DecodeKernelParams p) {
+  wait_for_previous_kernel();
   using L = DecodeLayout<Content, Rope, kRowTiles>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace quantmla::gpu {
 
@@ -20,7 +21,7 @@ void launch_decode_tiles(const DecodeKernelParams& params, int blocks, cudaStrea
     return true;
   }();
   (void)attribute_set;
-  kernel<<<blocks, Layout::kThreads, Layout::kSharedBytes, stream>>>(params);
+  launch_kernel(kernel, blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "quantmla/gpu_mla.h"
 
 namespace quantmla::gpu {
@@ -43,6 +44,7 @@ __device__ __forceinline__ void store_columns(const uint4 (&v)[8], uint16_t* out
 template <class Content, class Rope>
 __global__ void __launch_bounds__(kThreads)
     mla_gather_kernel(const __grid_constant__ GatherKernelParams p) {
+  wait_for_previous_kernel();
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (task >= p.num_tokens * kChunksPerRecord) return;
   const int64_t t = task / kChunksPerRecord;
@@ -94,7 +96,8 @@ void mla_gather(const CacheFormat& format, const MlaGatherParams& params, void* 
   const auto blocks =
       static_cast<unsigned>((params.num_tokens * kChunksPerRecord + kThreads - 1) / kThreads);
   visit_gpu_format(format, [&](auto content, auto rope) {
-    mla_gather_kernel<decltype(content), decltype(rope)><<<blocks, kThreads, 0, stream>>>(kernel);
+    launch_kernel(mla_gather_kernel<decltype(content), decltype(rope)>, blocks, kThreads, 0, stream,
+                  kernel);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   });
 }

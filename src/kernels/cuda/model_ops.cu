@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
 #include "quantmla/error.h"
 
@@ -73,6 +74,7 @@ unsigned grid_for(int64_t count) {
 
 __global__ void __launch_bounds__(kRowThreads)
     embed_kernel(const int32_t* ids, const uint16_t* table, float* x, int64_t d, int64_t vocab) {
+  wait_for_previous_kernel();
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
   float* out = x + t * d;
@@ -100,6 +102,7 @@ __device__ double block_sum(double value, double* shared /* [kRowThreads / 32] *
 __global__ void __launch_bounds__(kRowThreads)
     rms_norm_kernel(const float* x, int64_t ldx, const float* weight, void* out, int64_t ldo,
                     bool bf16, int64_t width, float eps) {
+  wait_for_previous_kernel();
   __shared__ double partial[kRowThreads / 32];
   const float* in = x + static_cast<int64_t>(blockIdx.x) * ldx;
   double sum_squares = 0.0;
@@ -118,6 +121,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
                             const float* inv_freq, float attention_factor, int64_t count) {
+  wait_for_previous_kernel();
   const int64_t t = blockIdx.x;
   const int64_t v = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
   if (v >= count) return;
@@ -140,6 +144,7 @@ __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const in
 __global__ void __launch_bounds__(kRowThreads)
     silu_mul_kernel(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
                     int64_t inner) {
+  wait_for_previous_kernel();
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     const float* gate = gate_up + r * ld_gate_up;
     for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < inner;
@@ -154,6 +159,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 __global__ void __launch_bounds__(kRowThreads)
     convert_kernel(const float* in, uint16_t* out, int64_t count) {
+  wait_for_previous_kernel();
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < count;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[index] = to_bf16_bits(in[index]);
@@ -167,6 +173,7 @@ constexpr int kPackThreads = 128;
 // One block per (token, padded head).
 __global__ void __launch_bounds__(kPackThreads)
     pack_queries_kernel(const __grid_constant__ PackQueriesParams p) {
+  wait_for_previous_kernel();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   uint16_t* out = p.out + (t * p.heads_padded + h) * kQueryDim;
@@ -187,6 +194,7 @@ __global__ void __launch_bounds__(kPackThreads)
 __global__ void __launch_bounds__(kRowThreads)
     gather_rows_kernel(const float* src, int64_t ld_src, int64_t src_rows, const int32_t* rows,
                        void* dst, int64_t ld_dst, bool bf16, int64_t width) {
+  wait_for_previous_kernel();
   const int64_t i = blockIdx.x;
   const int64_t row = rows[i];
   const bool valid = row >= 0 && row < src_rows;
@@ -208,7 +216,8 @@ void embed(const int32_t* ids, const uint16_t* table, float* x, int64_t n, int64
   if (ids == nullptr || table == nullptr || x == nullptr) {
     throw InvalidArgument("embed: ids, table and x must be device pointers, got null");
   }
-  embed_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(ids, table, x, d, vocab);
+  launch_kernel(embed_kernel, static_cast<unsigned>(n), kRowThreads, 0, stream, ids, table, x, d,
+                vocab);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -231,8 +240,8 @@ void rms_norm(const float* x, int64_t ldx, const float* weight, void* out, int64
   if (x == nullptr || weight == nullptr || out == nullptr) {
     throw InvalidArgument("rms_norm: x, weight and out must be device pointers, got null");
   }
-  rms_norm_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(
-      x, ldx, weight, out, ldo, out_dtype == DType::kBF16, width, eps);
+  launch_kernel(rms_norm_kernel, static_cast<unsigned>(n), kRowThreads, 0, stream, x, ldx, weight,
+                out, ldo, out_dtype == DType::kBF16, width, eps);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -263,8 +272,8 @@ void rope(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
   }
   const dim3 block(static_cast<unsigned>(half), static_cast<unsigned>(vectors_per_block));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(chunks));
-  rope_kernel<<<grid, block, 0, stream>>>(x, ld_token, ld_vec, positions, inv_freq,
-                                          attention_factor, count);
+  launch_kernel(rope_kernel, grid, block, 0, stream, x, ld_token, ld_vec, positions, inv_freq,
+                attention_factor, count);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -279,8 +288,8 @@ void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t l
   if (gate_up == nullptr || out == nullptr) {
     throw InvalidArgument("silu_mul: gate_up and out must be device pointers, got null");
   }
-  silu_mul_kernel<<<rows_grid(n, inner), kRowThreads, 0, stream>>>(gate_up, ld_gate_up, out, ldo, n,
-                                                                   inner);
+  launch_kernel(silu_mul_kernel, rows_grid(n, inner), kRowThreads, 0, stream, gate_up, ld_gate_up,
+                out, ldo, n, inner);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -290,7 +299,7 @@ void convert_f32_to_bf16(const float* in, uint16_t* out, int64_t count, cudaStre
   if (in == nullptr || out == nullptr) {
     throw InvalidArgument("convert_f32_to_bf16: in and out must be device pointers, got null");
   }
-  convert_kernel<<<grid_for(count), kRowThreads, 0, stream>>>(in, out, count);
+  launch_kernel(convert_kernel, grid_for(count), kRowThreads, 0, stream, in, out, count);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -307,7 +316,7 @@ void pack_absorbed_queries(const PackQueriesParams& p, cudaStream_t stream) {
     throw InvalidArgument("pack_absorbed_queries: q_pe and out must be device pointers, got null");
   }
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads_padded));
-  pack_queries_kernel<<<grid, kPackThreads, 0, stream>>>(p);
+  launch_kernel(pack_queries_kernel, grid, kPackThreads, 0, stream, p);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -324,8 +333,8 @@ void gather_rows(const float* src, int64_t ld_src, int64_t src_rows, const int32
   if (src == nullptr || rows == nullptr || dst == nullptr) {
     throw InvalidArgument("gather_rows: src, rows and dst must be device pointers, got null");
   }
-  gather_rows_kernel<<<static_cast<unsigned>(m), kRowThreads, 0, stream>>>(
-      src, ld_src, src_rows, rows, dst, ld_dst, dst_dtype == DType::kBF16, width);
+  launch_kernel(gather_rows_kernel, static_cast<unsigned>(m), kRowThreads, 0, stream, src, ld_src,
+                src_rows, rows, dst, ld_dst, dst_dtype == DType::kBF16, width);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

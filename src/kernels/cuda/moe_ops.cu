@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
 #include "quantmla/error.h"
@@ -47,6 +48,7 @@ __device__ __forceinline__ void warp_argmax(float& value, int& index) {
 
 __global__ void __launch_bounds__(32 * kRouteWarps)
     moe_route_kernel(const __grid_constant__ RouteKernelParams p) {
+  wait_for_previous_kernel();
   __shared__ float scores_of_warp[kRouteWarps][kMaxRoutedExperts];
   __shared__ float group_score_of_warp[kRouteWarps][kMaxExpertGroups];
   const int warp = threadIdx.x / 32;
@@ -209,6 +211,7 @@ constexpr int kMaxSortExperts = 4096;
 __global__ void __launch_bounds__(kSortChunk)
     sort_histogram_kernel(const int32_t* experts, int64_t entries, int num_experts,
                           int32_t* chunk_counts) {
+  wait_for_previous_kernel();
   extern __shared__ int32_t histogram[];  // [num_experts]
   for (int e = threadIdx.x; e < num_experts; e += kSortChunk) histogram[e] = 0;
   __syncthreads();
@@ -240,6 +243,7 @@ __device__ void exclusive_prefix_sum(int32_t* counts, int n) {
 __global__ void __launch_bounds__(kScanThreads)
     sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries,
                      int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
+  wait_for_previous_kernel();
   extern __shared__ int32_t first_slot[];  // [num_experts + 1]
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
     int32_t total = 0;
@@ -267,6 +271,7 @@ __global__ void __launch_bounds__(kScanThreads)
 __global__ void __launch_bounds__(kSortChunk)
     sort_scatter_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
                         const int32_t* chunk_first_slot, int32_t* slot_of, int32_t* token_of_slot) {
+  wait_for_previous_kernel();
   __shared__ int32_t chunk_experts[kSortChunk];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortChunk + threadIdx.x;
   const int32_t e = i < entries ? experts[i] : -1;
@@ -290,6 +295,7 @@ __global__ void __launch_bounds__(kSortChunk)
     sort_one_chunk_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
                           int32_t* counts, int32_t* offsets, int32_t* slot_of,
                           int32_t* token_of_slot) {
+  wait_for_previous_kernel();
   extern __shared__ int32_t first_slot[];  // [num_experts + 1]
   __shared__ int32_t chunk_experts[kSortChunk];
   for (int e = threadIdx.x; e < num_experts; e += kSortChunk) first_slot[e] = 0;
@@ -329,6 +335,7 @@ template <bool kVector>
 __global__ void __launch_bounds__(kCopyThreads)
     moe_gather_kernel(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token_of_slot,
                       uint16_t* sorted, int64_t ld_sorted, int64_t d) {
+  wait_for_previous_kernel();
   const int64_t s = blockIdx.x;
   const int64_t token = token_of_slot[s];
   const bool valid = token >= 0 && token < n;
@@ -348,6 +355,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 __global__ void __launch_bounds__(kCopyThreads)
     moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                        const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d) {
+  wait_for_previous_kernel();
   // Tokens along y, columns along x: no 64-bit division per element.
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < d;
@@ -428,7 +436,8 @@ void moe_route(const float* router_logits, int64_t ld_logits, const float* corre
   }
   RouteKernelParams kernel{
       router_logits, ld_logits, correction_bias, out_experts, out_weights, n, c};
-  moe_route_kernel<<<static_cast<unsigned>(blocks), 32 * kRouteWarps, 0, stream>>>(kernel);
+  launch_kernel(moe_route_kernel, static_cast<unsigned>(blocks), 32 * kRouteWarps, 0, stream,
+                kernel);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -463,25 +472,26 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
   auto* chunk_counts = static_cast<int32_t*>(buffers.workspace);
   const size_t histogram_bytes = static_cast<size_t>(num_experts) * sizeof(int32_t);
   if (chunks == 1) {
-    sort_one_chunk_kernel<<<1, kSortChunk, histogram_bytes + sizeof(int32_t), stream>>>(
-        experts, entries, k, num_experts, buffers.counts, buffers.offsets, buffers.slot_of,
-        buffers.token_of_slot);
+    launch_kernel(sort_one_chunk_kernel, 1, kSortChunk, histogram_bytes + sizeof(int32_t), stream,
+                  experts, entries, k, num_experts, buffers.counts, buffers.offsets,
+                  buffers.slot_of, buffers.token_of_slot);
     QUANTMLA_CUDA_CHECK_LAUNCH();
     return;
   }
   if (chunks > 0) {
-    sort_histogram_kernel<<<static_cast<unsigned>(chunks), kSortChunk, histogram_bytes, stream>>>(
-        experts, entries, num_experts, chunk_counts);
+    launch_kernel(sort_histogram_kernel, static_cast<unsigned>(chunks), kSortChunk, histogram_bytes,
+                  stream, experts, entries, num_experts, chunk_counts);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
   // With no entries this still writes zero counts and offsets.
-  sort_scan_kernel<<<1, kScanThreads, histogram_bytes + sizeof(int32_t), stream>>>(
-      chunk_counts, chunks, num_experts, entries, buffers.counts, buffers.offsets,
-      buffers.token_of_slot);
+  launch_kernel(sort_scan_kernel, 1, kScanThreads, histogram_bytes + sizeof(int32_t), stream,
+                chunk_counts, chunks, num_experts, entries, buffers.counts, buffers.offsets,
+                buffers.token_of_slot);
   QUANTMLA_CUDA_CHECK_LAUNCH();
   if (chunks > 0) {
-    sort_scatter_kernel<<<static_cast<unsigned>(chunks), kSortChunk, 0, stream>>>(
-        experts, entries, k, num_experts, chunk_counts, buffers.slot_of, buffers.token_of_slot);
+    launch_kernel(sort_scatter_kernel, static_cast<unsigned>(chunks), kSortChunk, 0, stream,
+                  experts, entries, k, num_experts, chunk_counts, buffers.slot_of,
+                  buffers.token_of_slot);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -526,11 +536,11 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
                       reinterpret_cast<uintptr_t>(sorted) % 16 == 0;
   const auto blocks = static_cast<unsigned>(slots);
   if (vector) {
-    moe_gather_kernel<true>
-        <<<blocks, kCopyThreads, 0, stream>>>(h, ld_h, n, token_of_slot, sorted, ld_sorted, d);
+    launch_kernel(moe_gather_kernel<true>, blocks, kCopyThreads, 0, stream, h, ld_h, n,
+                  token_of_slot, sorted, ld_sorted, d);
   } else {
-    moe_gather_kernel<false>
-        <<<blocks, kCopyThreads, 0, stream>>>(h, ld_h, n, token_of_slot, sorted, ld_sorted, d);
+    launch_kernel(moe_gather_kernel<false>, blocks, kCopyThreads, 0, stream, h, ld_h, n,
+                  token_of_slot, sorted, ld_sorted, d);
   }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
@@ -551,8 +561,8 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
   const int64_t column_blocks = std::min<int64_t>((d + kCopyThreads - 1) / kCopyThreads, 64);
   const dim3 grid(static_cast<unsigned>(column_blocks),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  moe_combine_kernel<<<grid, kCopyThreads, 0, stream>>>(expert_out, ld_expert_out, slot_of, weights,
-                                                        x, ld_x, n, k, d);
+  launch_kernel(moe_combine_kernel, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
+                slot_of, weights, x, ld_x, n, k, d);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/prefill_attention.h"
 #include "quantmla/error.h"
 
@@ -46,6 +47,7 @@ __device__ __forceinline__ MaxSum block_merge(MaxSum v, MaxSum* partial) {
 // scaled scores), a pass that writes the probabilities.
 __global__ void __launch_bounds__(kSoftmaxThreads)
     causal_softmax_kernel(const __grid_constant__ CausalSoftmaxParams p) {
+  wait_for_previous_kernel();
   __shared__ MaxSum partial[kSoftmaxThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t visible = min(p.first_visible + row / p.heads + 1, p.keys);
@@ -103,7 +105,8 @@ void causal_softmax(const CausalSoftmaxParams& p, cudaStream_t stream) {
   if (p.scores == nullptr || p.probs == nullptr) {
     throw InvalidArgument("causal_softmax: scores and probs must be device pointers, got null");
   }
-  causal_softmax_kernel<<<static_cast<unsigned>(p.rows * p.heads), kSoftmaxThreads, 0, stream>>>(p);
+  launch_kernel(causal_softmax_kernel, static_cast<unsigned>(p.rows * p.heads), kSoftmaxThreads, 0,
+                stream, p);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sampling.h"
 #include "quantmla/error.h"
 
@@ -31,8 +32,8 @@ struct Shared {
   double values[kWarps];
   float best_value[kWarps];
   int best_index[kWarps];
-  double total;        // block_sum's broadcast
-  float final_value;   // the arg-max's broadcast
+  double total;       // block_sum's broadcast
+  float final_value;  // the arg-max's broadcast
   int final_index;
 };
 
@@ -73,6 +74,7 @@ __device__ __forceinline__ bool better(float value, int index, float best_value,
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int64_t ld_logits, int vocab, const SampleParams* params,
                   int32_t* out) {
+  wait_for_previous_kernel();
   __shared__ Shared shared;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -216,8 +218,8 @@ void sample_tokens(const float* logits, int64_t ld_logits, int64_t rows, int64_t
     throw InvalidArgument(
         "sample_tokens: logits, params and out must be device pointers, got null");
   }
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, ld_logits, static_cast<int>(vocab), params, out);
+  launch_kernel(sample_kernel, static_cast<unsigned>(rows), kThreads, 0, stream, logits, ld_logits,
+                static_cast<int>(vocab), params, out);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 #include "quantmla/error.h"
@@ -176,6 +177,7 @@ __device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
 
 template <int kTileN, bool kSilu>
 __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const SkinnyGemmParams p) {
+  wait_for_previous_kernel();
   using Layout = TileLayout<kTileN, kSilu>;
   constexpr int kRows = Layout::kWeightRows;  // weight rows in a stage
   constexpr int kBlocks = kRows / 8;          // n8 blocks of the mma
@@ -539,7 +541,7 @@ void launch(const SkinnyGemmParams& p, int warps, cudaStream_t stream) {
   }
   const dim3 grid =
       p.offsets == nullptr ? dim3(row_tiles, column_tiles) : dim3(column_tiles, row_tiles);
-  skinny_gemm_kernel<kTileN, kSilu><<<grid, warps * 32, smem, stream>>>(p);
+  launch_kernel(skinny_gemm_kernel<kTileN, kSilu>, grid, warps * 32, smem, stream, p);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "quantmla/gpu_mla.h"
 
 namespace quantmla::gpu {
@@ -36,6 +37,7 @@ constexpr int kWarpsPerBlock = 4;
 template <class Content, class Rope>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     mla_write_kernel(const __grid_constant__ WriteKernelParams p) {
+  wait_for_previous_kernel();
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (token >= p.num_tokens) return;  // whole warps: the shuffles below see full warps
@@ -118,8 +120,8 @@ void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* st
   const auto blocks =
       static_cast<unsigned>((params.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   visit_gpu_format(format, [&](auto content, auto rope) {
-    mla_write_kernel<decltype(content), decltype(rope)>
-        <<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(kernel);
+    launch_kernel(mla_write_kernel<decltype(content), decltype(rope)>, blocks, 32 * kWarpsPerBlock,
+                  0, stream, kernel);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -289,6 +290,7 @@ class CudaRunner final : public Runner {
   CudaRunner(const std::filesystem::path& dir, const CudaRunnerOptions& options)
       : options_(options) {
     QUANTMLA_CUDA_CHECK(cudaSetDevice(options.device));
+    gpu::set_programmatic_launch(options.programmatic_launch);
     cudaDeviceProp prop{};
     QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
     device_name_ = prop.name;

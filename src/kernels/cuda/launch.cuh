@@ -1,0 +1,44 @@
+// Kernel launches of the model runner's kernels, optionally as programmatic dependent launches
+// (Hopper): such a kernel may be scheduled while the previous kernel on its stream drains, and
+// waits in wait_for_previous_kernel() (the first statement of every kernel launched here) until
+// that kernel has finished and its writes are visible, so only the launch latency and the block
+// scheduling overlap, never the data. Off unless set_programmatic_launch(true).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
+
+namespace quantmla::gpu {
+
+// griddepcontrol (PTX 7.8, sm_90): a no-op for a kernel launched without the attribute.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // This kernel's own dependents may be scheduled once all its blocks got here.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  if (programmatic_launch()) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  QUANTMLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace quantmla::gpu
