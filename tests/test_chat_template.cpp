@@ -36,6 +36,10 @@ std::string render(const std::string& source, const std::string& context = "{}")
 }
 
 // A template, its context (JSON) and what jinja2 renders.
+// The variables most cases render with.
+constexpr const char* kData =
+    R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})";
+
 struct RenderCase {
   const char* name;
   const char* source;
@@ -89,18 +93,15 @@ const RenderCase kLoopsCases[] = {
     {"loop variables",
      "{% for k, v in d.items() %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first "
      "}}{{ loop.last }}{{ loop.length }}{{ k }}={{ v }};{% endfor %}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "102TrueFalse2b=None;211FalseTrue2a=1;"},
+     kData, "102TrueFalse2b=None;211FalseTrue2a=1;"},
     {"previtem, nextitem and cycle",
      "{% for x in xs %}{{ loop.previtem }}<{{ x }}>{{ loop.nextitem }} {{ loop.cycle('odd', "
      "'even') }}|{% endfor %}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "<1>2 odd|1<2>3 even|2<3> odd|"},
+     kData, "<1>2 odd|1<2>3 even|2<3> odd|"},
     {"else runs for an empty loop", "{% for x in [] %}item{% else %}none{% endfor %}", "{}",
      "none"},
     {"an if filter counts only what passes",
-     "{% for x in xs if x > 1 %}{{ loop.index }}/{{ loop.length }}={{ x }} {% endfor %}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
+     "{% for x in xs if x > 1 %}{{ loop.index }}/{{ loop.length }}={{ x }} {% endfor %}", kData,
      "1/2=2 2/2=3 "},
     {"break and continue",
      "{% for x in range(10) %}{% if x % 2 %}{% continue %}{% endif %}{% if x > 6 %}{% break %}{% "
@@ -110,9 +111,7 @@ const RenderCase kLoopsCases[] = {
      "{% for a in [[1, 2], [3]] %}{% for b in a %}{{ loop.index }}{{ b }} {% endfor %}{{ "
      "loop.index }};{% endfor %}",
      "{}", "11 22 1;13 2;"},
-    {"a dict iterates over its keys in order", "{% for k in d %}{{ k }}{% endfor %}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "ba"},
+    {"a dict iterates over its keys in order", "{% for k in d %}{{ k }}{% endfor %}", kData, "ba"},
     {"a string iterates over characters", "{% for c in 'Grüß' %}[{{ c }}]{% endfor %}", "{}",
      "[G][r][ü][ß]"},
 };
@@ -125,8 +124,7 @@ const RenderCase kScopingCases[] = {
     {"a namespace is shared",
      "{% set ns = namespace(total=0, seen='') %}{% for x in xs %}{% set ns.total = ns.total + x "
      "%}{% set ns.seen = ns.seen ~ x %}{% endfor %}{{ ns.total }} {{ ns.seen }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "6 123"},
+     kData, "6 123"},
     {"a loop before a later top-level set sees it undefined",
      "{% for i in [1] %}[{{ x }}]{% endfor %}{% set x = 's' %}[{{ x }}]", R"({"x": "context"})",
      "[][s]"},
@@ -156,35 +154,28 @@ const RenderCase kExpressionsCases[] = {
     {"comparisons, chains and in",
      "{{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ 1 < 2 < 2 }} {{ 2 in xs }} {{ 'a' not in d }} {{ 'er' in s "
      "}} {{ 'a' == none }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "True True False True False True False"},
+     kData, "True True False True False True False"},
     {"and/or give an operand",
-     "{{ xs and 'yes' }}|{{ '' or 'fallback' }}|{{ '' and 'x' }}|{{ not xs }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
+     "{{ xs and 'yes' }}|{{ '' or 'fallback' }}|{{ '' and 'x' }}|{{ not xs }}", kData,
      "yes|fallback||False"},
     {"conditional expressions",
-     "{{ 'a' if xs else 'b' }}{{ 'c' if [] else 'd' }}[{{ 'e' if false }}]",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "ad[]"},
+     "{{ 'a' if xs else 'b' }}{{ 'c' if [] else 'd' }}[{{ 'e' if false }}]", kData, "ad[]"},
     {"attributes, subscripts and methods",
      "{{ d.a }}{{ d['a'] }}{{ xs[0] }}{{ xs[-1] }}{{ xs.1 }}{{ d.get('zz', 'dflt') }}{{ d.get('b') "
      "}}{{ d.keys() | list }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "11132dfltNone['b', 'a']"},
+     kData, "11132dfltNone['b', 'a']"},
     {"missing keys and indexes are undefined", "[{{ d.zz }}][{{ xs[10] }}][{{ d.zz is defined }}]",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "[][][False]"},
+     kData, "[][][False]"},
     {"slices",
      "{{ 'abcdef'[1:3] }} {{ 'abc'[::-1] }} {{ xs[1:] }} {{ xs[:-1] }} {{ xs[::2] }} {{ "
      "'Grüße'[-2:] }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "bc cba [2, 3] [1, 2] [1, 3] ße"},
+     kData, "bc cba [2, 3] [1, 2] [1, 3] ße"},
     {"string methods",
      "{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ ' a '.lstrip() }}|{{ ' a '.rstrip() }}|{{ "
      "'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|{{ "
      "s.startswith('Hi') }}{{ s.endswith(('x', 're')) }}|{{ s.replace('e', 'E') }}|{{ s.upper() "
      "}}{{ s.lower() }}{{ 'ab cd'.title() }}|{{ 'a</think>b'.split('</think>')[-1] }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
+     kData,
      "x|hi|a | a|['a', 'b', '', 'c']|['a', 'b']|['a', 'b c']|TrueTrue|Hi thErE|HI THEREhi thereAb "
      "Cd|b"},
 };
@@ -193,12 +184,10 @@ const RenderCase kFiltersCases[] = {
     {"length, first, last, list, join",
      "{{ xs | length }}{{ 'Grüße' | length }}{{ d | length }}{{ xs | first }}{{ xs | last }}{{ "
      "'ab' | list }}{{ xs | join(', ') }}{{ msgs | map(attribute='role') | join('/') }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "35213['a', 'b']1, 2, 3system/user"},
+     kData, "35213['a', 'b']1, 2, 3system/user"},
     {"trim, upper, lower, replace, string, title",
      R"([{{ '  t \n' | trim }}]{{ s | upper }}{{ s | lower }}{{ s | replace('Hi', 'Yo') }}{{ 12 | string }}{{ 'hello world' | title }})",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "[t]HI THEREhi thereYo there12Hello World"},
+     kData, "[t]HI THEREhi thereYo there12Hello World"},
     {"default",
      "{{ missing | default('a') }}{{ '' | default('b') }}{{ '' | default('c', true) }}{{ none | "
      "default('d') }}",
@@ -206,21 +195,20 @@ const RenderCase kFiltersCases[] = {
     {"items, dictsort, sort, unique, reverse, sum",
      "{{ d | items | list }}{{ d | dictsort }}{{ [3, 1, 2] | sort }}{{ ['b', 'A', 'c'] | sort }}{{ "
      "[1, 2, 1] | unique | list }}{{ xs | reverse | list }}{{ xs | sum }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
+     kData,
      "[('b', None), ('a', 1)][('a', 1), ('b', None)][1, 2, 3]['A', 'b', 'c'][1, 2][3, 2, 1]6"},
     {"select, reject, selectattr, rejectattr",
      "{{ xs | select('odd') | list }}{{ xs | reject('odd') | list }}{{ msgs | selectattr('role', "
      "'equalto', 'user') | map(attribute='content') | list }}{{ msgs | rejectattr('role', 'eq', "
      "'user') | map(attribute='content') | list }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "[1, 3][2][' hi ']['S']"},
+     kData, "[1, 3][2][' hi ']['S']"},
     {"int, float, round, abs",
      "{{ '42' | int }}{{ '4.7' | int }}{{ 'x' | int(7) }}{{ '2.5' | float }}{{ 3.14159 | round(2) "
      "}}{{ 2.5 | round }}{{ -3 | abs }}",
      "{}", "42472.53.142.03"},
     {"tojson as transformers defines it",
      R"({{ d | tojson }}|{{ 'é\n"<>' | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}|{{ d | tojson(indent=2) }}|{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(sort_keys=true) }}|{{ [1.5, true, none, [], {}] | tojson }})",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
+     kData,
      "{\"b\": null, \"a\": 1}|\"é\\n\\\"<>\"|\"\\u00e9\"|{\n  \"b\": null,\n  \"a\": "
      "1\n}|{\"b\":null,\"a\":1}|{\"a\": 1, \"b\": null}|[1.5, true, null, [], {}]"},
     {"indent", R"({{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, true) }})", "{}",
@@ -232,18 +220,15 @@ const RenderCase kTestsCases[] = {
      "{{ xs is iterable }}{{ d is mapping }}{{ s is string }}{{ 1 is number }}{{ 1.5 is float }}{{ "
      "1 is integer }}{{ true is integer }}{{ true is boolean }}{{ none is none }}{{ d is sequence "
      "}}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "TrueTrueTrueTrueTrueTrueFalseTrueTrueTrue"},
+     kData, "TrueTrueTrueTrueTrueTrueFalseTrueTrueTrue"},
     {"defined, none and negation",
      "{{ missing is defined }}{{ missing is not defined }}{{ none is not none }}{{ xs is not none "
      "}}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "FalseTrueFalseTrue"},
+     kData, "FalseTrueFalseTrue"},
     {"value tests",
      "{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 2 is in xs }}{{ true is true }}{{ 1 "
      "is true }}{{ false is false }}{{ 'ab' is lower }}{{ 1 is eq 1 }}{{ 3 is gt 2 }}",
-     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})",
-     "TrueTrueTrueTrueTrueFalseTrueTrueTrueTrue"},
+     kData, "TrueTrueTrueTrueTrueFalseTrueTrueTrueTrue"},
 };
 
 // DeepSeek-V2's chat template.
