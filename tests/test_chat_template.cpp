@@ -35,11 +35,11 @@ std::string render(const std::string& source, const std::string& context = "{}")
   return ChatTemplate(source).render(nlohmann::ordered_json::parse(context));
 }
 
-// A template, its context (JSON) and what jinja2 renders.
 // The variables most cases render with.
 constexpr const char* kData =
     R"({"xs": [1, 2, 3], "d": {"b": null, "a": 1}, "s": "Hi there", "msgs": [{"role": "system", "content": "S"}, {"role": "user", "content": " hi "}]})";
 
+// A template, its context (JSON) and what jinja2 renders.
 struct RenderCase {
   const char* name;
   const char* source;
