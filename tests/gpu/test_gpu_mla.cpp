@@ -515,6 +515,35 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("plan made for another format", [&] {
     decode_with(CacheFormat::parse("content=int4:g64,rope=int4:g64"), 1);
   });
+  expect_throws<InvalidArgument>("write with a c stride below the row", [&] {
+    gpu::MlaWriteParams params;
+    int32_t dummy = 0;
+    float value = 0.0f;
+    params.c = params.k_pe = &value;
+    params.seq_ids = params.positions = params.block_table = &dummy;
+    params.pool = reinterpret_cast<uint8_t*>(&dummy);
+    params.block_table_stride = 1;
+    params.num_tokens = 1;
+    params.c_stride = kLatentDim - 1;
+    gpu::mla_write(bf16, params);
+  });
+  expect_throws<InvalidArgument>("gather from a negative position", [&] {
+    gpu::MlaGatherParams params;
+    params.first = -1;
+    params.num_tokens = 1;
+    gpu::mla_gather(bf16, params);
+  });
+  expect_throws<InvalidArgument>("gather into rows narrower than a record", [&] {
+    gpu::MlaGatherParams params;
+    params.num_tokens = 1;
+    params.out_stride = kKeyDim - 1;
+    gpu::mla_gather(bf16, params);
+  });
+  expect_throws<InvalidArgument>("gather without a pool", [&] {
+    gpu::MlaGatherParams params;
+    params.num_tokens = 1;
+    gpu::mla_gather(bf16, params);
+  });
   expect_throws<InvalidArgument>("write with q8_0", [] {
     gpu::MlaWriteParams params;
     int32_t dummy = 0;
