@@ -137,10 +137,10 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = false;  // --pdl: the runner's kernels as programmatic dependent launches
+  bool programmatic = true;  // --no-pdl: the runner's kernels launched the plain way
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--pdl") programmatic = true;
+    if (flag == "--no-pdl") programmatic = false;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P] [--pdl]\n");
+                 "decode:B|prefill:P] [--no-pdl]\n");
     return 2;
   }
   try {
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     options.max_batch_tokens = 8192;
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
-    if (programmatic) std::printf("kernels launched as programmatic dependent launches\n");
+    if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
     const auto load_start = std::chrono::steady_clock::now();
     auto runner = make_cuda_runner(model_dir, options);
     const double load_s = seconds_since(load_start);

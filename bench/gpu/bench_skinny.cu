@@ -1,4 +1,5 @@
-// skinny_gemm on DeepSeek-V2-Lite's decode shapes (hidden 2048) for m = 1, 4, 16, 64 rows: the
+// skinny_gemm on DeepSeek-V2-Lite's decode shapes (hidden 2048) for m = 1, 4, 16, 64 rows (and
+// 256 for the routed experts, where 32-row tiles are chosen and timed beside 16-row ones): the
 // time, the weight bandwidth (bytes of the weights touched over the time) against the
 // device-to-device copy bandwidth measured in the same run, and cuBLASLt (GemmRunner::linear) on
 // the same dense product (kSiluMul: one linear over the stacked [2n, k] gate and up weights, no
@@ -84,6 +85,7 @@ struct Row {
   gpu::SkinnyTiling tiling;
   double us, weight_mb, gbps, cublas_us, best_us;
   gpu::SkinnyTiling best;
+  double one_mma_tile_us = 0;  // m_tiles 2: the same tiling with 16-row tiles
   std::vector<std::pair<gpu::SkinnyTiling, double>> sweep;
 };
 
@@ -154,7 +156,8 @@ int main(int argc, char** argv) {
         {"shared down", 2048, 2816, false, false},   {"lm_head", 102400, 2048, false, false},
         {"experts gate+up", 1408, 2048, true, true}, {"experts down", 2048, 1408, false, true},
     };
-    const int ms[] = {1, 4, 16, 64};
+    // 256 for the routed experts only (a serving batch: 24 rows per expert on average).
+    const int ms[] = {1, 4, 16, 64, 256};
     gpu::GemmRunner gemm;
     std::mt19937 rng(1234);
     std::vector<Row> rows;
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
       }
       DeviceArray<const uint16_t*> dgate(gate), dup(up);
       for (const int m : ms) {
+        if (m > 64 && !s.experts) continue;
         std::vector<int32_t> offsets, tokens;
         const int64_t rows_total = s.experts ? int64_t{m} * kPerToken : m;
         if (s.experts) route(m, rng, offsets, tokens);
@@ -204,7 +208,7 @@ int main(int argc, char** argv) {
         }
         const double weight_bytes = static_cast<double>(per_copy) * 2 * touched;
 
-        Row row{s.name, m, gpu::skinny_gemm_tiling(p), 0, weight_bytes / 1e6, 0, 0, 0, {}, {}};
+        Row row{s.name, m, gpu::skinny_gemm_tiling(p), 0, weight_bytes / 1e6, 0, 0, 0, {}, 0, {}};
         row.us = time_us([&] { gpu::skinny_gemm(p, nullptr); }, flush, repeats);
         row.gbps = weight_bytes / (row.us * 1e3);
         row.cublas_us = time_us(
@@ -226,6 +230,11 @@ int main(int argc, char** argv) {
             },
             flush, repeats);
         row.best_us = row.us, row.best = row.tiling;
+        if (row.tiling.m_tiles > 1) {  // the same tiling with 16-row tiles, for the comparison
+          gpu::SkinnyTiling t = row.tiling;
+          t.m_tiles = 1;
+          row.one_mma_tile_us = time_us([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, repeats);
+        }
         if (sweep) {
           for (const int tile_n : {8, 16, 32, 64}) {
             for (const int warps : {1, 2, 3, 4, 6, 8}) {
@@ -243,6 +252,9 @@ int main(int argc, char** argv) {
                     row.tiling.tile_n, row.tiling.warps, row.us, row.gbps,
                     100.0 * row.gbps / copy_gbps, row.cublas_us, row.cublas_us / row.us);
         if (sweep) std::printf("   %d x %d %.2f us", row.best.tile_n, row.best.warps, row.best_us);
+        if (row.tiling.m_tiles > 1) {
+          std::printf("   (32-row tiles; 16-row: %.2f us)", row.one_mma_tile_us);
+        }
         std::printf("\n");
         rows.push_back(row);
       }
@@ -258,10 +270,12 @@ int main(int argc, char** argv) {
         const Row& r = rows[i];
         std::fprintf(f,
                      "    {\"shape\": \"%s\", \"m\": %d, \"tile_n\": %d, \"warps\": %d, "
-                     "\"us\": %.3f, \"weight_mb\": %.3f, \"gbps\": %.1f, \"cublas_us\": %.3f, "
-                     "\"best_tile_n\": %d, \"best_warps\": %d, \"best_us\": %.3f, \"sweep\": [",
-                     r.shape.c_str(), r.m, r.tiling.tile_n, r.tiling.warps, r.us, r.weight_mb,
-                     r.gbps, r.cublas_us, r.best.tile_n, r.best.warps, r.best_us);
+                     "\"m_tiles\": %d, \"us\": %.3f, \"us_16_row_tiles\": %.3f, \"weight_mb\": "
+                     "%.3f, \"gbps\": %.1f, \"cublas_us\": %.3f, \"best_tile_n\": %d, "
+                     "\"best_warps\": %d, \"best_us\": %.3f, \"sweep\": [",
+                     r.shape.c_str(), r.m, r.tiling.tile_n, r.tiling.warps, r.tiling.m_tiles, r.us,
+                     r.tiling.m_tiles > 1 ? r.one_mma_tile_us : r.us, r.weight_mb, r.gbps,
+                     r.cublas_us, r.best.tile_n, r.best.warps, r.best_us);
         for (size_t j = 0; j < r.sweep.size(); ++j) {
           std::fprintf(f, "%s[%d, %d, %.3f]", j ? ", " : "", r.sweep[j].first.tile_n,
                        r.sweep[j].first.warps, r.sweep[j].second);

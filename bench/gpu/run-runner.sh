@@ -4,9 +4,9 @@
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
-#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,bench,pdl
-#   (default build,ops,runner,ppl,bench); pdl: the runner benchmark again with the kernels as
-#   programmatic dependent launches (bench_runner --pdl), beside bench's figures
+#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,bench,nopdl
+#   (default build,ops,runner,ppl,bench); nopdl: the runner benchmark again with the kernels
+#   launched without programmatic dependent launch (bench_runner --no-pdl), beside bench's
 #   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
 #   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k; longcalib:
@@ -109,11 +109,11 @@ if has bench; then
   $build/bench/gpu/bench_runner --model /tmp/v2-lite --json "$out/runner.json" 2>&1 |
     tee "$out/bench-runner.txt" || status=1
 fi
-if has pdl; then
-  echo "== runner benchmark, programmatic dependent launches"
+if has nopdl; then
+  echo "== runner benchmark, no programmatic dependent launches"
   [[ -f /tmp/v2-lite/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 2>/dev/null | tail -1
-  $build/bench/gpu/bench_runner --model /tmp/v2-lite --pdl --json "$out/runner-pdl.json" 2>&1 |
-    tee "$out/bench-runner-pdl.txt" || status=1
+  $build/bench/gpu/bench_runner --model /tmp/v2-lite --no-pdl --json "$out/runner-nopdl.json" \
+    2>&1 | tee "$out/bench-runner-nopdl.txt" || status=1
 fi
 exit $status

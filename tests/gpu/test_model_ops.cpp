@@ -404,6 +404,7 @@ struct SkinnyCase {
   bool dense_pointer_array = false;  // dense: the weight through w[0] instead of `weight`
   bool null_weight_group = false;    // grouped: the first group with rows has no weight (NaN rows)
   bool graph = false;  // captured in a CUDA graph before the offsets are uploaded, then replayed
+  bool routing_ready = false;  // grouped: the tiles located before waiting for the last kernel
 };
 
 // Sums inside the kernel besides the k products: up to 8 warps' partial sums, and y for beta 1.
@@ -491,6 +492,7 @@ void run_skinny_case(const SkinnyCase& c) {
   }
   p.n = c.n, p.k = c.k, p.ldy = ldy, p.out_dtype = c.out_dtype, p.beta = c.beta;
   p.epilogue = c.epilogue;
+  p.routing_ready = c.routing_ready;
   const gpu::SkinnyTiling tiling = c.tiling.tile_n != 0 ? c.tiling : gpu::skinny_gemm_tiling(p);
   const auto launch = [&](DeviceArray<uint8_t>& y, cudaStream_t stream) {
     p.y = y.data();
@@ -599,6 +601,14 @@ std::vector<int32_t> skewed_group_rows(int groups) {
   return rows;
 }
 
+// A serving batch: `rows` rows over the groups, uniformly at random (some get twice the mean).
+std::vector<int32_t> busy_group_rows(int groups, int rows) {
+  std::vector<int32_t> counts(static_cast<size_t>(groups), 0);
+  std::uniform_int_distribution<int> pick(0, groups - 1);
+  for (int i = 0; i < rows; ++i) ++counts[static_cast<size_t>(pick(rng))];
+  return counts;
+}
+
 // The batch-1 decode: 6 of the groups get one row each.
 std::vector<int32_t> one_row_in(int groups, int chosen) {
   std::vector<int32_t> order(static_cast<size_t>(groups));
@@ -631,33 +641,56 @@ void run_skinny_cases() {
        store, DType::kF32, 0},
       {"skinny 64 groups skewed n 520 k 1408 silu, gathered", skewed_group_rows(64), 7, 520, 1408,
        0, 0, 50, silu, DType::kBF16, 0},
-      {"skinny 64 groups skewed n 1000 k 256 F32 beta 1", skewed_group_rows(64), 5, 1000, 256, 0, 4,
-       0, store, DType::kF32, 1},
+      {"skinny 64 groups skewed n 1000 k 256 F32 beta 1, routing ready", skewed_group_rows(64), 5,
+       1000, 256, 0, 4, 0, store, DType::kF32, 1, chosen, false, false, false, true},
       {"skinny 64 groups, 6 with 1 row, n 1408 k 2048 silu", one_row_in(64, 6), 0, 1408, 2048, 0, 0,
        1, silu, DType::kBF16, 0},
+      {"skinny 64 groups, 6 with 1 row, n 1408 k 2048 silu, routing ready", one_row_in(64, 6), 0,
+       1408, 2048, 0, 0, 1, silu, DType::kBF16, 0, chosen, false, false, false, true},
       {"skinny 64 groups, 6 with 1 row, n 2048 k 1408 BF16 + 6 rows", one_row_in(64, 6), 6, 2048,
        1408, 0, 0, 0, store, DType::kBF16, 0},
       {"skinny 64 groups, 6 with 1 row, n 2048 k 1408 F32 graph", one_row_in(64, 6), 2, 2048, 1408,
        0, 0, 3, store, DType::kF32, 0, chosen, false, false, true},
       {"skinny 5 groups, one without weight, n 96 k 136", std::vector<int32_t>{3, 0, 20, 1, 2}, 3,
        96, 136, 0, 0, 0, store, DType::kF32, 0, chosen, false, true},
+      // 32-row tiles chosen: more than 16 dense rows, more than 12 rows a group on average.
+      {"skinny dense m 30 n 2048 k 2048 BF16", dense, 30, 2048, 2048, 0, 0, 0, store, DType::kBF16,
+       0},
+      {"skinny 64 groups, 24 rows each on average, n 1408 k 2048 silu, gathered, graph",
+       busy_group_rows(64, 256 * 6), 0, 1408, 2048, 0, 0, 256, silu, DType::kBF16, 0, chosen, false,
+       false, true, true},
+      {"skinny 64 groups, 24 rows each on average, n 2048 k 1408 F32 beta 1",
+       busy_group_rows(64, 256 * 6), 3, 2048, 1408, 0, 0, 0, store, DType::kF32, 1},
   };
   for (const SkinnyCase& c : cases) run_skinny_case(c);
   // Every kernel variant, at its fewest and most warps and one between.
-  for (const int tile_n : {8, 16, 32, 64}) {
-    for (const int warps : {1, 3, 8}) {
-      for (const bool gated : {false, true}) {
-        // Wide tiles hold fewer warps (the shared memory): 5 for 64 weight rows, 3 for 128.
-        const int weight_rows = tile_n * (gated ? 2 : 1);
-        const int w = std::min(warps, weight_rows == 128 ? 3 : weight_rows == 64 ? 5 : 8);
-        const std::string variant = " tile " + std::to_string(tile_n);
-        if (gated) {
-          const std::vector<int32_t> groups = {17, 0, 5};
-          run_skinny_case({"skinny 3 groups n 136 k 1408 silu" + variant, groups, 2, 136, 1408, 0,
-                           0, 0, silu, DType::kBF16, 0, gpu::SkinnyTiling{tile_n, w}});
-        } else {
-          run_skinny_case({"skinny dense m 17 n 300 k 1408 F32" + variant, dense, 17, 300, 1408, 0,
-                           1, 0, store, DType::kF32, 0, gpu::SkinnyTiling{tile_n, w}});
+  for (const int m_tiles : {1, 2}) {
+    for (const int tile_n : {8, 16, 32, 64}) {
+      for (const int warps : {1, 3, 8}) {
+        for (const bool gated : {false, true}) {
+          // Wide tiles hold fewer warps (227 KB of shared memory, 4 stages of 128-byte rows of x
+          // and W per warp): 16-row tiles 5 for 64 weight rows, 3 for 128; 32-row tiles 7 for
+          // 32, 4 for 64, 2 for 128.
+          const int weight_rows = tile_n * (gated ? 2 : 1);
+          const int most = m_tiles == 1 ? (weight_rows == 128  ? 3
+                                           : weight_rows == 64 ? 5
+                                                               : 8)
+                                        : (weight_rows == 128  ? 2
+                                           : weight_rows == 64 ? 4
+                                           : weight_rows == 32 ? 7
+                                                               : 8);
+          const int w = std::min(warps, most);
+          const std::string variant =
+              " tile " + std::to_string(tile_n) + " rows " + std::to_string(16 * m_tiles);
+          const gpu::SkinnyTiling tiling{tile_n, w, m_tiles};
+          if (gated) {
+            const std::vector<int32_t> groups = {17, 0, 5, 33};
+            run_skinny_case({"skinny 4 groups n 136 k 1408 silu" + variant, groups, 2, 136, 1408, 0,
+                             0, 0, silu, DType::kBF16, 0, tiling});
+          } else {
+            run_skinny_case({"skinny dense m 37 n 300 k 1408 F32" + variant, dense, 37, 300, 1408,
+                             0, 1, 0, store, DType::kF32, 0, tiling});
+          }
         }
       }
     }

@@ -1,32 +1,34 @@
 // skinny_gemm.h: y = x W^T for few rows, where the time is the weight read.
 //
 // Design (numbers for an H200: 132 SMs, 228 KB of shared memory per SM, ~4.3 TB/s copy):
-// - One CTA owns a tile of 16 output rows (one group's, found through the device offsets) and
-//   tile_n output columns (8, 16, 32 or 64; kSiluMul loads tile_n gate and tile_n up rows). Its
+// - One CTA owns a tile of 16 or 32 output rows (one or two mma tiles of one group's rows, found
+//   through the device offsets; 32 where 16 would read a group's weights twice) and tile_n
+//   output columns (8, 16, 32 or 64; kSiluMul loads tile_n gate and tile_n up rows). Its
 //   warps split K: warp w takes the 64-element chunks w, w + warps, w + 2 warps, ... of the whole
 //   K, accumulates them in FP32 registers with mma.sync m16n8k16 (x rows as A, zero-filled past
 //   the tile's rows; W rows as the K-major "col" B operand, which is how a Linear weight [n, k] is
 //   stored), and the warps' partial sums are added through shared memory in warp order at the end
 //   (a fixed order: the result depends on the inputs and the tiling only, never on timing).
-// - Each warp streams its own chunks through a private 4-stage cp.async ring (16 x 128 bytes of
-//   x and tile_n x 128 bytes of W per stage, XOR-swizzled 16-byte segments so that ldmatrix is
-//   conflict-free), synchronized with __syncwarp only: no block barrier in the main loop, so a
-//   warp never waits for a slower one before issuing its next loads. All 4 stages are requested
-//   before the first wait, the weights before the x rows (whose addresses wait on row_index). A
-//   128-byte segment of a W row is one cache line; one cp.async instruction covers 4 lines.
+// - Each warp streams its own chunks through a private 4-stage cp.async ring (16 or 32 x 128
+//   bytes of x and tile_n x 128 bytes of W per stage, XOR-swizzled 16-byte segments so that
+//   ldmatrix is conflict-free), synchronized with __syncwarp only: no block barrier in the main
+//   loop, so a warp never waits for a slower one before issuing its next loads. All 4 stages are
+//   requested before the first wait, the weights before the x rows (whose addresses wait on
+//   row_index). A 128-byte segment of a W row is one cache line; one cp.async instruction covers 4
+//   lines.
 // - Bytes in flight set the speed when m is small: Little's law with ~1 us of loaded DRAM latency
 //   asks for ~4 MB in flight over the GPU. Per CTA that is warps x 4 stages x weight rows x 128
 //   bytes, and the CTAs must cover the SMs even for n = 576..3072 (tile_n 8 gives n / 8 CTAs per
 //   row tile), so (tile_n, warps) is chosen per launch from the shape and the device
 //   (skinny_gemm_tiling, rule and measurements there): one wave of CTAs that busies every SM with
 //   enough in flight if there is one, else small CTAs that stream in many waves.
-// - Grid over a global row tile space of floor(max_rows / 16) + min(groups, max_rows) tiles, an
-//   upper bound of sum_g ceil(rows_g / 16) that depends on the host's numbers only (a CUDA graph
-//   replays it with any routing), times the column tiles. Each CTA finds its (group, first row,
-//   weights) with a block-wide prefix sum of the groups' tile counts over the offsets, and leaves
-//   at once if its tile is past the last one. Grouped: column tiles in blockIdx.x, so the empty
-//   row tiles at the end are scheduled last; dense: row tiles in blockIdx.x, so for m > 16 the
-//   CTAs sharing a column tile run together and all but one find the weights in L2.
+// - Grid over a global row tile space of floor(max_rows / R) + min(groups, max_rows) tiles (R the
+//   tile's rows), an upper bound of sum_g ceil(rows_g / R) that depends on the host's numbers only
+//   (a CUDA graph replays it with any routing), times the column tiles. Each CTA finds its (group,
+//   first row, weights) with a block-wide prefix sum of the groups' tile counts over the offsets,
+//   and leaves at once if its tile is past the last one. Grouped: column tiles in blockIdx.x, so
+//   the empty row tiles at the end are scheduled last; dense: row tiles in blockIdx.x, so for m >
+//   16 the CTAs sharing a column tile run together and all but one find the weights in L2.
 // - K not a multiple of 64: the segments past k are zero-filled (cp.async with src-size 0; k is a
 //   multiple of 8, so a 16-byte segment is all in or all out). Columns past n likewise.
 // - Epilogue: 4 columns per thread, float4 / 8-byte BF16 stores where y is aligned, scalar
@@ -36,6 +38,11 @@
 // - __launch_bounds__(256, 1): without the 1, ptxas capped some variants at 64 / 128 registers
 //   and spilled; with it they use 64..186 (registers never limit the CTAs per SM here: shared
 //   memory does).
+// - Weights before the wait: a dense product's weights are constants, and a grouped one's routing
+//   may be settled (SkinnyGemmParams::routing_ready), so the first stages are requested, and the
+//   rest of the CTA's slice prefetched into L2 (cp.async.bulk.prefetch) when the product's
+//   weights take at most 24 MB, before griddepcontrol.wait: under a programmatic dependent launch
+//   their transfer overlaps the previous kernel. x (the previous kernel's output) after it.
 // Measured (H200, bench_skinny, event-timed single launches after an L2 flush, 2.9 us of which
 // an empty kernel also takes): the LM head (420 MB) and the routed experts at m = 16 read at the
 // copy rate (4.2-4.3 TB/s); 2048 x 2048 at m = 1 takes 7.2 us, ~2 us of it the weights' transfer
@@ -59,29 +66,31 @@
 namespace quantmla::gpu {
 namespace {
 
-constexpr int kTileRows = 16;  // M of mma.m16n8k16: x rows per CTA
-constexpr int kChunk = 64;     // K elements of one warp's pipeline stage
+constexpr int kMmaRows = 16;  // M of mma.m16n8k16: a CTA's x rows are 1 or 2 of these
+constexpr int kChunk = 64;    // K elements of one warp's pipeline stage
 constexpr int kChunkBytes = kChunk * 2;
 constexpr int kSegmentsPerRow = kChunkBytes / 16;  // 16-byte cp.async segments of a row's chunk
 constexpr int kStages = 4;
 constexpr int kMaxWarps = 8;
 constexpr int kMaxThreads = kMaxWarps * 32;
 constexpr int kStepsPerChunk = kChunk / 16;  // mma k-steps
+constexpr int64_t kL2PrefetchBytes = int64_t{24} << 20;
 
 static_assert(kSegmentsPerRow == 8, "the XOR swizzle permutes the 8 segments of a 128-byte row");
 static_assert(std::is_trivially_copyable_v<SkinnyGemmParams>, "passed to the kernel by value");
 static_assert(sizeof(SkinnyGemmParams) <= 4096, "kernel parameters are limited to 4 KB");
 
-// The shared-memory layout of one kernel variant.
-template <int kTileN, bool kSilu>
+// The shared-memory layout of one kernel variant: kMTiles x 16 rows of x per CTA.
+template <int kTileN, bool kSilu, int kMTiles>
 struct TileLayout {
+  static constexpr int kRows = kMTiles * kMmaRows;                 // x rows of a CTA
   static constexpr int kWeightRows = kSilu ? 2 * kTileN : kTileN;  // gate, then up rows
-  // One warp's stage: 16 rows of x, then the weight rows, 128 bytes each.
-  static constexpr int kStageBytes = (kTileRows + kWeightRows) * kChunkBytes;
-  // The warps' partial sums at the end, [warp][16 rows][weight rows + 4] FP32, in the same
+  // One warp's stage: the rows of x, then the weight rows, 128 bytes each.
+  static constexpr int kStageBytes = (kRows + kWeightRows) * kChunkBytes;
+  // The warps' partial sums at the end, [warp][x rows][weight rows + 4] FP32, in the same
   // memory (the 4 floats of padding keep float4 rows 16-byte aligned and shift rows by 4 banks).
   static constexpr int kReduceStride = kWeightRows + 4;
-  static_assert(kTileRows * kReduceStride * 4 <= kStages * kStageBytes,
+  static_assert(kRows * kReduceStride * 4 <= kStages * kStageBytes,
                 "a warp's partial sums fit in its pipeline's shared memory");
   static constexpr size_t smem_bytes(int warps) {
     return static_cast<size_t>(warps) * kStages * kStageBytes;
@@ -116,19 +125,19 @@ struct RowTile {
 };
 
 // The (group, first row, rows, weights) of row tile `tile`: the tiles are the groups' ceil(rows /
-// 16) tiles in group order. The whole block calls it (block-wide prefix sum over the groups, in
-// chunks of blockDim.x); each thread reads its group's weight pointers together with its offsets,
-// so that finding the tile costs one round trip to memory, not two. Offsets are clamped to [0,
-// max_rows] so that malformed offsets can never make a write past y's max_rows rows.
+// tile_rows) tiles in group order. The whole block calls it (block-wide prefix sum over the groups,
+// in chunks of blockDim.x); each thread reads its group's weight pointers together with its
+// offsets, so that finding the tile costs one round trip to memory, not two. Offsets are clamped to
+// [0, max_rows] so that malformed offsets can never make a write past y's max_rows rows.
 template <bool kSilu>
-__device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
+__device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile, int tile_rows) {
   const int limit = static_cast<int>(p.max_rows);
   if (p.offsets == nullptr) {
-    const int first_row = tile * kTileRows;
+    const int first_row = tile * tile_rows;
     const uint16_t* gate = p.weight != nullptr ? p.weight : p.w[0];
     const uint16_t* up = nullptr;
     if constexpr (kSilu) up = p.weight2 != nullptr ? p.weight2 : p.w2[0];
-    return {0, first_row, min(kTileRows, limit - first_row), gate, up};
+    return {0, first_row, min(tile_rows, limit - first_row), gate, up};
   }
   __shared__ int warp_totals[kMaxWarps];
   __shared__ int found[3];  // group, first row, rows (no constructor may run on shared memory)
@@ -149,7 +158,7 @@ __device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
       gate = single && p.weight != nullptr ? p.weight : p.w[g];
       if constexpr (kSilu) up = single && p.weight2 != nullptr ? p.weight2 : p.w2[g];
     }
-    const int tiles = (end - begin + kTileRows - 1) / kTileRows;
+    const int tiles = (end - begin + tile_rows - 1) / tile_rows;
     int inclusive = tiles;
     for (int d = 1; d < 32; d <<= 1) {
       const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
@@ -160,10 +169,10 @@ __device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
     int first = tiles_before_chunk + inclusive - tiles;
     for (int w = 0; w < warp; ++w) first += warp_totals[w];
     if (tile >= first && tile < first + tiles) {
-      const int first_row = begin + (tile - first) * kTileRows;
+      const int first_row = begin + (tile - first) * tile_rows;
       found[0] = g;
       found[1] = first_row;
-      found[2] = min(kTileRows, end - first_row);
+      found[2] = min(tile_rows, end - first_row);
       found_weights[0] = gate;
       found_weights[1] = up;
     }
@@ -175,24 +184,44 @@ __device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile) {
   return {found[0], found[1], found[2], found_weights[0], found_weights[1]};
 }
 
-template <int kTileN, bool kSilu>
-__global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const SkinnyGemmParams p) {
-  wait_for_previous_kernel();
-  using Layout = TileLayout<kTileN, kSilu>;
+// The rest of a weight row past the first `skip` elements into L2 (cp.async.bulk.prefetch,
+// sm_90): 16-byte aligned, a multiple of 16 bytes (k is a multiple of 8).
+__device__ __forceinline__ void prefetch_l2(const uint16_t* row, int64_t skip, int64_t k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (skip >= k) return;
+  const auto bytes = static_cast<uint32_t>((k - skip) * 2);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + skip), "r"(bytes)
+               : "memory");
+#endif
+}
+
+// prefetch: request the CTA's whole weight slice into L2 at the start (the host's choice: when
+// the product's weights fit in L2 with room to spare).
+template <int kTileN, bool kSilu, int kMTiles>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    skinny_gemm_kernel(const SkinnyGemmParams p, bool prefetch) {
+  // The weights (and, for routed experts, the routing: SkinnyGemmParams::routing_ready) never
+  // depend on the previous kernel, so they are requested before waiting for it: under a
+  // programmatic launch their transfer overlaps that kernel's tail.
+  const bool early = p.offsets == nullptr || p.routing_ready;
+  if (!early) wait_for_previous_kernel();
+  using Layout = TileLayout<kTileN, kSilu, kMTiles>;
+  constexpr int kXRows = Layout::kRows;
   constexpr int kRows = Layout::kWeightRows;  // weight rows in a stage
   constexpr int kBlocks = kRows / 8;          // n8 blocks of the mma
   constexpr int kStage = Layout::kStageBytes;
   constexpr int kWeightLoads = kRows * kSegmentsPerRow / 32;  // cp.async per lane and stage
-  constexpr int kXLoads = kTileRows * kSegmentsPerRow / 32;
+  constexpr int kXLoads = kXRows * kSegmentsPerRow / 32;
   constexpr int kGateLoads = kTileN * kSegmentsPerRow / 32;
-  static_assert(kWeightLoads * 32 == kRows * kSegmentsPerRow && kXLoads == 4);
+  static_assert(kWeightLoads * 32 == kRows * kSegmentsPerRow && kXLoads == 4 * kMTiles);
   extern __shared__ __align__(128) uint8_t smem[];
 
   // Dense: the row tiles of one column tile are neighbours in the grid (blockIdx.x), so that
   // for m > 16 they run together and all but one find the weights in L2. Grouped: the row tiles
   // come second, so that the empty ones at the end of the tile space are scheduled last.
   const bool dense = p.offsets == nullptr;
-  const RowTile tile = locate_tile<kSilu>(p, static_cast<int>(dense ? blockIdx.x : blockIdx.y));
+  const RowTile tile =
+      locate_tile<kSilu>(p, static_cast<int>(dense ? blockIdx.x : blockIdx.y), kXRows);
   if (tile.group < 0 || tile.rows <= 0) return;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -231,7 +260,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const Skinn
       const int jj = j < kGateLoads ? j : j - kGateLoads;
       const bool ok = in_k && 4 * jj < columns_left;
       const uint16_t* row = j < kGateLoads ? gate_row : up_row;
-      cp_async_16(stage + swizzled(kTileRows + r, segment),
+      cp_async_16(stage + swizzled(kXRows + r, segment),
                   ok ? row + static_cast<int64_t>(4 * jj) * k + k0 : gate, ok ? 16 : 0);
     }
   };
@@ -251,17 +280,33 @@ __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const Skinn
     }
   };
 
-  float acc[kBlocks][4];
+  float acc[kMTiles][kBlocks][4];
   const float start = weights_ok ? 0.0f : __uint_as_float(0x7fc00000u);  // NaN rows, see top
 #pragma unroll
-  for (int b = 0; b < kBlocks; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = start;
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      acc[m][b][0] = acc[m][b][1] = acc[m][b][2] = acc[m][b][3] = start;
+    }
+  }
 
-    // All kStages buffers are filled before the first wait (a warp with <= kStages chunks asks for
-    // all of them at once: one DRAM round trip, not two). The weights go out first: the x rows'
-    // addresses wait on row_index. One commit group holds those weights with chunk 0's x rows,
-    // then one group per chunk's x rows, then one per chunk: chunk i is in groups 0..i.
+  // All kStages buffers are filled before the first wait (a warp with <= kStages chunks asks for
+  // all of them at once: one DRAM round trip, not two). The weights go out first: the x rows'
+  // addresses wait on row_index. One commit group holds those weights with chunk 0's x rows,
+  // then one group per chunk's x rows, then one per chunk: chunk i is in groups 0..i.
 #pragma unroll
   for (int s = 0; s < kStages; ++s) load_weights(s);
+  if (prefetch && weights_ok) {
+    // The chunks past the first kStages of every warp: elements kStages * warps * kChunk.. of
+    // each of the tile's weight rows.
+    const int64_t skip = static_cast<int64_t>(kStages) * warps * kChunk;
+    for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
+      const int column = r < kTileN ? r : r - kTileN;
+      if (n0 + column >= p.n) continue;
+      prefetch_l2((r < kTileN ? gate : up) + (n0 + column) * k, skip, k);
+    }
+  }
+  if (early) wait_for_previous_kernel();  // x (and y, for beta 1) come from earlier kernels
   const uint16_t* x_rows[kXLoads];
 #pragma unroll
   for (int j = 0; j < kXLoads; ++j) {
@@ -289,22 +334,29 @@ __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const Skinn
     cp_async_wait<kStages - 1>();  // groups 0..i complete: chunk i landed
     __syncwarp();                  // ... for every lane's copies
     const uint32_t x_tile = warp_base + static_cast<uint32_t>((i % kStages) * kStage);
-    const uint32_t w_tile = x_tile + kTileRows * kChunkBytes;
+    const uint32_t w_tile = x_tile + kXRows * kChunkBytes;
 #pragma unroll
     for (int s = 0; s < kStepsPerChunk; ++s) {
-      uint32_t a[4];
-      ldmatrix_x4(a, x_tile + swizzled(a_row, 2 * s + a_half));
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        ldmatrix_x4(a[m], x_tile + swizzled(kMmaRows * m + a_row, 2 * s + a_half));
+      }
 #pragma unroll
       for (int pair = 0; pair < kBlocks / 2; ++pair) {
         uint32_t b[4];
         ldmatrix_x4(b, w_tile + swizzled(16 * pair + b_row, 2 * s + b_half));
-        mma_bf16_16x8x16(acc[2 * pair], a, b[0], b[1]);
-        mma_bf16_16x8x16(acc[2 * pair + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          mma_bf16_16x8x16(acc[m][2 * pair], a[m], b[0], b[1]);
+          mma_bf16_16x8x16(acc[m][2 * pair + 1], a[m], b[2], b[3]);
+        }
       }
       if constexpr (kBlocks % 2 == 1) {
         uint32_t b[2];
         ldmatrix_x2(b, w_tile + swizzled(8 * (kBlocks - 1) + (lane & 7), 2 * s + b_half));
-        mma_bf16_16x8x16(acc[kBlocks - 1], a, b[0], b[1]);
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) mma_bf16_16x8x16(acc[m][kBlocks - 1], a[m], b[0], b[1]);
       }
     }
     __syncwarp();  // every lane is done reading stage i % kStages: chunk i + kStages goes there
@@ -319,13 +371,18 @@ __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const Skinn
   float* partial = reinterpret_cast<float*>(smem);
   {
     const int g = lane >> 2, t = lane & 3;
-    float* mine = partial + warp * kTileRows * kStride;
+    float* mine = partial + warp * kXRows * kStride;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      const int col = b * 8 + 2 * t;
-      *reinterpret_cast<float2*>(mine + g * kStride + col) = make_float2(acc[b][0], acc[b][1]);
-      *reinterpret_cast<float2*>(mine + (g + 8) * kStride + col) =
-          make_float2(acc[b][2], acc[b][3]);
+    for (int m = 0; m < kMTiles; ++m) {
+      float* rows = mine + kMmaRows * m * kStride;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        const int col = b * 8 + 2 * t;
+        *reinterpret_cast<float2*>(rows + g * kStride + col) =
+            make_float2(acc[m][b][0], acc[m][b][1]);
+        *reinterpret_cast<float2*>(rows + (g + 8) * kStride + col) =
+            make_float2(acc[m][b][2], acc[m][b][3]);
+      }
     }
   }
   __syncthreads();
@@ -339,7 +396,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) skinny_gemm_kernel(const Skinn
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     [[maybe_unused]] float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int w = 0; w < warps; ++w) {  // warp order: deterministic
-      const float* sums = partial + (w * kTileRows + row) * kStride + c;
+      const float* sums = partial + (w * kXRows + row) * kStride + c;
       const float4 gv = *reinterpret_cast<const float4*>(sums);
       v[0] += gv.x, v[1] += gv.y, v[2] += gv.z, v[3] += gv.w;
       if constexpr (kSilu) {
@@ -395,10 +452,11 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 bool misaligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; }
 
-// Upper bound of the row tiles over all groups (see the top comment).
-int64_t row_tile_bound(const SkinnyGemmParams& p) {
-  if (p.offsets == nullptr) return (p.max_rows + kTileRows - 1) / kTileRows;
-  return p.max_rows / kTileRows + std::min<int64_t>(p.groups, p.max_rows);
+// Upper bound of the row tiles of tile_rows rows over all groups (see the top comment): the sum
+// of ceil(rows_g / tile_rows) is at most floor(max_rows / tile_rows) plus the groups with rows.
+int64_t row_tile_bound(const SkinnyGemmParams& p, int tile_rows) {
+  if (p.offsets == nullptr) return (p.max_rows + tile_rows - 1) / tile_rows;
+  return p.max_rows / tile_rows + std::min<int64_t>(p.groups, p.max_rows);
 }
 
 void validate(const SkinnyGemmParams& p) {
@@ -418,9 +476,10 @@ void validate(const SkinnyGemmParams& p) {
                      " (need ldx >= k and a multiple of 8, ldy >= n, x_rows >= max_rows without "
                      "row_index)");
   }
-  if (row_tile_bound(p) > 65535) {
-    throw ShapeError("skinny_gemm: " + str(row_tile_bound(p)) + " row tiles for max_rows " +
-                     str(p.max_rows) + " and " + str(p.groups) + " groups (at most 65535: grid.y)");
+  if (row_tile_bound(p, kMmaRows) > 65535) {
+    throw ShapeError("skinny_gemm: " + str(row_tile_bound(p, kMmaRows)) +
+                     " row tiles for max_rows " + str(p.max_rows) + " and " + str(p.groups) +
+                     " groups (at most 65535: grid.y)");
   }
   if (silu ? p.out_dtype != DType::kBF16
            : p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16) {
@@ -456,10 +515,44 @@ void validate(const SkinnyGemmParams& p) {
   }
 }
 
-template <int kTileN, bool kSilu>
-size_t max_warps_for(size_t smem_limit) {
-  const size_t per_warp = TileLayout<kTileN, kSilu>::smem_bytes(1);
-  return std::min<size_t>(kMaxWarps, smem_limit / per_warp);
+// A kernel variant as a type, for the one dispatch point below.
+template <int kTileN, bool kSilu, int kMTiles>
+struct Variant {
+  static constexpr int tile_n = kTileN;
+  static constexpr bool silu = kSilu;
+  static constexpr int m_tiles = kMTiles;
+  using Layout = TileLayout<kTileN, kSilu, kMTiles>;
+};
+
+// f(Variant<...>{}) for the tiling's tile_n and m_tiles and the epilogue; InvalidArgument for a
+// combination without a kernel.
+template <class F>
+decltype(auto) dispatch(SkinnyTiling tiling, bool silu, F&& f) {
+  const auto with_rows = [&](auto tile_n) -> decltype(auto) {
+    constexpr int kTileN = decltype(tile_n)::value;
+    switch (tiling.m_tiles) {
+      case 1:
+        return silu ? f(Variant<kTileN, true, 1>{}) : f(Variant<kTileN, false, 1>{});
+      case 2:
+        return silu ? f(Variant<kTileN, true, 2>{}) : f(Variant<kTileN, false, 2>{});
+      default:
+        throw InvalidArgument("skinny_gemm: m_tiles " + str(tiling.m_tiles) +
+                              " has no kernel (1 or 2)");
+    }
+  };
+  switch (tiling.tile_n) {
+    case 8:
+      return with_rows(std::integral_constant<int, 8>{});
+    case 16:
+      return with_rows(std::integral_constant<int, 16>{});
+    case 32:
+      return with_rows(std::integral_constant<int, 32>{});
+    case 64:
+      return with_rows(std::integral_constant<int, 64>{});
+    default:
+      throw InvalidArgument("skinny_gemm: tile_n " + str(tiling.tile_n) +
+                            " has no kernel (8, 16, 32 or 64)");
+  }
 }
 
 // Device numbers that the tiling needs, read once per device (attribute queries are cheap, but
@@ -501,82 +594,59 @@ DeviceLimits device_limits() {
   return {count, static_cast<size_t>(block) - kStaticSmemReserve, static_cast<size_t>(sm)};
 }
 
-size_t max_warps(int tile_n, bool silu, size_t smem_limit) {
-  switch (tile_n) {
-    case 8:
-      return silu ? max_warps_for<8, true>(smem_limit) : max_warps_for<8, false>(smem_limit);
-    case 16:
-      return silu ? max_warps_for<16, true>(smem_limit) : max_warps_for<16, false>(smem_limit);
-    case 32:
-      return silu ? max_warps_for<32, true>(smem_limit) : max_warps_for<32, false>(smem_limit);
-    case 64:
-      return silu ? max_warps_for<64, true>(smem_limit) : max_warps_for<64, false>(smem_limit);
-    default:
-      throw InvalidArgument("skinny_gemm: tile_n " + str(tile_n) +
-                            " has no kernel (8, 16, 32 or 64)");
-  }
+// The most warps a CTA of the tiling's variant may have (its warps are ignored).
+size_t max_warps(SkinnyTiling tiling, bool silu, size_t smem_limit) {
+  return dispatch(tiling, silu, [&](auto variant) {
+    using Layout = typename decltype(variant)::Layout;
+    return std::min<size_t>(kMaxWarps, smem_limit / Layout::smem_bytes(1));
+  });
 }
 
-template <int kTileN, bool kSilu>
+template <class V>
 void launch(const SkinnyGemmParams& p, int warps, cudaStream_t stream) {
-  const size_t smem = TileLayout<kTileN, kSilu>::smem_bytes(warps);
+  constexpr auto kernel = skinny_gemm_kernel<V::tile_n, V::silu, V::m_tiles>;
+  const size_t smem = V::Layout::smem_bytes(warps);
   // The opt-in above 48 KB, once per device for the largest amount the variant may use.
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
-    const size_t most = TileLayout<kTileN, kSilu>::smem_bytes(
-        static_cast<int>(max_warps_for<kTileN, kSilu>(device_limits().smem_per_block)));
-    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<kTileN, kSilu>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const size_t most = V::Layout::smem_bytes(static_cast<int>(
+        max_warps({V::tile_n, 1, V::m_tiles}, V::silu, device_limits().smem_per_block)));
+    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(most)));
     configured_devices.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const auto column_tiles = static_cast<unsigned>((p.n + kTileN - 1) / kTileN);
-  const auto row_tiles = static_cast<unsigned>(row_tile_bound(p));
+  const auto column_tiles = static_cast<unsigned>((p.n + V::tile_n - 1) / V::tile_n);
+  const auto row_tiles = static_cast<unsigned>(row_tile_bound(p, V::Layout::kRows));
   if (p.offsets == nullptr && column_tiles > 65535) {  // grid.y of the dense order
     throw ShapeError("skinny_gemm: n " + str(p.n) + " is " + str(column_tiles) +
-                     " column tiles of " + str(kTileN) + " (at most 65535 for one group)");
+                     " column tiles of " + str(V::tile_n) + " (at most 65535 for one group)");
   }
   const dim3 grid =
       p.offsets == nullptr ? dim3(row_tiles, column_tiles) : dim3(column_tiles, row_tiles);
-  launch_kernel(skinny_gemm_kernel<kTileN, kSilu>, grid, warps * 32, smem, stream, p);
+  // Prefetching more than a fraction of L2 (50 MB on an H100 / H200) would evict lines before
+  // their use; a grouped product is counted as if every row tile had its own group.
+  const int64_t groups_read = p.offsets == nullptr ? 1 : std::min<int64_t>(p.groups, row_tiles);
+  const bool prefetch = groups_read * p.n * p.k * 2 * (V::silu ? 2 : 1) <= kL2PrefetchBytes;
+  launch_kernel(kernel, grid, warps * 32, smem, stream, p, prefetch);
   QUANTMLA_CUDA_CHECK_LAUNCH();
-}
-
-template <bool kSilu>
-void launch_tile(const SkinnyGemmParams& p, SkinnyTiling tiling, cudaStream_t stream) {
-  switch (tiling.tile_n) {
-    case 8:
-      return launch<8, kSilu>(p, tiling.warps, stream);
-    case 16:
-      return launch<16, kSilu>(p, tiling.warps, stream);
-    case 32:
-      return launch<32, kSilu>(p, tiling.warps, stream);
-    case 64:
-      return launch<64, kSilu>(p, tiling.warps, stream);
-    default:
-      throw InvalidArgument("skinny_gemm: tile_n " + str(tiling.tile_n) +
-                            " has no kernel (8, 16, 32 or 64)");
-  }
 }
 
 // The tiling's checks and the launch; params already validated.
 void run(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {
   const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
-  const size_t most = max_warps(tiling.tile_n, silu, device_limits().smem_per_block);
+  const size_t most = max_warps(tiling, silu, device_limits().smem_per_block);
   if (tiling.warps < 1 || static_cast<size_t>(tiling.warps) > most) {
     throw InvalidArgument("skinny_gemm: " + str(tiling.warps) + " warps for tile_n " +
-                          str(tiling.tile_n) + (silu ? " kSiluMul" : " kStore") + " (1 to " +
+                          str(tiling.tile_n) + ", m_tiles " + str(tiling.m_tiles) +
+                          (silu ? " kSiluMul" : " kStore") + " (1 to " +
                           str(static_cast<int64_t>(most)) + " fit the shared memory)");
   }
   if (params.max_rows == 0) return;
-  if (silu) {
-    launch_tile<true>(params, tiling, stream);
-  } else {
-    launch_tile<false>(params, tiling, stream);
-  }
+  dispatch(tiling, silu,
+           [&](auto variant) { launch<decltype(variant)>(params, tiling.warps, stream); });
 }
 
 }  // namespace
@@ -597,7 +667,12 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   const DeviceLimits limits = device_limits();
   const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
   const int gated = silu ? 2 : 1;
-  const int64_t row_tiles = std::max<int64_t>(1, row_tile_bound(params));
+  // 32-row tiles where 16 would read a group's weights twice: more than 16 dense rows, or more
+  // than 12 rows per group on average (routed experts past batch ~128 at 6 of 64 experts).
+  const int m_tiles =
+      params.max_rows > (params.offsets == nullptr ? 16 : 12) * params.groups ? 2 : 1;
+  const int tile_rows = m_tiles * kMmaRows;
+  const int64_t row_tiles = std::max<int64_t>(1, row_tile_bound(params, tile_rows));
   const int64_t chunks = (params.k + kChunk - 1) / kChunk;
   const int64_t warps_by_k = std::max<int64_t>(1, chunks / 2);  // >= 2 chunks a warp
   const int64_t sms = limits.sms;
@@ -610,10 +685,11 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   for (const int tile_n : {8, 16, 32}) {
     const int64_t weight_rows = int64_t{tile_n} * gated;
     const int64_t ctas = (params.n + tile_n - 1) / tile_n * row_tiles;
-    const auto most = static_cast<int64_t>(max_warps(tile_n, silu, limits.smem_per_block));
+    const auto most =
+        static_cast<int64_t>(max_warps({tile_n, 1, m_tiles}, silu, limits.smem_per_block));
     for (const int64_t warps : {8, 6, 4, 3, 2, 1}) {
       if (warps > most || warps > warps_by_k || (warps == 1 && warps_by_k > 1)) continue;
-      const int64_t smem = warps * kStages * (kTileRows + weight_rows) * kChunkBytes;
+      const int64_t smem = warps * kStages * (tile_rows + weight_rows) * kChunkBytes;
       const int64_t per_sm = std::min({static_cast<int64_t>(limits.smem_per_sm) / (smem + 1024),
                                        kMaxWarpsPerSm / warps, kMaxBlocksPerSm});
       if (ctas > per_sm * sms) continue;  // more than one wave
@@ -624,12 +700,12 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
       const int64_t key[4] = {busy, enough, tile_n, in_flight};
       if (std::lexicographical_compare(best_key, best_key + 4, key, key + 4)) {
         std::copy(key, key + 4, best_key);
-        best = {tile_n, static_cast<int>(warps)};
+        best = {tile_n, static_cast<int>(warps), m_tiles};
       }
     }
   }
   if (best.tile_n != 0) return best;
-  return {silu ? 16 : 32, static_cast<int>(std::min<int64_t>(2, warps_by_k))};
+  return {silu ? 16 : 32, static_cast<int>(std::min<int64_t>(2, warps_by_k)), m_tiles};
 }
 
 void skinny_gemm(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {

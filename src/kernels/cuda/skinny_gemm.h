@@ -52,10 +52,15 @@ struct SkinnyGemmParams {
   DType out_dtype = DType::kF32;  // kStore: F32 or BF16; kSiluMul: BF16
   float beta = 0.0f;              // kStore with F32 only: 0 (y only written) or 1 (y += x W^T)
   SkinnyEpilogue epilogue = SkinnyEpilogue::kStore;
+  // Grouped products: offsets, row_index and the w / w2 arrays were written at least two kernels
+  // earlier on the stream (or before it), not by the kernel just before this one, so that under
+  // a programmatic dependent launch (launch.cuh) the weights can be requested while that kernel
+  // still runs. Dense products always do so (their weights are constants).
+  bool routing_ready = false;
 };
 
 // Most rows a group may have for the skinny kernel to be the right choice; more rows re-read the
-// weights once per 16 rows (a caller with more uses GemmRunner). Not a limit of the kernel.
+// weights once per 32 rows (a caller with more uses GemmRunner). Not a limit of the kernel.
 inline constexpr int64_t kSkinnyRowsPerGroup = 64;
 
 // Runs the product on `stream`; no allocation, no synchronization (it may be captured in a CUDA
@@ -68,12 +73,15 @@ inline constexpr int64_t kSkinnyRowsPerGroup = 64;
 // be aligned to its element); CudaError for a failed launch.
 void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream);
 
-// The launch shape: output columns per CTA (tile_n: 8, 16, 32 or 64) and warps per CTA (each
-// warp sums its own share of K; 1 to 8, fewer where the shared memory of a wide tile runs out).
-// The result depends on the tiling (the order of the FP32 sums), never on anything else.
+// The launch shape: output columns per CTA (tile_n: 8, 16, 32 or 64), warps per CTA (each
+// warp sums its own share of K; 1 to 8, fewer where the shared memory of a wide tile runs out)
+// and output rows per CTA in 16-row mma tiles (m_tiles: 1 or 2; a CTA reads its weight slice
+// once for all its rows). The result depends on the tiling (the order of the FP32 sums), never
+// on anything else.
 struct SkinnyTiling {
   int tile_n = 0;
   int warps = 0;
+  int m_tiles = 1;
 };
 
 // The tiling skinny_gemm(params, stream) uses: from the shape and the current device only.

@@ -741,7 +741,6 @@ class CudaRunner final : public Runner {
     gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     if (layer.is_moe) {
       run_moe(l, layer);
-      if (layer.has_shared) run_mlp(layer.shared);
     } else {
       run_mlp(layer.mlp);
     }
@@ -922,6 +921,10 @@ class CudaRunner final : public Runner {
     gpu::MoeSortBuffers sort = buf_.sort;
     sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
     gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), sort, stream_);
+    // The shared experts between the sort and the routed ones: the routed products then find
+    // their routing settled and request their weights before the previous kernel ends
+    // (SkinnyGemmParams::routing_ready).
+    if (layer.has_shared) run_mlp(layer.shared);
     if (moe_grouped(n)) {
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
@@ -939,6 +942,7 @@ class CudaRunner final : public Runner {
       gate_up.ldy = inner;
       gate_up.out_dtype = DType::kBF16;
       gate_up.epilogue = gpu::SkinnyEpilogue::kSiluMul;
+      gate_up.routing_ready = layer.has_shared;
       gpu::skinny_gemm(gate_up, stream_);
       gpu::SkinnyGemmParams down;
       down.x = buf_.expert_act;
@@ -953,6 +957,7 @@ class CudaRunner final : public Runner {
       down.y = buf_.expert_out;
       down.ldy = d;
       down.out_dtype = DType::kF32;
+      down.routing_ready = true;  // the sort ran before gate_up
       gpu::skinny_gemm(down, stream_);
     } else {
       host_offsets_.resize(sz(e + 1));
