@@ -8,7 +8,7 @@
 #     bench/gpu/run-runner.sh's stages; [".carry/deps.tar.xz", ".carry/deps-server.tar.xz"] for
 #     run-serve.sh and run-online.sh.
 #   LONG=1 bash scripts/device-carry.sh   for run-runner.sh's long and longcalib stages:
-#     mla-tiny-v2-4k and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
+#     mla-tiny-v2-4k (packed) and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
 #     for that call and carry [".carry/deps.tar.xz", ".carry/shared"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,9 @@ if [ -n "${LONG:-}" ]; then
   rm -f .carry/shared/reference/valid.ids.i32 .carry/shared/tools/make_gpu_fixtures.py
   head -c $((4 * 4096 * 20 + 4)) "$shared/reference/wikitext2-test.ids.i32" \
     >.carry/shared/reference/wikitext2-test.ids.i32
-  cp -r "$shared/models/mla-tiny-v2-4k" .carry/shared/models/
+  # Packed (xz: 52 -> ~40 MiB) so that the call stays under the device's 64 MiB; run-runner.sh
+  # unpacks it.
+  tar -C "$shared/models" -cf - mla-tiny-v2-4k | xz -1 -T0 >.carry/shared/models/mla-tiny-v2-4k.tar.xz
 else
   # Enough for eval-ppl's first 100 windows at ctx 1024 (the whole file would pass the limit).
   head -c $((4 * 1024 * 101)) "$shared/reference/wikitext2-test.ids.i32" \

@@ -81,8 +81,11 @@ if has passkey; then
   both passkey eval-passkey --prompts $prompts --per-cell $PER_CELL --cache bf16
   python3 bench/gpu/compare_devices.py mla-tiny-passkey="$out/passkey.jsonl" || status=1
 fi
+long=.carry/shared/models/mla-tiny-v2-4k
+if { has long || has longcalib; } && [[ ! -d $long && -f $long.tar.xz ]]; then
+  xz -dc $long.tar.xz | tar -C .carry/shared/models -xf - || status=1
+fi
 if has long; then
-  long=.carry/shared/models/mla-tiny-v2-4k
   echo "== mla-tiny-v2-4k: eval-ppl ctx 4096 (${LONG_WINDOWS:=20} windows), all pass-key prompts"
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
     both long eval-ppl --model $long --ids $ids --ctx 4096 --max-windows $LONG_WINDOWS --cache $spec
@@ -91,7 +94,6 @@ if has long; then
   python3 bench/gpu/compare_devices.py mla-tiny-v2-4k="$out/long.jsonl" || status=1
 fi
 if has longcalib; then
-  long=.carry/shared/models/mla-tiny-v2-4k
   echo "== calibrated INT4/INT4 mla-tiny-v2-4k: eval-ppl ctx 4096, all pass-key prompts"
   start=$(date +%s)
   $build/quantmla calibrate --model $long --cache content=int4:g64,rope=int4:g64 \
@@ -108,6 +110,10 @@ if has bench; then
     2>/dev/null | tail -1
   $build/bench/gpu/bench_runner --model /tmp/v2-lite --json "$out/runner.json" 2>&1 |
     tee "$out/bench-runner.txt" || status=1
+  # The fixture rows of the same call's runner test, when it ran (merge_fixtures.py).
+  if [[ -f $out/test-cuda-runner.txt && -f $out/runner.json ]]; then
+    python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1
+  fi
 fi
 if has nopdl; then
   echo "== runner benchmark, no programmatic dependent launches"
