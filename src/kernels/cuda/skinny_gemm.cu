@@ -195,8 +195,8 @@ __device__ __forceinline__ void prefetch_l2(const uint16_t* row, int64_t skip, i
 #endif
 }
 
-// prefetch: request the CTA's whole weight slice into L2 at the start (the host's choice: when
-// the product's weights fit in L2 with room to spare).
+// prefetch: request the rest of the CTA's weight slice (past the first pipeline stages) into L2
+// at the start (the host's choice: when the product's weights fit in L2 with room to spare).
 template <int kTileN, bool kSilu, int kMTiles>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     skinny_gemm_kernel(const SkinnyGemmParams p, bool prefetch) {
