@@ -343,7 +343,7 @@ size_t count_differences(const std::vector<float>& a, const std::vector<float>& 
 // (the default: each kernel waits for its predecessor before reading what that one writes, and
 // only the weights, and routing two kernels old, are read earlier).
 void check_graphs(const fs::path& model_dir, uint64_t seed) {
-  DecodeRun graphs, plain, unprogrammed;
+  DecodeRun graphs, plain, without_pdl;
   {
     const auto runner = make_cuda_runner(model_dir);
     graphs = run_decode_steps(*runner, seed);
@@ -358,20 +358,20 @@ void check_graphs(const fs::path& model_dir, uint64_t seed) {
     CudaRunnerOptions options;
     options.programmatic_launch = false;
     const auto runner = make_cuda_runner(model_dir, options);
-    unprogrammed = run_decode_steps(*runner, seed);
+    without_pdl = run_decode_steps(*runner, seed);
   }
   gpu::set_programmatic_launch(true);
   const size_t differ = count_differences(graphs.out, plain.out);
-  const size_t differ_plain_launch = count_differences(graphs.out, unprogrammed.out);
+  const size_t differ_without_pdl = count_differences(graphs.out, without_pdl.out);
   std::printf(
       "%-48s %d of %d steps replayed, %zu of %zu values differ; without programmatic launches: "
       "%d replayed, %zu differ\n",
       (model_dir.filename().string() + " graphs vs launches").c_str(), graphs.replayed,
-      kDecodeSteps, differ, graphs.out.size(), unprogrammed.replayed, differ_plain_launch);
+      kDecodeSteps, differ, graphs.out.size(), without_pdl.replayed, differ_without_pdl);
   check(graphs.replayed == kDecodeSteps - 1,
         "decode steps after the first not replayed from a graph");
   check(differ == 0, "graph replay changed logits or sampled tokens");
-  check(unprogrammed.replayed == kDecodeSteps - 1 && differ_plain_launch == 0,
+  check(without_pdl.replayed == kDecodeSteps - 1 && differ_without_pdl == 0,
         "programmatic dependent launches changed logits or sampled tokens");
 }
 

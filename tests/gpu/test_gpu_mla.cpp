@@ -515,15 +515,21 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("plan made for another format", [&] {
     decode_with(CacheFormat::parse("content=int4:g64,rope=int4:g64"), 1);
   });
-  expect_throws<InvalidArgument>("write with a c stride below the row", [&] {
+  // A one-token write whose pointers are all set (to host memory: the calls below are refused
+  // before any launch), for the cases that break one thing.
+  int32_t dummy = 0;
+  float value = 0.0f;
+  const auto one_token_write = [&] {
     gpu::MlaWriteParams params;
-    int32_t dummy = 0;
-    float value = 0.0f;
     params.c = params.k_pe = &value;
     params.seq_ids = params.positions = params.block_table = &dummy;
     params.pool = reinterpret_cast<uint8_t*>(&dummy);
     params.block_table_stride = 1;
     params.num_tokens = 1;
+    return params;
+  };
+  expect_throws<InvalidArgument>("write with a c stride below the row", [&] {
+    gpu::MlaWriteParams params = one_token_write();
     params.c_stride = kLatentDim - 1;
     gpu::mla_write(bf16, params);
   });
@@ -544,16 +550,8 @@ void run_error_cases() {
     params.num_tokens = 1;
     gpu::mla_gather(bf16, params);
   });
-  expect_throws<InvalidArgument>("write with q8_0", [] {
-    gpu::MlaWriteParams params;
-    int32_t dummy = 0;
-    float value = 0.0f;
-    params.c = params.k_pe = &value;
-    params.seq_ids = params.positions = params.block_table = &dummy;
-    params.pool = reinterpret_cast<uint8_t*>(&dummy);
-    params.block_table_stride = 1;
-    params.num_tokens = 1;
-    gpu::mla_write(CacheFormat::parse("content=q8_0,rope=bf16"), params);
+  expect_throws<InvalidArgument>("write with q8_0", [&] {
+    gpu::mla_write(CacheFormat::parse("content=q8_0,rope=bf16"), one_token_write());
   });
 }
 
