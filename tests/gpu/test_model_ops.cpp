@@ -726,6 +726,14 @@ void run_skinny_cases() {
   expect_throws<InvalidArgument>("skinny_gemm tile_n 24", [&] {
     gpu::skinny_gemm(p, gpu::SkinnyTiling{24, 4}, kStream);
   });
+  expect_throws<InvalidArgument>("skinny_gemm m_tiles 3", [&] {
+    gpu::skinny_gemm(p, gpu::SkinnyTiling{16, 4, 3}, kStream);
+  });
+  expect_throws<InvalidArgument>("skinny_gemm tile 64 gated, 32 rows, with 3 warps", [&] {
+    gpu::SkinnyGemmParams q = p;
+    q.epilogue = gpu::SkinnyEpilogue::kSiluMul, q.weight2 = a.data(), q.out_dtype = DType::kBF16;
+    gpu::skinny_gemm(q, gpu::SkinnyTiling{64, 3, 2}, kStream);  // 2 fit the shared memory
+  });
   expect_throws<InvalidArgument>("skinny_gemm tile 64 gated with 8 warps", [&] {
     gpu::SkinnyGemmParams q = p;
     q.epilogue = gpu::SkinnyEpilogue::kSiluMul, q.weight2 = a.data(), q.out_dtype = DType::kBF16;
