@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
           p.push_back(static_cast<int32_t>(rng() % config.vocab_size));
       }
       std::vector<double> times;
-      int64_t flops = 0;
+      int64_t flops = 0, padding = 0;
       auto pool = runner->make_pool(format, prompts * PagePool::pages_for_tokens(len));
       for (int r = 0; r < (only ? repeats : std::max(3, repeats / 2)) + 1; ++r) {
         StepBatch step;
@@ -274,6 +274,7 @@ int main(int argc, char** argv) {
         const double ms = seconds_since(start) * 1e3;
         if (r >= 1) times.push_back(ms);
         flops = runner->last_step_stats().gemm_flops;
+        padding = runner->last_step_stats().padding_flops;
         for (const SequenceChunk& chunk : step.chunks) pool->remove_sequence(chunk.sequence);
       }
       row.step_ms = bench::median(times);
@@ -281,9 +282,10 @@ int main(int argc, char** argv) {
       row.gemm_tflops = flops / (row.step_ms * 1e-3) / 1e12;
       std::printf(
           "prefill %lld x %lld tokens: %.1f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
-          "(%.0f%% of cuBLAS's %.0f)\n",
+          "(%.0f%% of cuBLAS's %.0f), %.0f%% more on the experts' padding rows\n",
           static_cast<long long>(prompts), static_cast<long long>(len), row.step_ms,
-          row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops, gemm_tflops);
+          row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops, gemm_tflops,
+          100.0 * static_cast<double>(padding) / static_cast<double>(flops));
       prefill.push_back(row);
     }
 

@@ -14,7 +14,7 @@ UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e
 
 # Kernel-name fragments of each part (checked in order; anything else is "the rest").
 PARTS = [
-    ("attention", ("mla_decode", "mla_combine", "mla_write", "mla_gather", "causal_softmax",
+    ("attention", ("mla_decode", "mla_combine", "mla_write", "mla_gather", "flash_prefill",
                    "pack_queries")),
     ("GEMMs", ("nvjet", "gemm", "cublas", "splitKreduce", "skinny", "xmma", "internal::kernel")),
 ]

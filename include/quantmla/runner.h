@@ -50,6 +50,7 @@ struct StepOutputs {
 struct StepStats {
   int64_t weight_bytes_read = 0;  // weights the step's GEMMs read (routed experts: those chosen)
   int64_t gemm_flops = 0;         // 2 m n k over the step's GEMMs
+  int64_t padding_flops = 0;      // 2 m n k more on padding rows (prefill's batched experts)
   bool graph_replayed = false;    // the CUDA runner replayed a captured graph of the step
 };
 

@@ -889,8 +889,9 @@ void run_rope_case(const std::string& name, int64_t n, int64_t count, int dim, i
   expect(others_kept, name + ": values outside the rotated vectors unchanged");
 }
 
-void run_silu_mul_case(int64_t n, int64_t inner) {
-  const int64_t ld = 2 * inner + 3, ldo = inner + 5;
+// Padding of 3 and 5: the scalar kernel; 0 and 4 (with inner % 4 == 0): the 4-wide one.
+void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo_padding) {
+  const int64_t ld = 2 * inner + ld_padding, ldo = inner + ldo_padding;
   std::vector<float> gate_up = random_f32(static_cast<size_t>(n * ld), 3.0f);
   gate_up[0] = -100.0f;  // exp(100) overflows in FP32: silu is -0
   gate_up[1] = 90.0f;
@@ -920,13 +921,15 @@ void run_silu_mul_case(int64_t n, int64_t inner) {
       bound.push_back(f32 + kBf16Unit * (std::fabs(exact) + f32));
     }
   }
-  check_close("silu_mul n " + std::to_string(n) + " inner " + std::to_string(inner), got, ref,
-              bound);
+  check_close("silu_mul n " + std::to_string(n) + " inner " + std::to_string(inner) + " ld " +
+                  std::to_string(ld) + " ldo " + std::to_string(ldo),
+              got, ref, bound);
   expect(padding_kept, "silu_mul: columns past inner untouched");
 }
 
-void run_convert_case() {
-  std::vector<float> in = random_f32(10001, 10.0f);
+// An odd count: the scalar kernel; a multiple of 4: the 4-wide one.
+void run_convert_case(size_t count) {
+  std::vector<float> in = random_f32(count, 10.0f);
   const float specials[] = {INFINITY, -INFINITY,     std::nanf(""), -0.0f,       1e-40f,
                             -3e-39f,  3.4028235e38f, 1.00390625f,   1.01171875f, -2.99609375f};
   for (size_t i = 0; i < std::size(specials); ++i) in[i * 7] = specials[i];
@@ -937,7 +940,9 @@ void run_convert_case() {
   sync();
   std::vector<uint16_t> ref(in.size());
   for (size_t i = 0; i < in.size(); ++i) ref[i] = f32_to_bf16(in[i]);
-  check_equal("convert_f32_to_bf16 (RNE, specials, as quantmla::f32_to_bf16)", out.download(), ref);
+  check_equal("convert_f32_to_bf16 count " + std::to_string(count) +
+                  " (RNE, specials, as quantmla::f32_to_bf16)",
+              out.download(), ref);
 }
 
 void run_pack_case(int tokens, int heads) {
@@ -1310,25 +1315,67 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
   }
   check_equal("moe_gather odd width (scalar path)", sorted_odd.download(), odd_ref);
 
-  const int64_t ld_out = d + 4, ld_x = d + 2;
-  const std::vector<float> expert_out = random_f32(static_cast<size_t>(slots * ld_out), 1.0f);
-  const std::vector<float> weights = random_f32(static_cast<size_t>(n * k), 0.3f);
-  const std::vector<float> x0 = random_f32(static_cast<size_t>(n * ld_x), 1.0f);
-  DeviceArray<float> dout(expert_out), dweights(weights), dx(x0);
-  gpu::moe_combine(dout.data(), ld_out, dslot.data(), dweights.data(), dx.data(), ld_x, n, k, d,
-                   kStream);
-  sync();
-  std::vector<float> x_ref = x0;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t c = 0; c < d; ++c) {
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        sum = std::fma(weights[t * k + j], expert_out[ref.slot_of[t * k + j] * ld_out + c], sum);
+  // ld_x = d + 2: the scalar kernel; d + 4: the 4-wide one.
+  for (const int64_t x_padding : {2, 4}) {
+    const int64_t ld_out = d + 4, ld_x = d + x_padding;
+    const std::vector<float> expert_out = random_f32(static_cast<size_t>(slots * ld_out), 1.0f);
+    const std::vector<float> weights = random_f32(static_cast<size_t>(n * k), 0.3f);
+    const std::vector<float> x0 = random_f32(static_cast<size_t>(n * ld_x), 1.0f);
+    DeviceArray<float> dout(expert_out), dweights(weights), dx(x0);
+    gpu::moe_combine(dout.data(), ld_out, dslot.data(), dweights.data(), dx.data(), ld_x, n, k, d,
+                     kStream);
+    sync();
+    std::vector<float> x_ref = x0;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < d; ++c) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) {
+          sum = std::fma(weights[t * k + j], expert_out[ref.slot_of[t * k + j] * ld_out + c], sum);
+        }
+        x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
       }
-      x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
     }
+    check_equal(
+        "moe_combine ld_x " + std::to_string(ld_x) + " (fma chain in j order, padding untouched)",
+        dx.download(), x_ref);
   }
-  check_equal("moe_combine (fma chain in j order, padding untouched)", dx.download(), x_ref);
+}
+
+// moe_pad_layout against pad_expert_layout (the host reference) on the same sort, rows the busiest
+// count rounded up to 16 as the runner sizes them; invalid entries (no slot) included.
+void run_pad_layout_case(const std::string& name, std::vector<int32_t> experts, int64_t n, int k,
+                         int num_experts) {
+  const HostSort ref = sort_reference(experts, n, k, num_experts);
+  int64_t busiest = 0;
+  for (int e = 0; e < num_experts; ++e) busiest = std::max<int64_t>(busiest, ref.counts[e]);
+  const int64_t rows = std::max<int64_t>((busiest + 15) / 16 * 16, 1);
+  std::vector<int32_t> token_of_row_ref, slot_of_ref = ref.slot_of;
+  gpu::pad_expert_layout(ref.offsets.data(), num_experts, ref.token_of_slot.data(), rows,
+                         token_of_row_ref, slot_of_ref);
+  DeviceArray<int32_t> doffsets(ref.offsets), dtoken(ref.token_of_slot), dexperts(experts),
+      dslot(ref.slot_of);
+  DeviceArray<int32_t> token_of_row(static_cast<size_t>(num_experts * rows));
+  DeviceArray<int32_t> padded_slot_of(experts.size());
+  poison(token_of_row);
+  poison(padded_slot_of);
+  gpu::moe_pad_layout(doffsets.data(), num_experts, dtoken.data(), dexperts.data(), dslot.data(),
+                      n * k, rows, token_of_row.data(), padded_slot_of.data(), kStream);
+  sync();
+  check_equal(name + ": token_of_row", token_of_row.download(), token_of_row_ref);
+  check_equal(name + ": padded slot_of", padded_slot_of.download(), slot_of_ref);
+}
+
+void run_pad_layout_errors() {
+  DeviceArray<int32_t> a(16);
+  int32_t* p = a.data();
+  expect_throws<ShapeError>("moe_pad_layout rows 0",
+                            [&] { gpu::moe_pad_layout(p, 4, p, p, p, 8, 0, p, p, kStream); });
+  expect_throws<ShapeError>("moe_pad_layout E * rows past 2^31", [&] {
+    gpu::moe_pad_layout(p, 256, p, p, p, 8, int64_t{1} << 24, p, p, kStream);
+  });
+  expect_throws<InvalidArgument>("moe_pad_layout null experts", [&] {
+    gpu::moe_pad_layout(p, 4, p, nullptr, p, 8, 4, p, p, kStream);
+  });
 }
 
 // The whole expert path: sort, offsets to the host, gather, expert MLPs; against double.
@@ -1732,51 +1779,51 @@ void run_sampling_cases() {
 // by at most u sum_i |q_i k_i|, which changes P_j by a factor within exp(+-2 scale ds)), P's
 // rounding (u A), the output's rounding (u |o|), and FP32 accumulation in every product.
 void run_prefill_attention_case(gpu::GemmRunner& gemm, int heads, int64_t tokens, int64_t context,
-                                int64_t max_context) {
-  constexpr int kNope = 128, kRope = 64, kV = 128, kRank = 512;
-  constexpr int kQk = kNope + kRope, kKv = kNope + kV, kRow = kRank + kRope;
+                                int64_t max_context, int head_dim) {
+  const int nope = head_dim, rope = 64, v_dim = head_dim, rank = 512;
+  const int qk = nope + rope, kv = nope + v_dim, row = rank + rope;
   const float scale = 0.2f;  // scores of about N(0, 192): softmax weights far from uniform
   std::vector<float> q, keys, kv_b;
   const std::vector<uint16_t> q_bits =
-      random_bf16(static_cast<size_t>(tokens * heads * kQk), 1.0f, &q);
-  std::vector<uint16_t> key_bits = random_bf16(static_cast<size_t>(context * kRow), 1.0f, &keys);
+      random_bf16(static_cast<size_t>(tokens * heads * qk), 1.0f, &q);
+  std::vector<uint16_t> key_bits = random_bf16(static_cast<size_t>(context * row), 1.0f, &keys);
   const std::vector<uint16_t> kv_b_bits =
-      random_bf16(static_cast<size_t>(heads * kKv * kRank), 1.0f / std::sqrt(float(kRank)), &kv_b);
+      random_bf16(static_cast<size_t>(heads * kv * rank), 1.0f / std::sqrt(float(rank)), &kv_b);
   DeviceArray<uint16_t> dq(q_bits), dkeys(key_bits), dkv_b(kv_b_bits);
-  DeviceArray<uint16_t> dout(static_cast<size_t>(tokens * heads * kV));
-  const size_t bytes = gpu::PrefillAttentionWorkspace::bytes_for(heads, kNope, kV, max_context);
+  DeviceArray<uint16_t> dout(static_cast<size_t>(tokens * heads * v_dim));
+  const size_t bytes = gpu::PrefillAttentionWorkspace::bytes_for(heads, nope, v_dim, max_context);
   DeviceArray<uint8_t> workspace(bytes);
   poison(dout);
   workspace.fill_bytes(0xff);
   gpu::PrefillAttentionParams p;
   p.q = dq.data();
   p.keys = dkeys.data();
-  p.keys_stride = kRow;
+  p.keys_stride = row;
   p.kv_b = dkv_b.data();
   p.out = dout.data();
-  p.out_stride = heads * kV;
+  p.out_stride = heads * v_dim;
   p.tokens = tokens;
   p.context = context;
   p.heads = heads;
-  p.nope = kNope, p.rope = kRope, p.v = kV, p.rank = kRank;
+  p.nope = nope, p.rope = rope, p.v = v_dim, p.rank = rank;
   p.softmax_scale = scale;
   gpu::prefill_attention(gemm, p, {workspace.data(), bytes, max_context}, kStream);
   sync();
   const std::vector<float> got = to_float(dout.download());
 
   // expanded[j, h, :] in double, and the magnitudes of its sums (for the FP32 accumulation).
-  std::vector<double> expanded(static_cast<size_t>(context * heads * kKv));
+  std::vector<double> expanded(static_cast<size_t>(context * heads * kv));
   std::vector<double> expanded_mass(expanded.size());
   for (int64_t j = 0; j < context; ++j) {
-    for (int64_t o = 0; o < heads * kKv; ++o) {
+    for (int64_t o = 0; o < heads * kv; ++o) {
       double sum = 0.0, mass = 0.0;
-      for (int r = 0; r < kRank; ++r) {
-        const double product = static_cast<double>(keys[j * kRow + r]) * kv_b[o * kRank + r];
+      for (int r = 0; r < rank; ++r) {
+        const double product = static_cast<double>(keys[j * row + r]) * kv_b[o * rank + r];
         sum += product;
         mass += std::fabs(product);
       }
-      expanded[j * heads * kKv + o] = sum;
-      expanded_mass[j * heads * kKv + o] = mass;
+      expanded[j * heads * kv + o] = sum;
+      expanded_mass[j * heads * kv + o] = mass;
     }
   }
   const double u = kBf16Unit, acc = kAccumulateUnit;
@@ -1785,27 +1832,27 @@ void run_prefill_attention_case(gpu::GemmRunner& gemm, int heads, int64_t tokens
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t visible = context - tokens + t + 1;
     for (int h = 0; h < heads; ++h) {
-      const float* qh = q.data() + (t * heads + h) * kQk;
+      const float* qh = q.data() + (t * heads + h) * qk;
       s.assign(static_cast<size_t>(visible), 0.0);
       ds.assign(static_cast<size_t>(visible), 0.0);
       double max_s = -INFINITY, max_ds = 0.0;
       for (int64_t j = 0; j < visible; ++j) {
-        const double* k = expanded.data() + (j * heads + h) * kKv;
-        const double* k_mass = expanded_mass.data() + (j * heads + h) * kKv;
+        const double* k = expanded.data() + (j * heads + h) * kv;
+        const double* k_mass = expanded_mass.data() + (j * heads + h) * kv;
         double dot = 0.0, rounding = 0.0, mass = 0.0;
-        for (int i = 0; i < kNope; ++i) {
+        for (int i = 0; i < nope; ++i) {
           dot += qh[i] * k[i];
           // BF16 rounding of k, plus its FP32 accumulation over the rank.
-          rounding += std::fabs(qh[i]) * (u * std::fabs(k[i]) + kRank * acc * k_mass[i]);
+          rounding += std::fabs(qh[i]) * (u * std::fabs(k[i]) + rank * acc * k_mass[i]);
           mass += std::fabs(qh[i] * k[i]);
         }
-        for (int i = 0; i < kRope; ++i) {
-          const double product = static_cast<double>(qh[kNope + i]) * keys[j * kRow + kRank + i];
+        for (int i = 0; i < rope; ++i) {
+          const double product = static_cast<double>(qh[nope + i]) * keys[j * row + rank + i];
           dot += product;
           mass += std::fabs(product);
         }
         s[j] = dot;
-        ds[j] = rounding + kQk * acc * mass;
+        ds[j] = rounding + qk * acc * mass;
         max_s = std::max(max_s, dot);
         max_ds = std::max(max_ds, ds[j]);
       }
@@ -1818,23 +1865,24 @@ void run_prefill_attention_case(gpu::GemmRunner& gemm, int heads, int64_t tokens
       for (int64_t j = 0; j < visible; ++j) max_abs_s = std::max(max_abs_s, std::fabs(s[j]));
       const double drift = std::expm1(2.0 * scale * max_ds) +
                            2.0 * 0x1.0p-24 * scale * 1.4427 * max_abs_s + 4.0 * 0x1.0p-24;
-      for (int c = 0; c < kV; ++c) {
+      for (int c = 0; c < v_dim; ++c) {
         double o = 0.0, mass = 0.0, v_rounding = 0.0;
         for (int64_t j = 0; j < visible; ++j) {
-          const double vj = expanded[(j * heads + h) * kKv + kNope + c];
+          const double vj = expanded[(j * heads + h) * kv + nope + c];
           const double pj = prob[j] / sum;
           o += pj * vj;
           mass += pj * std::fabs(vj);
-          v_rounding += pj * kRank * acc * expanded_mass[(j * heads + h) * kKv + kNope + c];
+          v_rounding += pj * rank * acc * expanded_mass[(j * heads + h) * kv + nope + c];
         }
-        const size_t at = static_cast<size_t>((t * heads + h) * kV + c);
+        const size_t at = static_cast<size_t>((t * heads + h) * v_dim + c);
         ref[at] = o;
         const double inner = mass * (2 * u + drift + visible * acc) + v_rounding;
         bound[at] = inner + u * (std::fabs(o) + inner);
       }
     }
   }
-  check_close("prefill_attention H " + std::to_string(heads) + ", " + std::to_string(tokens) +
+  check_close("prefill_attention H " + std::to_string(heads) +
+                  " nope = v = " + std::to_string(head_dim) + ", " + std::to_string(tokens) +
                   " queries after " + std::to_string(context - tokens) + " cached",
               got, ref, bound);
 }
@@ -1849,6 +1897,15 @@ void run_prefill_attention_errors(gpu::GemmRunner& gemm) {
   });
   p.context = 5;
   expect_throws<ShapeError>("prefill_attention with fewer keys than queries", [&] {
+    gpu::prefill_attention(gemm, p, {nullptr, 1 << 20, 4096}, kStream);
+  });
+  p.context = 100;
+  p.nope = 96, p.v = 96;
+  expect_throws<ShapeError>("prefill_attention with head dimensions not compiled", [&] {
+    gpu::prefill_attention(gemm, p, {nullptr, 1 << 20, 4096}, kStream);
+  });
+  p.nope = 128, p.v = 128, p.keys_stride = 580;
+  expect_throws<ShapeError>("prefill_attention with keys rows not in 16-byte pieces", [&] {
     gpu::prefill_attention(gemm, p, {nullptr, 1 << 20, 4096}, kStream);
   });
 }
@@ -1900,8 +1957,10 @@ int main(int argc, char** argv) {
                   20 * 192, 192, 50 * 20 * 192, false);
     run_rope_case("rope k_pe [70, 576] at 512, YaRN-like, factor 1.2", 70, 1, 64, 512, 576, 64,
                   70 * 576, true);
-    run_silu_mul_case(37, 1408);
-    run_convert_case();
+    run_silu_mul_case(37, 1408, 3, 5);
+    run_silu_mul_case(37, 1408, 0, 4);
+    run_convert_case(10001);
+    run_convert_case(10000);
     run_pack_case(6, 20);
     run_pack_case(3, 128);
     run_gather_rows_case(DType::kF32);
@@ -1923,12 +1982,28 @@ int main(int argc, char** argv) {
     run_sort_case("moe_sort one chunk n 256 k 1 E 4096", random_choices(256, 1, 4096, true), 256, 1,
                   4096);
     run_gather_combine_case(300, 8, 64, 512);
+    run_pad_layout_case("moe_pad_layout n 2048 k 6 E 64", random_choices(2048, 6, 64, false), 2048,
+                        6, 64);
+    run_pad_layout_case("moe_pad_layout skewed n 500 k 8 E 256", random_choices(500, 8, 256, true),
+                        500, 8, 256);
+    {
+      std::vector<int32_t> experts = random_choices(50, 2, 16, false);
+      experts[3] = -1, experts[40] = 16;  // not from moe_route: no slot
+      run_pad_layout_case("moe_pad_layout with invalid entries", experts, 50, 2, 16);
+    }
+    run_pad_layout_errors();
     run_expert_mlp_case(gemm);
 
     run_sampling_cases();
 
-    run_prefill_attention_case(gemm, 16, 520, 700, 1024);  // two query tiles, 180 cached
-    run_prefill_attention_case(gemm, 8, 130, 130, 16384);  // no prefix, mla-tiny's heads
+    // Query tiles of 64 and key tiles of 64: partial last tiles, prefixes that are and are not
+    // tile multiples, a single query, mla-tiny's heads and head dimensions.
+    run_prefill_attention_case(gemm, 16, 520, 700, 1024, 128);
+    run_prefill_attention_case(gemm, 16, 256, 320, 320, 128);
+    run_prefill_attention_case(gemm, 8, 130, 130, 16384, 128);
+    run_prefill_attention_case(gemm, 2, 1, 77, 100, 128);
+    run_prefill_attention_case(gemm, 8, 200, 263, 300, 64);
+    run_prefill_attention_case(gemm, 8, 64, 64, 64, 64);
     run_prefill_attention_errors(gemm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());

@@ -141,30 +141,62 @@ __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const in
 
 // Rows along y, columns along x: no 64-bit division per element (it made this kernel
 // compute-bound at prefill sizes).
+// kVec consecutive elements per thread (4: one 16-byte load of gate and of up, one 8-byte store;
+// the launcher checks the alignment), the same arithmetic per element either way.
+template <int kVec>
 __global__ void __launch_bounds__(kRowThreads)
     silu_mul_kernel(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
                     int64_t inner) {
   wait_for_previous_kernel();
+  const int vectors = static_cast<int>(inner / kVec);
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     const float* gate = gate_up + r * ld_gate_up;
-    for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < inner;
-         i += static_cast<int>(gridDim.x * blockDim.x)) {
-      const float g = gate[i];
-      const float u = gate[inner + i];
-      const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-      out[r * ldo + i] = to_bf16_bits(__fmul_rn(silu, u));
+    for (int v = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); v < vectors;
+         v += static_cast<int>(gridDim.x * blockDim.x)) {
+      float g[kVec], u[kVec];
+      if constexpr (kVec == 4) {
+        const float4 g4 = reinterpret_cast<const float4*>(gate)[v];
+        const float4 u4 = reinterpret_cast<const float4*>(gate + inner)[v];
+        g[0] = g4.x, g[1] = g4.y, g[2] = g4.z, g[3] = g4.w;
+        u[0] = u4.x, u[1] = u4.y, u[2] = u4.z, u[3] = u4.w;
+      } else {
+        g[0] = gate[v], u[0] = gate[inner + v];
+      }
+      uint16_t y[kVec];
+      for (int i = 0; i < kVec; ++i) {
+        const float silu = __fdiv_rn(g[i], __fadd_rn(1.0f, expf(-g[i])));
+        y[i] = to_bf16_bits(__fmul_rn(silu, u[i]));
+      }
+      uint16_t* o = out + r * ldo + static_cast<int64_t>(v) * kVec;
+      if constexpr (kVec == 4) {
+        *reinterpret_cast<uint2*>(o) =
+            make_uint2(y[0] | (uint32_t{y[1]} << 16), y[2] | (uint32_t{y[3]} << 16));
+      } else {
+        o[0] = y[0];
+      }
     }
   }
 }
 
+template <int kVec>
 __global__ void __launch_bounds__(kRowThreads)
     convert_kernel(const float* in, uint16_t* out, int64_t count) {
   wait_for_previous_kernel();
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < count;
-       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[index] = to_bf16_bits(in[index]);
+  const int64_t vectors = count / kVec;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (kVec == 4) {
+      const float4 x = reinterpret_cast<const float4*>(in)[v];
+      reinterpret_cast<uint2*>(out)[v] =
+          make_uint2(to_bf16_bits(x.x) | (uint32_t{to_bf16_bits(x.y)} << 16),
+                     to_bf16_bits(x.z) | (uint32_t{to_bf16_bits(x.w)} << 16));
+    } else {
+      out[v] = to_bf16_bits(in[v]);
+    }
   }
 }
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 constexpr int kQueryDim = 576;
 constexpr int kQueryContent = 512;
@@ -288,8 +320,15 @@ void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t l
   if (gate_up == nullptr || out == nullptr) {
     throw InvalidArgument("silu_mul: gate_up and out must be device pointers, got null");
   }
-  launch_kernel(silu_mul_kernel, rows_grid(n, inner), kRowThreads, 0, stream, gate_up, ld_gate_up,
-                out, ldo, n, inner);
+  const bool vector = inner % 4 == 0 && ld_gate_up % 4 == 0 && ldo % 4 == 0 &&
+                      aligned(gate_up, 16) && aligned(out, 8);
+  if (vector) {
+    launch_kernel(silu_mul_kernel<4>, rows_grid(n, inner / 4), kRowThreads, 0, stream, gate_up,
+                  ld_gate_up, out, ldo, n, inner);
+  } else {
+    launch_kernel(silu_mul_kernel<1>, rows_grid(n, inner), kRowThreads, 0, stream, gate_up,
+                  ld_gate_up, out, ldo, n, inner);
+  }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -299,7 +338,11 @@ void convert_f32_to_bf16(const float* in, uint16_t* out, int64_t count, cudaStre
   if (in == nullptr || out == nullptr) {
     throw InvalidArgument("convert_f32_to_bf16: in and out must be device pointers, got null");
   }
-  launch_kernel(convert_kernel, grid_for(count), kRowThreads, 0, stream, in, out, count);
+  if (count % 4 == 0 && aligned(in, 16) && aligned(out, 8)) {
+    launch_kernel(convert_kernel<4>, grid_for(count / 4), kRowThreads, 0, stream, in, out, count);
+  } else {
+    launch_kernel(convert_kernel<1>, grid_for(count), kRowThreads, 0, stream, in, out, count);
+  }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

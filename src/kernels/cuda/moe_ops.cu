@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -352,22 +353,54 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// Thread i < E * rows writes row i of the padded layout, thread i < entries rewrites entry i's
+// slot (both ranges share the grid).
+__global__ void __launch_bounds__(kCopyThreads)
+    moe_pad_layout_kernel(const int32_t* offsets, const int32_t* token_of_slot,
+                          const int32_t* experts, const int32_t* slot_of, int64_t entries,
+                          int64_t padded_rows, int64_t rows, int32_t* token_of_row,
+                          int32_t* padded_slot_of) {
+  wait_for_previous_kernel();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
+  if (i < padded_rows) {
+    const int64_t x = i / rows, r = i % rows;
+    const int64_t first = offsets[x];
+    token_of_row[i] = r < offsets[x + 1] - first ? token_of_slot[first + r] : -1;
+  }
+  if (i < entries) {
+    const int32_t slot = slot_of[i];
+    const int32_t x = experts[i];
+    padded_slot_of[i] = slot < 0 ? -1 : static_cast<int32_t>(x * rows + (slot - offsets[x]));
+  }
+}
+
+// kVec consecutive columns per thread (4: 16-byte loads and stores; the launcher checks the
+// alignment), the same fma chain per element either way.
+template <int kVec>
 __global__ void __launch_bounds__(kCopyThreads)
     moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                        const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d) {
   wait_for_previous_kernel();
+  using Vec = std::conditional_t<kVec == 4, float4, float>;
+  const int64_t vectors = d / kVec;
   // Tokens along y, columns along x: no 64-bit division per element.
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < d;
-         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      float sum = 0.0f;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float sum[kVec] = {};
       for (int j = 0; j < k; ++j) {
         const int32_t slot = slot_of[t * k + j];
         if (slot < 0) continue;
-        sum = __fmaf_rn(weights[t * k + j], expert_out[slot * ld_expert_out + c], sum);
+        const float w = weights[t * k + j];
+        const Vec e = reinterpret_cast<const Vec*>(expert_out + slot * ld_expert_out)[v];
+        const float* ev = reinterpret_cast<const float*>(&e);
+        for (int i = 0; i < kVec; ++i) sum[i] = __fmaf_rn(w, ev[i], sum[i]);
       }
-      float& target = x[t * ld_x + c];
-      target = __fadd_rn(target, sum);
+      Vec& target = reinterpret_cast<Vec*>(x + t * ld_x)[v];
+      Vec result = target;
+      float* r = reinterpret_cast<float*>(&result);
+      for (int i = 0; i < kVec; ++i) r[i] = __fadd_rn(r[i], sum[i]);
+      target = result;
     }
   }
 }
@@ -545,6 +578,26 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
+void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                    const int32_t* experts, const int32_t* slot_of, int64_t entries, int64_t rows,
+                    int32_t* token_of_row, int32_t* padded_slot_of, cudaStream_t stream) {
+  const int64_t padded_rows = num_experts * rows;
+  if (num_experts < 1 || rows < 1 || entries < 0 || padded_rows > INT_MAX || entries > INT_MAX) {
+    throw ShapeError("moe_pad_layout: " + std::to_string(num_experts) + " experts of " + str(rows) +
+                     " rows, " + str(entries) +
+                     " entries (need >= 1 expert, rows >= 1, E * rows and entries below 2^31)");
+  }
+  if (offsets == nullptr || token_of_slot == nullptr || experts == nullptr || slot_of == nullptr ||
+      token_of_row == nullptr || padded_slot_of == nullptr) {
+    throw InvalidArgument("moe_pad_layout: every buffer must be a device pointer, got null");
+  }
+  const int64_t threads = std::max(padded_rows, entries);
+  const auto blocks = static_cast<unsigned>((threads + kCopyThreads - 1) / kCopyThreads);
+  launch_kernel(moe_pad_layout_kernel, blocks, kCopyThreads, 0, stream, offsets, token_of_slot,
+                experts, slot_of, entries, padded_rows, rows, token_of_row, padded_slot_of);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
 void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                  cudaStream_t stream) {
@@ -558,11 +611,20 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
     throw InvalidArgument(
         "moe_combine: expert_out, slot_of, weights and x must be device pointers, got null");
   }
-  const int64_t column_blocks = std::min<int64_t>((d + kCopyThreads - 1) / kCopyThreads, 64);
+  const bool vector = d % 4 == 0 && ld_expert_out % 4 == 0 && ld_x % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(expert_out) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int vec = vector ? 4 : 1;
+  const int64_t column_blocks = std::min<int64_t>((d / vec + kCopyThreads - 1) / kCopyThreads, 64);
   const dim3 grid(static_cast<unsigned>(column_blocks),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  launch_kernel(moe_combine_kernel, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
-                slot_of, weights, x, ld_x, n, k, d);
+  if (vector) {
+    launch_kernel(moe_combine_kernel<4>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
+                  slot_of, weights, x, ld_x, n, k, d);
+  } else {
+    launch_kernel(moe_combine_kernel<1>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
+                  slot_of, weights, x, ld_x, n, k, d);
+  }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

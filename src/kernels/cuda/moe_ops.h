@@ -114,6 +114,18 @@ void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* t
                        int64_t rows, std::vector<int32_t>& token_of_row,
                        std::vector<int32_t>& slot_of);
 
+// pad_expert_layout on the device, from moe_sort's buffers where they are, so that the layout
+// costs no copy back and no host synchronization (pad_expert_layout is its reference):
+//   offsets: [E + 1]; token_of_slot: [offsets[E]]; experts: [entries] moe_route's choices (the
+//   entries moe_sort sorted); slot_of: [entries] moe_sort's slots;
+//   token_of_row (out): [E * rows]; padded_slot_of (out): [entries], slot_of in the padded layout.
+// Requires rows >= every expert's count (the busiest count, from the offsets read back): not
+// checked on the device. Throws ShapeError for E < 1, rows < 1 or sizes past 2^31 - 1,
+// InvalidArgument for a null buffer.
+void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                    const int32_t* experts, const int32_t* slot_of, int64_t entries, int64_t rows,
+                    int32_t* token_of_row, int32_t* padded_slot_of, cudaStream_t stream);
+
 // The routed experts' weights: host arrays of E device pointers (an expert that gets no slot may
 // be null). Separate gate and up matrices, so the checkpoint's tensors are used as they are.
 struct MoeExpertWeights {

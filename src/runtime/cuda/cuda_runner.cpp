@@ -311,6 +311,12 @@ class CudaRunner final : public Runner {
       throw InvalidArgument("CUDA runner: prefill_expanded_max_context " +
                             std::to_string(options.prefill_expanded_max_context) + " must be >= 0");
     }
+    // Head dimensions the expanded prefill is not compiled for take the decode kernel's form.
+    if (!gpu::prefill_attention_supports(static_cast<int>(config_.qk_nope_head_dim),
+                                         static_cast<int>(config_.qk_rope_head_dim),
+                                         static_cast<int>(config_.v_head_dim))) {
+      options_.prefill_expanded_max_context = 0;
+    }
     upload_model(config_, store, weights_arena_, /*counting=*/true, rope.inv_freq());
     weights_arena_.allocate();
     model_ = upload_model(config_, store, weights_arena_, /*counting=*/false, rope.inv_freq());
@@ -318,6 +324,11 @@ class CudaRunner final : public Runner {
     activations_.allocate();
     size_activations();
     QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    QUANTMLA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_copied_, cudaEventDisableTiming));
+    if (config_.n_routed_experts > 0) {
+      QUANTMLA_CUDA_CHECK(
+          cudaMallocHost(&host_offsets_, sizeof(int32_t) * sz(config_.n_routed_experts + 1)));
+    }
     gemm_ = std::make_unique<gpu::GemmRunner>();
     if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
     std::fprintf(stderr,
@@ -330,6 +341,8 @@ class CudaRunner final : public Runner {
   ~CudaRunner() override {
     clear_graphs();
     for (PlanWorkspace& w : plan_workspaces_) cudaFree(w.device);
+    if (offsets_copied_ != nullptr) cudaEventDestroy(offsets_copied_);
+    if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -921,11 +934,20 @@ class CudaRunner final : public Runner {
     gpu::MoeSortBuffers sort = buf_.sort;
     sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
     gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), sort, stream_);
+    const bool grouped = moe_grouped(n);
+    if (!grouped) {
+      // The host sizes the routed products from the expert offsets: their copy is queued before
+      // the shared experts and waited for on its own, so the GPU runs the shared experts while
+      // the host reads the offsets and queues the routed products.
+      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_, buf_.sort.offsets, (e + 1) * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
+      QUANTMLA_CUDA_CHECK(cudaEventRecord(offsets_copied_, stream_));
+    }
     // The shared experts between the sort and the routed ones: the routed products then find
     // their routing settled and request their weights before the previous kernel ends
     // (SkinnyGemmParams::routing_ready).
     if (layer.has_shared) run_mlp(layer.shared);
-    if (moe_grouped(n)) {
+    if (grouped) {
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
       gate_up.ldx = d;
@@ -960,13 +982,10 @@ class CudaRunner final : public Runner {
       down.routing_ready = true;  // the sort ran before gate_up
       gpu::skinny_gemm(down, stream_);
     } else {
-      host_offsets_.resize(sz(e + 1));
-      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), buf_.sort.offsets, (e + 1) * 4,
-                                          cudaMemcpyDeviceToHost, stream_));
-      QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
       int64_t busiest = 0;
       for (int64_t i = 0; i < e; ++i) {
-        busiest = std::max<int64_t>(busiest, host_offsets_[sz(i + 1)] - host_offsets_[sz(i)]);
+        busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
       }
       // Rounded up so that steps of similar sizes share cuBLASLt plans.
       busiest = (busiest + 15) / 16 * 16;
@@ -974,13 +993,13 @@ class CudaRunner final : public Runner {
         batched_experts(layer, busiest);
         return;
       }
-      const int64_t slots = host_offsets_.back();
+      const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
       const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
                                           layer.expert_down.data()};
-      gpu::moe_expert_mlps(*gemm_, host_offsets_.data(), static_cast<int>(e), buf_.sorted, d,
-                           weights, d, inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out,
-                           d, stream_);
+      gpu::moe_expert_mlps(*gemm_, host_offsets_, static_cast<int>(e), buf_.sorted, d, weights, d,
+                           inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
+                           stream_);
     }
     gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
                      stream_);
@@ -989,28 +1008,17 @@ class CudaRunner final : public Runner {
   // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
   // once (one launch fills the GPU, where a GEMM per expert of a few hundred rows leaves most SMs
   // idle): each expert's rows padded with zero rows to the busiest expert's count. The layout is
-  // made on the host from the sort (copied back; this path already synchronizes for the offsets).
+  // made on the device from the sort (moe_pad_layout); only the offsets came back, for `rows`.
   void batched_experts(const DeviceLayer& layer, int64_t rows) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
-    const int64_t slots = host_offsets_.back();
-    host_token_of_slot_.resize(sz(slots));
-    host_slot_of_.resize(sz(n * k));
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_token_of_slot_.data(), buf_.sort.token_of_slot,
-                                        slots * 4, cudaMemcpyDeviceToHost, stream_));
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(host_slot_of_.data(), buf_.sort.slot_of, n * k * 4,
-                                        cudaMemcpyDeviceToHost, stream_));
-    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    gpu::pad_expert_layout(host_offsets_.data(), static_cast<int>(e), host_token_of_slot_.data(),
-                           rows, host_token_of_row_, host_slot_of_);
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.token_of_row, host_token_of_row_.data(),
-                                        host_token_of_row_.size() * 4, cudaMemcpyHostToDevice,
-                                        stream_));
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.padded_slot_of, host_slot_of_.data(), n * k * 4,
-                                        cudaMemcpyHostToDevice, stream_));
+    gpu::moe_pad_layout(buf_.sort.offsets, static_cast<int>(e), buf_.sort.token_of_slot,
+                        buf_.experts, buf_.sort.slot_of, n * k, rows, buf_.token_of_row,
+                        buf_.padded_slot_of, stream_);
     gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, e * rows, buf_.sorted, d, d, stream_);
+    stats_.padding_flops += 2 * (e * rows - host_offsets_[e]) * 3 * inner * d;
     // y_x = x_x W_x^T for every expert x: [rows, k] -> [rows, n], weights one stride apart.
     const auto all_experts = [&](const uint16_t* x, int64_t k, const uint16_t* w, int64_t n,
                                  float* y) {
@@ -1101,6 +1109,7 @@ class CudaRunner final : public Runner {
   DeviceModel model_;
   Buffers buf_{};
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t offsets_copied_ = nullptr;  // the expert offsets of a prefill step are on the host
   std::unique_ptr<gpu::GemmRunner> gemm_;
   StepStats stats_;
   gpu::MoeRouteParams route_;
@@ -1116,8 +1125,9 @@ class CudaRunner final : public Runner {
   std::vector<int64_t> order_, chunk_first_token_;
   std::vector<Group> groups_;
   std::vector<int32_t> host_ids_, host_positions_, host_seq_ids_, host_seq_lens_;
-  std::vector<int32_t> host_block_table_, host_offsets_;
-  std::vector<int32_t> host_token_of_slot_, host_slot_of_, host_token_of_row_;
+  std::vector<int32_t> host_block_table_;
+  // [E + 1] the expert offsets of a prefill step, pinned so that their copy is asynchronous.
+  int32_t* host_offsets_ = nullptr;
   int64_t expert_rows_ = 0;  // rows of the expert buffers (slots, plus room for padding)
 };
 
