@@ -28,7 +28,7 @@ export OMP_NUM_THREADS=$nproc_
 if has build; then
   start=$(date +%s)
   bash bench/gpu/device-build.sh quantmla test_model_ops test_cuda_runner test_gpu_mla \
-    test_decode_schedule bench_runner bench_skinny || exit 1
+    test_decode_schedule bench_runner bench_skinny bench_prefill_attention || exit 1
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"

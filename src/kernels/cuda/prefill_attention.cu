@@ -1,14 +1,16 @@
 // Expanded-form prefill attention (prefill_attention.h): the up-projection on cuBLAS, then one
 // flash-attention kernel. A block takes 64 queries of one head (a warp 16 of them, the M of its
-// mma.m16n8k16 products) and walks the visible keys in tiles of 64: the keys [k_nope ; k_pe] and
-// the values of the next tile are copied into shared memory (cp.async, two stages) while this one
-// is multiplied; S = Q K^T stays in registers, the running maximum and sum are kept per query row
-// (in the log2 domain of the scaled scores), P is rounded to BF16 for O += P V, and O is divided by
-// the sum at the end. Query tiles are handed out longest first, which evens the causal triangle.
+// mma.m16n8k16 products) and walks the visible keys in tiles of 64: the keys [k_nope ; k_pe]
+// and the values of the next tile are copied into shared memory (cp.async, two stages) while this
+// one is multiplied; S = Q K^T stays in registers, the running maximum and sum are kept per query
+// row (in the log2 domain of the scaled scores), P is rounded to BF16 for O += P V, and O is
+// divided by the sum at the end. Query tiles are handed out longest first, which evens the causal
+// triangle.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -20,9 +22,10 @@ namespace quantmla::gpu {
 namespace {
 
 constexpr int kRope = 64;
-constexpr int kQueryTile = 64;  // 4 warps x 16 query rows
+constexpr int kWarps = 4;  // 16 query rows each
+constexpr int kThreads = 32 * kWarps;
+constexpr int kQueryTile = 16 * kWarps;
 constexpr int kKeyTile = 64;
-constexpr int kThreads = 128;
 // Shared rows padded by 16 bytes: the eight rows of an ldmatrix phase fall on distinct banks.
 constexpr int kRowPadding = 8;
 
@@ -67,8 +70,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kValueTiles8 = kV / 8;
   wait_for_previous_kernel();
   extern __shared__ __align__(16) uint16_t shared[];
+  uint16_t* const stages = shared;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
+  const int m = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's matrix and row
   const int h = blockIdx.y;
   const int64_t q0 = (static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x) * kQueryTile;
   const int64_t first_position = p.context - p.tokens;
@@ -95,35 +100,44 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t last_query = q0 + kQueryTile < p.tokens ? q0 + kQueryTile - 1 : p.tokens - 1;
   const int64_t last_key = first_position + last_query;
   const int64_t key_tiles = last_key / kKeyTile + 1;
+  // Each thread copies fixed 16-byte columns of every kThreads / columns-th row, so that a tile's
+  // copies differ from the previous tile's by constant offsets only.
+  const auto copy_rows = [&](auto columns_constant, uint16_t* to, int to_row, const uint16_t* from,
+                             int64_t from_row, int64_t j0) {
+    constexpr int columns = decltype(columns_constant)::value;
+    constexpr int rows_per_pass = kThreads / columns;
+    static_assert(kThreads % columns == 0 && (kKeyTile * columns) % kThreads == 0,
+                  "whole rows a pass, whole passes a tile");
+    const int c = threadIdx.x % columns, r = threadIdx.x / columns;
+    const uint16_t* source = from + (j0 + r) * from_row + c * 8;
+    uint32_t target = shared_address(to + r * to_row + c * 8);
+    const int64_t valid_rows = p.context - j0;
+#pragma unroll
+    for (int pass = 0; pass < kKeyTile * columns / kThreads; ++pass) {
+      const int row = r + pass * rows_per_pass;
+      // Rows past the context: zeros, read from the tile's first row (always valid).
+      cp_async_16(target, row < valid_rows ? source : from + j0 * from_row + c * 8,
+                  row < valid_rows ? 16 : 0);
+      source += rows_per_pass * from_row;
+      target += rows_per_pass * to_row * 2;
+    }
+  };
+  const int64_t expanded_row = static_cast<int64_t>(p.heads) * (kNope + kV);
   const auto load_tile = [&](int64_t tile, int stage) {
-    uint16_t* keys = shared + stage * T::kStage;
+    uint16_t* keys = stages + stage * T::kStage;
     uint16_t* values = keys + kKeyTile * T::kKeyRow;
     const int64_t j0 = tile * kKeyTile;
-    constexpr int kKeyChunks = T::kQk / 8;  // 16-byte pieces of a key row
-    for (int i = threadIdx.x; i < kKeyTile * kKeyChunks; i += kThreads) {
-      const int r = i / kKeyChunks, c = i % kKeyChunks;
-      const int64_t j = j0 + r;
-      const int64_t source = j < p.context ? j : 0;
-      const uint16_t* from = c < kNope / 8
-                                 ? p.expanded + (source * p.heads + h) * (kNope + kV) + c * 8
-                                 : p.k_pe + source * p.k_pe_stride + (c - kNope / 8) * 8;
-      cp_async_16(shared_address(keys + r * T::kKeyRow + c * 8), from, j < p.context ? 16 : 0);
-    }
-    constexpr int kValueChunks = kV / 8;
-    for (int i = threadIdx.x; i < kKeyTile * kValueChunks; i += kThreads) {
-      const int r = i / kValueChunks, c = i % kValueChunks;
-      const int64_t j = j0 + r;
-      const int64_t source = j < p.context ? j : 0;
-      cp_async_16(shared_address(values + r * T::kValueRow + c * 8),
-                  p.expanded + (source * p.heads + h) * (kNope + kV) + kNope + c * 8,
-                  j < p.context ? 16 : 0);
-    }
+    const uint16_t* head = p.expanded + h * (kNope + kV);
+    copy_rows(std::integral_constant<int, kNope / 8>{}, keys, T::kKeyRow, head, expanded_row, j0);
+    copy_rows(std::integral_constant<int, kRope / 8>{}, keys + kNope, T::kKeyRow, p.k_pe,
+              p.k_pe_stride, j0);
+    copy_rows(std::integral_constant<int, kV / 8>{}, values, T::kValueRow, head + kNope,
+              expanded_row, j0);
     cp_async_commit();
   };
 
   float o[kValueTiles8][4] = {};
   float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
-  const int m = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's matrix and row
   load_tile(0, 0);
   for (int64_t tile = 0; tile < key_tiles; ++tile) {
     const int stage = static_cast<int>(tile & 1);
@@ -134,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* keys = shared + stage * T::kStage;
+    const uint16_t* keys = stages + stage * T::kStage;
     const uint16_t* values = keys + kKeyTile * T::kKeyRow;
 
     // S = Q K^T for 16 queries x 64 keys. ldmatrix matrices: keys n*8 + (m/2)*8 + row, dims
@@ -155,14 +169,20 @@ __global__ void __launch_bounds__(kThreads)
     // The causal mask where the tile reaches past the block's first query, the online softmax.
     const int64_t j0 = tile * kKeyTile;
     const bool masked = j0 + kKeyTile - 1 > first_position + q0;
+    // pos - j0 clamped into [-1, kKeyTile]: 32-bit compares below.
+    const auto last_in_tile = [&](int64_t pos) {
+      const int64_t d = pos - j0;
+      return static_cast<int>(d < -1 ? -1 : (d > kKeyTile ? kKeyTile : d));
+    };
+    const int last0 = last_in_tile(pos0), last1 = last_in_tile(pos1);
     float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
 #pragma unroll
     for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + n * 8 + 2 * t4 + (e & 1);
+        // Relative to the tile: the key's offset against each row's last visible offset.
         float x = sc[n][e] * p.scale_log2;
-        if (masked && j > (e < 2 ? pos0 : pos1)) x = -INFINITY;
+        if (masked && n * 8 + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
         sc[n][e] = x;
         if (e < 2) {
           tile_max0 = fmaxf(tile_max0, x);
@@ -237,17 +257,17 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kNope, int kV>
 void launch_flash(const FlashParams& p, cudaStream_t stream) {
-  constexpr size_t bytes = Tiles<kNope, kV>::kSharedBytes;
+  using T = Tiles<kNope, kV>;
   static const bool configured = [] {
     QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kNope, kV>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(bytes)));
+                                             static_cast<int>(T::kSharedBytes)));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>((p.tokens + kQueryTile - 1) / kQueryTile),
                   static_cast<unsigned>(p.heads));
-  launch_kernel(flash_prefill_kernel<kNope, kV>, grid, kThreads, bytes, stream, p);
+  launch_kernel(flash_prefill_kernel<kNope, kV>, grid, kThreads, T::kSharedBytes, stream, p);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
