@@ -3,7 +3,10 @@
 #include "openai_server.h"
 
 #include <httplib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,35 @@ namespace quantmla::cli {
 namespace {
 
 using json = nlohmann::json;
+
+// cpp-httplib's thread pool with its threads at niceness kHttpNiceness, below the engine thread:
+// with hundreds of streams on a few cores, every GPU step wakes every handler at once,
+// and at equal priority they would delay the engine's host work for the next step (the GPU then
+// waits). Best effort: where the priority cannot be changed the threads run as they are.
+constexpr int kHttpNiceness = 10;
+class HandlerPool final : public httplib::TaskQueue {
+ public:
+  explicit HandlerPool(size_t threads) : pool_(threads) {}
+  void enqueue(std::function<void()> fn) override {
+    pool_.enqueue([fn = std::move(fn)] {
+      thread_local const bool lowered = [] {
+#ifdef __linux__
+        // A thread id names one thread here (not the process): Linux's setpriority semantics.
+        return setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kHttpNiceness) ==
+               0;
+#else
+        return false;
+#endif
+      }();
+      (void)lowered;
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+};
 
 // An error with the HTTP status and the OpenAI error object's fields.
 struct ApiError {
@@ -228,7 +260,7 @@ struct OpenAiServer::Impl {
         eos_token(std::move(eos)),
         options(std::move(o)) {
     const size_t threads = std::max<size_t>(options.http_threads, 1);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.new_task_queue = [threads] { return new HandlerPool(threads); };
     routes();
   }
 
