@@ -60,6 +60,25 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median microseconds of `repeats` calls of f, each timed by CUDA events on the default stream
+// after before_each() (e.g. an L2 flush), after 3 warm-up calls.
+template <class F, class Before>
+double median_us(F&& f, int repeats, Before&& before_each) {
+  Event start, stop;
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 3; ++r) {
+    before_each(r);
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event));
+    f();
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event));
+    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
+    float ms = 0;
+    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
+    if (r >= 3) times.push_back(ms * 1e3);
+  }
+  return median(times);
+}
+
 // Device-to-device copy of 2 GiB, bytes read plus written over the median time of 10 repeats.
 inline double copy_bandwidth_gbps() {
   const size_t bytes = size_t{2} << 30;

@@ -37,18 +37,7 @@ struct Row {
 
 template <class F>
 double time_us(F&& f, int repeats) {
-  bench::Event start, stop;
-  std::vector<double> times;
-  for (int r = 0; r < repeats + 3; ++r) {
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event));
-    f();
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event));
-    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
-    float ms = 0;
-    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
-    if (r >= 3) times.push_back(ms * 1e3);
-  }
-  return bench::median(times);
+  return bench::median_us(f, repeats, [](int) {});
 }
 
 }  // namespace

@@ -53,23 +53,12 @@ __global__ void nothing() {}
 // Median microseconds of `repeats` timed calls of f, each after an L2 flush.
 template <class F>
 double time_us(F&& f, DeviceArray<uint8_t>& flush, int repeats) {
-  bench::Event start, stop;
-  std::vector<double> times;
-  for (int r = 0; r < repeats + 3; ++r) {
+  return bench::median_us(f, repeats, [&](int r) {
     QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
     read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
                             reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
     QUANTMLA_CUDA_CHECK_LAUNCH();
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event));
-    f();
-    QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event));
-    QUANTMLA_CUDA_CHECK(cudaEventSynchronize(stop.event));
-    float ms = 0;
-    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, stop.event));
-    if (r >= 3) times.push_back(ms * 1e3);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  });
 }
 
 struct Shape {
