@@ -414,6 +414,18 @@ TEST(ChatTemplateContext, JsonKeyOrderAndTransformersVariables) {
   EXPECT_EQ(apply_chat_template(probe, nlohmann::json::parse(R"([{"role": "user"}])"), true, "<s>",
                                 "</s>"),
             "1 True <s></s> True True");
+  // Tools given: the template sees the list, in the caller's key order; not a list: refused.
+  const ChatTemplate tools_probe("{% if tools %}{{ tools | tojson }}{% endif %}");
+  const auto user = nlohmann::ordered_json::parse(R"([{"role": "user"}])");
+  EXPECT_EQ(apply_chat_template(tools_probe, user, true, "", "",
+                                nlohmann::ordered_json::parse(
+                                    R"([{"type": "function", "function": {"name": "now"}}])")),
+            R"([{"type": "function", "function": {"name": "now"}}])");
+  expect_contains(error_message<InvalidArgument>([&] {
+                    apply_chat_template(tools_probe, user, true, "", "",
+                                        nlohmann::ordered_json("now"));
+                  }),
+                  {"tools must be a JSON array or null", "string"});
 }
 
 TEST(ChatTemplateStyles, DeepSeekV2Template) {

@@ -1,5 +1,7 @@
 // `quantmla serve` end to end on the bundled model, on loopback: every endpoint, streaming and not,
-// the error statuses, a client that goes away, metrics that parse, and a clean stop on SIGTERM.
+// the error statuses a request can cause (400, 401, 404, 413; the engine's 500 and the full
+// queue's 503 are in test_server_engine.cpp), the log line of each request, a client that goes
+// away, metrics that parse, and a clean stop on SIGTERM and on SIGINT.
 #if QUANTMLA_SERVER
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -61,10 +63,10 @@ class ServerProcess {
   }
   int port() const { return port_; }
   std::string log() const { return testing::slurp(log_); }
-  // SIGTERM and the exit status.
-  int stop() {
+  // The signal (SIGTERM or SIGINT) and the exit status.
+  int stop(int signal = SIGTERM) {
     stopped_ = true;
-    kill(pid_, SIGTERM);
+    kill(pid_, signal);
     int status = 0;
     waitpid(pid_, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -206,7 +208,9 @@ TEST_F(ServerTest, StreamingGivesTheSameTextAndUsage) {
     text += e["choices"][0]["text"].get<std::string>();
     if (!e["choices"][0]["finish_reason"].is_null()) reason = e["choices"][0]["finish_reason"];
   }
+  // Chunks end on whole characters: a split one would come out as U+FFFD in its chunks.
   EXPECT_EQ(text, whole["choices"][0]["text"]);
+  EXPECT_EQ(text.find("\xEF\xBF\xBD"), std::string::npos) << text;
   EXPECT_EQ(reason, "length");
   EXPECT_EQ(usage["completion_tokens"], 16);
   EXPECT_EQ(usage["prompt_tokens"], whole["usage"]["prompt_tokens"]);
@@ -242,8 +246,13 @@ TEST_F(ServerTest, Logprobs) {
     EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
     EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
   }
+  // Up to 5 alternatives, as OpenAI's completions allow.
+  const json five =
+      post(*server_, "/v1/completions",
+           {{"prompt", "x"}, {"max_tokens", 1}, {"ignore_eos", true}, {"logprobs", 5}}, 200);
+  EXPECT_EQ(five["choices"][0]["logprobs"]["top_logprobs"][0].size(), 5u);
   EXPECT_EQ(
-      post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 7}}, 400)["error"]["param"],
+      post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 6}}, 400)["error"]["param"],
       "logprobs");
   // Streamed: the same logprobs, spread over the chunks.
   const std::vector<json> events = stream(*server_, "/v1/completions",
@@ -356,6 +365,31 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   auto huge = c.Post("/v1/completions", kAuth, std::string(9 << 20, ' '), "application/json");
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);
+  EXPECT_EQ(post(*server_, "/v1/completions",
+                 {{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}},
+                 400)["error"]["param"],
+            "stream_options");
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"stream_options", "usage"}},
+                 400)["error"]["param"],
+            "stream_options");
+  // Each answered request has its log line with the status: refused ones with the message.
+  const std::string log = server_->log();
+  EXPECT_NE(log.find("request -: status 400, POST /v1/completions: max_tokens must be a positive "
+                     "integer"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("request -: status 404, POST /v1/completions: "), std::string::npos);
+  EXPECT_NE(log.find("request -: status 413, POST /v1/completions: the request body is too large"),
+            std::string::npos);
+}
+
+TEST_F(ServerTest, EveryRequestHasALogLine) {
+  post(*server_, "/v1/completions",
+       {{"prompt", "The log"}, {"max_tokens", 3}, {"ignore_eos", true}, {"temperature", 0}}, 200);
+  const std::regex line(
+      "request cmpl-[0-9]+: status 200, length, prompt [0-9]+ tokens, generated 3, ttft "
+      "[0-9.]+ ms, total [0-9.]+ ms");
+  EXPECT_TRUE(std::regex_search(server_->log(), line)) << server_->log();
 }
 
 TEST_F(ServerTest, ClientThatGoesAwayCancelsItsRequest) {
@@ -373,8 +407,10 @@ TEST_F(ServerTest, ClientThatGoesAwayCancelsItsRequest) {
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
     c.send(req);  // the receiver's false closes the connection
   }
-  // Within a few steps the request is gone and counted as aborted.
+  // Within a few steps the request is gone, counted as aborted, and its pages are free (no other
+  // request of this suite runs now).
   const std::regex running("vllm:num_requests_running\\{[^}]*\\} ([0-9.]+)");
+  const std::regex usage("vllm:kv_cache_usage_perc\\{[^}]*\\} ([-+0-9.eE]+)");
   const std::regex aborted(
       "vllm:request_success_total\\{[^}]*finished_reason=\"abort\"\\} ([0-9]+)");
   bool gone = false;
@@ -382,9 +418,10 @@ TEST_F(ServerTest, ClientThatGoesAwayCancelsItsRequest) {
     httplib::Client c = server_->client();
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
-    std::smatch r, a;
+    std::smatch r, a, u;
     gone = std::regex_search(m->body, r, running) && std::stod(r[1]) == 0 &&
-           std::regex_search(m->body, a, aborted) && std::stoi(a[1]) >= 1;
+           std::regex_search(m->body, a, aborted) && std::stoi(a[1]) >= 1 &&
+           std::regex_search(m->body, u, usage) && std::stod(u[1]) == 0.0;
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(gone) << server_->log();
@@ -432,6 +469,17 @@ TEST_F(ServerTest, OnlineBenchmarkClientCompletesEveryRequest) {
   EXPECT_GT(out["output_tok_s"].get<double>(), 0.0);
   EXPECT_LE(out["ttft_p50_ms"].get<double>(), out["ttft_p99_ms"].get<double>());
   EXPECT_GT(out["itl_p50_ms"].get<double>(), 0.0);
+  // Arrivals at a Poisson rate instead of a fixed concurrency.
+  const testing::CliResult paced = testing::run_cli(
+      "bench-serve --url http://127.0.0.1:" + std::to_string(server_->port()) +
+      " --api-key sesame --served-model-name mla-tiny --num-prompts 4 --input-len 16 "
+      "--output-len 3 --request-rate 20 --json '" +
+      json_path.string() + "'");
+  ASSERT_EQ(paced.exit_code, 0) << paced.err;
+  const json paced_out = json::parse(testing::slurp(json_path));
+  fs::remove(json_path);
+  EXPECT_EQ(paced_out["completed"], 4);
+  EXPECT_EQ(paced_out["output_tokens"], 12);
   // A wrong key: every request fails, and the command says so.
   const testing::CliResult denied =
       testing::run_cli("bench-serve --url http://127.0.0.1:" + std::to_string(server_->port()) +
@@ -474,6 +522,7 @@ TEST(Server, RunsMoreStreamsAtOnceThanTheDefaultThreadPool) {
   }
   for (auto& client : clients) EXPECT_GT(client.get(), 50u) << "every stream ran to its end";
   EXPECT_EQ(most_running, kStreams) << server.log();
+  EXPECT_EQ(server.stop(SIGINT), 0) << "Ctrl-C stops the server cleanly too: " << server.log();
 }
 
 TEST(Server, ChatWithATemplateAndStopOnSigterm) {
@@ -508,6 +557,19 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
   EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
   EXPECT_TRUE(content[0]["bytes"].is_array());
   EXPECT_GT(out["usage"]["prompt_tokens"].get<int>(), 3);
+  // The request's tools reach the template (DeepSeek-V3's renders none, but a list is accepted),
+  // anything else is refused naming the field.
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "now"}, {"parameters", json::object()}}}}});
+  post(server, "/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+        {"max_tokens", 1},
+        {"tools", tools}},
+       200, {});
+  EXPECT_EQ(post(server, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"tools", "now"}}, 400,
+                 {})["error"]["param"],
+            "tools");
   const std::vector<json> events =
       stream(server, "/v1/chat/completions",
              {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}}, {});

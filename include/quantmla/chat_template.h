@@ -64,14 +64,18 @@ struct ChatSpecialTokens {
 };
 ChatSpecialTokens read_chat_special_tokens(const std::filesystem::path& dir);
 
-// The prompt text a chat model gets, as transformers' apply_chat_template(messages, tokenize=False,
-// add_generation_prompt=...) renders it: the template sees messages, add_generation_prompt,
-// bos_token, eos_token, and tools and documents as None.
+// The prompt text a chat model gets, as transformers' apply_chat_template(messages, tools=...,
+// tokenize=False, add_generation_prompt=...) renders it: the template sees messages,
+// add_generation_prompt, bos_token, eos_token, tools (None unless given: a list of the OpenAI
+// API's tool objects) and documents as None. Throws InvalidArgument for messages that are not a
+// list, tools that are neither a list nor null, and what the template raises.
 std::string apply_chat_template(const ChatTemplate& chat_template, const nlohmann::json& messages,
                                 bool add_generation_prompt, const std::string& bos_token,
-                                const std::string& eos_token);
+                                const std::string& eos_token,
+                                const nlohmann::json& tools = nullptr);
 std::string apply_chat_template(const ChatTemplate& chat_template,
                                 const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                const std::string& bos_token, const std::string& eos_token);
+                                const std::string& bos_token, const std::string& eos_token,
+                                const nlohmann::ordered_json& tools = nullptr);
 
 }  // namespace quantmla

@@ -118,10 +118,14 @@ std::string special_token(const fs::path& path, const nlohmann::json& config, co
 template <typename Json>
 std::string apply(const ChatTemplate& chat_template, const Json& messages,
                   bool add_generation_prompt, const std::string& bos_token,
-                  const std::string& eos_token) {
+                  const std::string& eos_token, const Json& tools) {
   if (!messages.is_array()) {
     throw InvalidArgument(std::string("chat messages must be a JSON array, got ") +
                           messages.type_name());
+  }
+  if (!tools.is_null() && !tools.is_array()) {
+    throw InvalidArgument(std::string("chat tools must be a JSON array or null, got ") +
+                          tools.type_name());
   }
   Json context = Json::object();
   context["messages"] = messages;
@@ -129,7 +133,7 @@ std::string apply(const ChatTemplate& chat_template, const Json& messages,
   context["bos_token"] = bos_token;
   context["eos_token"] = eos_token;
   // transformers always passes these, None when the caller gives none.
-  context["tools"] = nullptr;
+  context["tools"] = tools;
   context["documents"] = nullptr;
   return chat_template.render(context);
 }
@@ -183,14 +187,15 @@ ChatSpecialTokens read_chat_special_tokens(const fs::path& dir) {
 
 std::string apply_chat_template(const ChatTemplate& chat_template, const nlohmann::json& messages,
                                 bool add_generation_prompt, const std::string& bos_token,
-                                const std::string& eos_token) {
-  return apply(chat_template, messages, add_generation_prompt, bos_token, eos_token);
+                                const std::string& eos_token, const nlohmann::json& tools) {
+  return apply(chat_template, messages, add_generation_prompt, bos_token, eos_token, tools);
 }
 
 std::string apply_chat_template(const ChatTemplate& chat_template,
                                 const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                const std::string& bos_token, const std::string& eos_token) {
-  return apply(chat_template, messages, add_generation_prompt, bos_token, eos_token);
+                                const std::string& bos_token, const std::string& eos_token,
+                                const nlohmann::ordered_json& tools) {
+  return apply(chat_template, messages, add_generation_prompt, bos_token, eos_token, tools);
 }
 
 }  // namespace quantmla

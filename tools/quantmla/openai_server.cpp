@@ -27,7 +27,9 @@
 namespace quantmla::cli {
 namespace {
 
-using json = nlohmann::json;
+// Insertion-ordered, as Python's dicts are: a chat template iterating a message or dumping a tool
+// with tojson sees the client's key order, as transformers does.
+using json = nlohmann::ordered_json;
 
 // cpp-httplib's thread pool with its threads at niceness kHttpNiceness, below the engine thread:
 // with hundreds of streams on a few cores, every GPU step wakes every handler at once,
@@ -186,8 +188,15 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     if (!body["stream"].is_boolean()) bad_field("stream", "stream must be a boolean");
     s.stream = body["stream"].get<bool>();
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object()) {
-    s.include_usage = body["stream_options"].value("include_usage", false);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json& options = body["stream_options"];
+    if (!options.is_object()) bad_field("stream_options", "stream_options must be an object");
+    if (options.contains("include_usage") && !options["include_usage"].is_null()) {
+      if (!options["include_usage"].is_boolean()) {
+        bad_field("stream_options", "stream_options.include_usage must be a boolean");
+      }
+      s.include_usage = options["include_usage"].get<bool>();
+    }
   }
   return s;
 }
@@ -347,9 +356,13 @@ struct OpenAiServer::Impl {
         bad_field("messages", "every message needs a role");
       }
     }
+    // The OpenAI API's tool definitions go to the template as transformers' `tools`.
+    const json tools = body.contains("tools") ? body["tools"] : json(nullptr);
+    if (!tools.is_null() && !tools.is_array()) bad_field("tools", "tools must be a list");
     std::string text;
     try {
-      text = apply_chat_template(*chat_template, body["messages"], true, bos_token, eos_token);
+      text =
+          apply_chat_template(*chat_template, body["messages"], true, bos_token, eos_token, tools);
     } catch (const Error& e) {
       bad_field("messages", std::string("the chat template refused the messages: ") + e.what());
     }
@@ -397,9 +410,13 @@ struct OpenAiServer::Impl {
       e2e.add(f.finish_s - f.arrival_s);
       ++success[std::string(reason) == "stop" ? 0 : std::string(reason) == "length" ? 1 : 2];
     }
+    // The engine's failures answer 500 (or end a stream with an error event); everything else
+    // that reached the engine was answered 200.
     std::fprintf(stderr,
-                 "request %s: %s, prompt %zu tokens, generated %zu, ttft %.1f ms, total %.1f ms\n",
-                 id.c_str(), reason, prompt, f.tokens.size(),
+                 "request %s: status %d, %s, prompt %zu tokens, generated %zu, ttft %.1f ms, "
+                 "total %.1f ms\n",
+                 id.c_str(), f.reason == FinishReason::kError ? 500 : 200,
+                 f.reason == FinishReason::kError ? "error" : reason, prompt, f.tokens.size(),
                  f.first_token_s >= 0 ? (f.first_token_s - f.arrival_s) * 1e3 : -1.0,
                  (f.finish_s - f.arrival_s) * 1e3);
   }
@@ -483,6 +500,8 @@ struct OpenAiServer::Impl {
       for (const auto& c : channels) engine.cancel(c->id);
       throw;
     }
+    // From here on the engine logs the request (record); the header tells the logger so.
+    res.set_header("X-Request-Id", id);
     if (!s.stream) {
       json choices = json::array();
       size_t generated = 0;
@@ -599,7 +618,15 @@ struct OpenAiServer::Impl {
               // skipped here): end the request now.
               engine.cancel(c.id);
             }
-            if (done) {
+            if (done && done->reason == FinishReason::kError) {
+              // The status line went out with the first byte: the failure is an error event (as
+              // vLLM sends one), which OpenAI's client libraries raise.
+              out += "data: " +
+                     error_json(
+                         {500, "the engine failed while running the request", "server_error", ""}) +
+                     "\n\n";
+              st.finished = true;
+            } else if (done) {
               out += chunk(k, "", finish_reason(*done, t.stopped()), tokens, lps);
               st.finished = true;
             } else {
@@ -639,6 +666,7 @@ struct OpenAiServer::Impl {
   std::string metrics() {
     const EngineSnapshot s = engine.snapshot();
     std::ostringstream out;
+    out.precision(15);  // counters exact to 10^15, bucket bounds as written
     const std::string labels = "model_name=\"" + options.served_model_name + "\"";
     const auto gauge = [&](const char* name, const char* help, const char* type, double v) {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
@@ -709,6 +737,18 @@ struct OpenAiServer::Impl {
               }));
     // Unknown routes, bodies over the limit, and anything else httplib answers by itself get an
     // OpenAI error object too.
+    // One line for each request answered with an error before it reached the engine; those that
+    // reached it are logged when they end (record).
+    http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+      if (res.status < 400 || res.has_header("X-Request-Id")) return;
+      const json body = json::parse(res.body, nullptr, false);
+      std::string message;
+      if (body.is_object() && body.contains("error") && body["error"].is_object()) {
+        message = body["error"].value("message", "");
+      }
+      std::fprintf(stderr, "request -: status %d, %s %s: %s\n", res.status, req.method.c_str(),
+                   req.path.c_str(), message.c_str());
+    });
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
