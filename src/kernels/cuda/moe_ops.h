@@ -9,7 +9,8 @@
 //   gemm.linear(router)                     -> router_logits [n, E] FP32
 //   moe_route                               -> experts [n, k], weights [n, k]
 //   moe_sort                                -> counts, offsets [E + 1], slot_of, token_of_slot
-//   cudaMemcpyAsync(offsets -> host) + cudaStreamSynchronize   (the one host sync of the layer)
+//   cudaMemcpyAsync(offsets -> pinned host) + an event, waited for after the shared experts are
+//   queued                                  (the one host wait of the layer)
 //   moe_gather(h, token_of_slot)            -> sorted [slots, d] BF16
 //   moe_expert_mlps(host offsets)           -> expert_out [slots, d] FP32
 //   moe_combine                             -> x += sum_j w[t, j] expert_out[slot_of[t, j]]
@@ -101,8 +102,8 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                  cudaStream_t stream);
 
-// The layout of the routed experts as one strided-batched GEMM (host side, from moe_sort's
-// outputs copied back): expert x's slots [offsets[x], offsets[x + 1]) become rows
+// The layout of the routed experts as one strided-batched GEMM, on the host: the reference of
+// moe_pad_layout (the runner's, on the device) in the tests: expert x's slots [offsets[x], offsets[x + 1]) become rows
 // [x * rows, x * rows + their count); the rest of each block of `rows` is padding.
 //   offsets: [E + 1]; token_of_slot: [offsets[E]];
 //   token_of_row (out): [E * rows], the token each row gathers, -1 for padding (moe_gather gives
