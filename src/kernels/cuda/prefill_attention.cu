@@ -8,7 +8,6 @@
 // triangle.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -70,7 +69,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kValueTiles8 = kV / 8;
   wait_for_previous_kernel();
   extern __shared__ __align__(16) uint16_t shared[];
-  uint16_t* const stages = shared;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int m = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's matrix and row
@@ -124,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   const int64_t expanded_row = static_cast<int64_t>(p.heads) * (kNope + kV);
   const auto load_tile = [&](int64_t tile, int stage) {
-    uint16_t* keys = stages + stage * T::kStage;
+    uint16_t* keys = shared + stage * T::kStage;
     uint16_t* values = keys + kKeyTile * T::kKeyRow;
     const int64_t j0 = tile * kKeyTile;
     const uint16_t* head = p.expanded + h * (kNope + kV);
@@ -148,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const uint16_t* keys = stages + stage * T::kStage;
+    const uint16_t* keys = shared + stage * T::kStage;
     const uint16_t* values = keys + kKeyTile * T::kKeyRow;
 
     // S = Q K^T for 16 queries x 64 keys. ldmatrix matrices: keys n*8 + (m/2)*8 + row, dims
