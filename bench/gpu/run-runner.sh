@@ -82,6 +82,10 @@ if has passkey; then
   python3 bench/gpu/compare_devices.py mla-tiny-passkey="$out/passkey.jsonl" || status=1
 fi
 long=.carry/shared/models/mla-tiny-v2-4k
+# The bundled tokenizer for make-random-model; the long stages' call leaves models/mla-tiny out of
+# the checkout (device size limit) and has the tokenizer in .carry/shared.
+tokenizer=models/mla-tiny/tokenizer.json
+[[ -f $tokenizer ]] || tokenizer=.carry/shared/models/mla-tiny/tokenizer.json
 if { has long || has longcalib; } && [[ ! -d $long && -f $long.tar.xz ]]; then
   xz -dc $long.tar.xz | tar -C .carry/shared/models -xf - || status=1
 fi
@@ -107,7 +111,7 @@ fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"
   $build/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite --seed 1 \
-    2>/dev/null | tail -1
+    --tokenizer "$tokenizer" 2>/dev/null | tail -1
   $build/bench/gpu/bench_runner --model /tmp/v2-lite --json "$out/runner.json" 2>&1 |
     tee "$out/bench-runner.txt" || status=1
   # The fixture rows of the same call's runner test, when it ran (merge_fixtures.py).
@@ -118,7 +122,7 @@ fi
 if has nopdl; then
   echo "== runner benchmark, no programmatic dependent launches"
   [[ -f /tmp/v2-lite/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
-    --out /tmp/v2-lite --seed 1 2>/dev/null | tail -1
+    --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
   $build/bench/gpu/bench_runner --model /tmp/v2-lite --no-pdl --json "$out/runner-nopdl.json" \
     2>&1 | tee "$out/bench-runner-nopdl.txt" || status=1
 fi

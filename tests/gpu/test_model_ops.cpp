@@ -1,6 +1,6 @@
 // The model runner's GPU building blocks against scalar CPU references written here (double
 // accumulation): the cuBLASLt GEMMs, the per-token kernels (embed, RMSNorm, RoPE, SiLU gating,
-// BF16 conversion, query packing, row gathers), MoE routing (route_token's semantics,
+// the queries' RoPE and BF16 conversion, row gathers), MoE routing (route_token's semantics,
 // reimplemented below because the kernels-only build has no config library), the expert sort,
 // gather, MLPs and combine, and sampling. Tolerances come from the formats' roundings, no fitted
 // constants. Fresh random inputs each run (the seed is printed; --seed S repeats a run); every
@@ -927,61 +927,57 @@ void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo
   expect(padding_kept, "silu_mul: columns past inner untouched");
 }
 
-// An odd count: the scalar kernel; a multiple of 4: the 4-wide one.
-void run_convert_case(size_t count) {
-  std::vector<float> in = random_f32(count, 10.0f);
-  const float specials[] = {INFINITY, -INFINITY,     std::nanf(""), -0.0f,       1e-40f,
-                            -3e-39f,  3.4028235e38f, 1.00390625f,   1.01171875f, -2.99609375f};
-  for (size_t i = 0; i < std::size(specials); ++i) in[i * 7] = specials[i];
-  DeviceArray<float> din(in);
-  DeviceArray<uint16_t> out(in.size());
-  poison(out);
-  gpu::convert_f32_to_bf16(din.data(), out.data(), static_cast<int64_t>(in.size()), kStream);
+// rope_queries against rope() (tested above against double) and quantmla::f32_to_bf16: equal
+// bits. q rows have the fused projection's stride (q, then 576 cache-row columns).
+void run_rope_queries_case(int tokens, int heads, int nope, bool decode_q) {
+  const int rope = 64, qk = nope + rope, hp = gpu::padded_heads(heads);
+  const int64_t stride = static_cast<int64_t>(heads) * qk + 576;
+  const std::vector<float> q = random_f32(static_cast<size_t>(tokens * stride), 3.0f);
+  std::vector<int32_t> positions(static_cast<size_t>(tokens));
+  std::uniform_int_distribution<int32_t> pos(0, 200000);
+  for (auto& p : positions) p = pos(rng);
+  const std::vector<float> inv_freq = rope_inv_freq(rope, true);
+  const float attention_factor = 1.2079f;
+  DeviceArray<float> dq(q), rotated(q), dfreq(inv_freq);
+  DeviceArray<int32_t> dpos(positions);
+  gpu::rope(rotated.data() + nope, stride, qk, dpos.data(), dfreq.data(), attention_factor, tokens,
+            heads, rope, kStream);
   sync();
-  std::vector<uint16_t> ref(in.size());
-  for (size_t i = 0; i < in.size(); ++i) ref[i] = f32_to_bf16(in[i]);
-  check_equal("convert_f32_to_bf16 count " + std::to_string(count) +
-                  " (RNE, specials, as quantmla::f32_to_bf16)",
-              out.download(), ref);
-}
-
-void run_pack_case(int tokens, int heads) {
-  const int hp = gpu::padded_heads(heads);
-  const std::vector<float> q_abs = random_f32(static_cast<size_t>(tokens) * heads * 512, 1.0f);
-  const std::vector<float> q = random_f32(static_cast<size_t>(tokens) * heads * 192, 1.0f);
-  DeviceArray<float> dabs(q_abs), dq(q);
-  gpu::PackQueriesParams p;
-  p.q_abs = dabs.data(), p.abs_token_stride = heads * 512, p.abs_head_stride = 512;
-  p.q_pe = dq.data() + 128, p.pe_token_stride = heads * 192, p.pe_head_stride = 192;
-  p.tokens = tokens, p.heads = heads, p.heads_padded = hp;
-  const size_t size = static_cast<size_t>(tokens) * hp * 576;
-  std::vector<uint16_t> ref(size), ref_null(size);
+  const std::vector<float> ref_f32 = rotated.download();
+  const size_t dec_size = static_cast<size_t>(tokens) * hp * 576;
+  DeviceArray<uint16_t> q_bf16(static_cast<size_t>(tokens) * heads * qk), dec(dec_size);
+  poison(q_bf16);
+  dec.upload(std::vector<uint16_t>(dec_size, 0x1234));
+  gpu::RopeQueriesParams p;
+  p.q = dq.data(), p.q_token_stride = stride, p.q_bf16 = q_bf16.data();
+  p.decode_q = decode_q ? dec.data() : nullptr, p.heads_padded = hp;
+  p.positions = dpos.data(), p.inv_freq = dfreq.data(), p.attention_factor = attention_factor;
+  p.tokens = tokens, p.heads = heads, p.nope = nope, p.rope = rope;
+  gpu::rope_queries(p, kStream);
+  sync();
+  std::vector<uint16_t> ref(static_cast<size_t>(tokens) * heads * qk), ref_dec(dec_size, 0x1234);
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < hp; ++h) {
-      for (int c = 0; c < 576; ++c) {
-        const size_t at = (static_cast<size_t>(t) * hp + h) * 576 + c;
-        uint16_t v = 0;
-        if (h < heads) {
-          v = c < 512 ? f32_to_bf16(q_abs[(static_cast<size_t>(t) * heads + h) * 512 + c])
-                      : f32_to_bf16(q[(static_cast<size_t>(t) * heads + h) * 192 + 128 + c - 512]);
-        }
-        ref[at] = v;
-        ref_null[at] = h < heads && c < 512 ? 0x1234 : v;  // left as it was
+      for (int c = 0; c < qk && h < heads; ++c) {
+        const uint16_t v = f32_to_bf16(ref_f32[static_cast<size_t>(t * stride + h * qk + c)]);
+        ref[(static_cast<size_t>(t) * heads + h) * qk + c] = v;
+        if (c >= nope) ref_dec[(static_cast<size_t>(t) * hp + h) * 576 + 512 + c - nope] = v;
+      }
+      for (int c = 0; c < 576 && h >= heads; ++c) {
+        ref_dec[(static_cast<size_t>(t) * hp + h) * 576 + c] = 0;
       }
     }
   }
-  DeviceArray<uint16_t> out(size);
-  poison(out);
-  p.out = out.data();
-  gpu::pack_absorbed_queries(p, kStream);
-  sync();
-  const std::string shape = " tokens " + std::to_string(tokens) + " heads " + std::to_string(heads);
-  check_equal("pack_absorbed_queries" + shape + " (padding heads zero)", out.download(), ref);
-  out.upload(std::vector<uint16_t>(size, 0x1234));
-  p.q_abs = nullptr;
-  gpu::pack_absorbed_queries(p, kStream);
-  sync();
-  check_equal("pack_absorbed_queries q_abs null (content kept)" + shape, out.download(), ref_null);
+  const std::string shape = " tokens " + std::to_string(tokens) + " heads " +
+                            std::to_string(heads) + " nope " + std::to_string(nope);
+  check_equal("rope_queries q_bf16" + shape + " (= rope() then f32_to_bf16)", q_bf16.download(),
+              ref);
+  if (decode_q) {
+    check_equal("rope_queries decode_q" + shape +
+                    " (RoPE columns, padding heads zero, content "
+                    "columns untouched)",
+                dec.download(), ref_dec);
+  }
 }
 
 void run_gather_rows_case(DType dtype) {
@@ -1034,11 +1030,19 @@ void run_model_op_errors() {
   expect_throws<InvalidArgument>("rms_norm BF16 in place", [&] {
     gpu::rms_norm(a.data(), 20, a.data(), a.data(), 20, DType::kBF16, 2, 20, 1e-6f, kStream);
   });
-  expect_throws<ShapeError>("pack heads_padded not a multiple of 16", [&] {
-    gpu::PackQueriesParams p;
-    p.q_pe = a.data(), p.out = reinterpret_cast<uint16_t*>(a.data()), p.tokens = 1, p.heads = 20,
-    p.heads_padded = 24;
-    gpu::pack_absorbed_queries(p, kStream);
+  expect_throws<ShapeError>("rope_queries decode_q heads_padded not a multiple of 16", [&] {
+    gpu::RopeQueriesParams p;
+    p.q = a.data(), p.q_token_stride = 20 * 192, p.q_bf16 = reinterpret_cast<uint16_t*>(a.data());
+    p.decode_q = p.q_bf16, p.positions = ids.data(), p.inv_freq = a.data();
+    p.tokens = 1, p.heads = 20, p.heads_padded = 24, p.nope = 128, p.rope = 64;
+    gpu::rope_queries(p, kStream);
+  });
+  expect_throws<ShapeError>("rope_queries q_token_stride too small", [&] {
+    gpu::RopeQueriesParams p;
+    p.q = a.data(), p.q_token_stride = 100, p.q_bf16 = reinterpret_cast<uint16_t*>(a.data());
+    p.positions = ids.data(), p.inv_freq = a.data();
+    p.tokens = 2, p.heads = 1, p.nope = 128, p.rope = 64;
+    gpu::rope_queries(p, kStream);
   });
 }
 
@@ -1959,10 +1963,9 @@ int main(int argc, char** argv) {
                   70 * 576, true);
     run_silu_mul_case(37, 1408, 3, 5);
     run_silu_mul_case(37, 1408, 0, 4);
-    run_convert_case(10001);
-    run_convert_case(10000);
-    run_pack_case(6, 20);
-    run_pack_case(3, 128);
+    run_rope_queries_case(6, 20, 128, true);
+    run_rope_queries_case(3, 128, 128, true);
+    run_rope_queries_case(5, 8, 64, false);
     run_gather_rows_case(DType::kF32);
     run_gather_rows_case(DType::kBF16);
     run_model_op_errors();

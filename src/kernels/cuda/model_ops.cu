@@ -66,12 +66,6 @@ dim3 rows_grid(int64_t rows, int64_t width) {
               static_cast<unsigned>(rows < 65535 ? rows : 65535));
 }
 
-// Enough blocks of 256 threads for `count` elements, capped: the kernels loop over the rest.
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kRowThreads - 1) / kRowThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-}
-
 __global__ void __launch_bounds__(kRowThreads)
     embed_kernel(const int32_t* ids, const uint16_t* table, float* x, int64_t d, int64_t vocab) {
   wait_for_previous_kernel();
@@ -119,6 +113,19 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// One pair (e, o) rotated by angle = position * inv_freq, as Rope::apply rounds.
+__device__ __forceinline__ float2 rotate_pair(float even, float odd, int32_t position,
+                                              float inv_freq, float attention_factor) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
+  float sin_value = 0.0f;
+  float cos_value = 0.0f;
+  sincosf(angle, &sin_value, &cos_value);  // the accurate one: angles reach 1e5 and more
+  cos_value = __fmul_rn(cos_value, attention_factor);
+  sin_value = __fmul_rn(sin_value, attention_factor);
+  return make_float2(__fsub_rn(__fmul_rn(even, cos_value), __fmul_rn(odd, sin_value)),
+                     __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value)));
+}
+
 __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
                             const float* inv_freq, float attention_factor, int64_t count) {
   wait_for_previous_kernel();
@@ -126,17 +133,10 @@ __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const in
   const int64_t v = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
   if (v >= count) return;
   const int i = threadIdx.x;
-  const float angle = __fmul_rn(static_cast<float>(positions[t]), inv_freq[i]);
-  float sin_value = 0.0f;
-  float cos_value = 0.0f;
-  sincosf(angle, &sin_value, &cos_value);  // the accurate one: angles reach 1e5 and more
-  cos_value = __fmul_rn(cos_value, attention_factor);
-  sin_value = __fmul_rn(sin_value, attention_factor);
   float* pair = x + t * ld_token + v * ld_vec + 2 * i;
-  const float even = pair[0];
-  const float odd = pair[1];
-  pair[0] = __fsub_rn(__fmul_rn(even, cos_value), __fmul_rn(odd, sin_value));
-  pair[1] = __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value));
+  const float2 r = rotate_pair(pair[0], pair[1], positions[t], inv_freq[i], attention_factor);
+  pair[0] = r.x;
+  pair[1] = r.y;
 }
 
 // Rows along y, columns along x: no 64-bit division per element (it made this kernel
@@ -178,48 +178,41 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <int kVec>
-__global__ void __launch_bounds__(kRowThreads)
-    convert_kernel(const float* in, uint16_t* out, int64_t count) {
-  wait_for_previous_kernel();
-  const int64_t vectors = count / kVec;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if constexpr (kVec == 4) {
-      const float4 x = reinterpret_cast<const float4*>(in)[v];
-      reinterpret_cast<uint2*>(out)[v] =
-          make_uint2(to_bf16_bits(x.x) | (uint32_t{to_bf16_bits(x.y)} << 16),
-                     to_bf16_bits(x.z) | (uint32_t{to_bf16_bits(x.w)} << 16));
-    } else {
-      out[v] = to_bf16_bits(in[v]);
-    }
-  }
-}
-
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 constexpr int kQueryDim = 576;
 constexpr int kQueryContent = 512;
-constexpr int kPackThreads = 128;
+constexpr int kQueryThreads = 64;
 
-// One block per (token, padded head).
-__global__ void __launch_bounds__(kPackThreads)
-    pack_queries_kernel(const __grid_constant__ PackQueriesParams p) {
+// One block per (token, head); heads past p.heads (decode_q's padding) only write zeros.
+__global__ void __launch_bounds__(kQueryThreads)
+    rope_queries_kernel(const __grid_constant__ RopeQueriesParams p) {
   wait_for_previous_kernel();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
-  uint16_t* out = p.out + (t * p.heads_padded + h) * kQueryDim;
   if (h >= p.heads) {
-    for (int c = threadIdx.x; c < kQueryDim; c += kPackThreads) out[c] = 0;
+    uint16_t* dec = p.decode_q + (t * p.heads_padded + h) * kQueryDim;
+    for (int c = threadIdx.x; c < kQueryDim; c += kQueryThreads) dec[c] = 0;
     return;
   }
-  if (p.q_abs != nullptr) {
-    const float* abs = p.q_abs + t * p.abs_token_stride + h * p.abs_head_stride;
-    for (int c = threadIdx.x; c < kQueryContent; c += kPackThreads) out[c] = to_bf16_bits(abs[c]);
-  }
-  const float* pe = p.q_pe + t * p.pe_token_stride + h * p.pe_head_stride;
-  for (int c = threadIdx.x; c < kQueryDim - kQueryContent; c += kPackThreads) {
-    out[kQueryContent + c] = to_bf16_bits(pe[c]);
+  const int qk = p.nope + p.rope;
+  const float* in = p.q + t * p.q_token_stride + static_cast<int64_t>(h) * qk;
+  uint16_t* out = p.q_bf16 + (t * p.heads + h) * qk;
+  for (int c = threadIdx.x; c < p.nope; c += kQueryThreads) out[c] = to_bf16_bits(in[c]);
+  uint16_t* dec = p.decode_q == nullptr
+                      ? nullptr
+                      : p.decode_q + (t * p.heads_padded + h) * kQueryDim + kQueryContent;
+  const int32_t position = p.positions[t];
+  for (int i = threadIdx.x; i < p.rope / 2; i += kQueryThreads) {
+    const float* pair = in + p.nope + 2 * i;
+    const float2 r = rotate_pair(pair[0], pair[1], position, p.inv_freq[i], p.attention_factor);
+    const uint16_t even = to_bf16_bits(r.x), odd = to_bf16_bits(r.y);
+    out[p.nope + 2 * i] = even;
+    out[p.nope + 2 * i + 1] = odd;
+    if (dec != nullptr) {
+      dec[2 * i] = even;
+      dec[2 * i + 1] = odd;
+    }
   }
 }
 
@@ -332,34 +325,31 @@ void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t l
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-void convert_f32_to_bf16(const float* in, uint16_t* out, int64_t count, cudaStream_t stream) {
-  if (count < 0) throw ShapeError("convert_f32_to_bf16: count " + str(count) + " < 0");
-  if (count == 0) return;
-  if (in == nullptr || out == nullptr) {
-    throw InvalidArgument("convert_f32_to_bf16: in and out must be device pointers, got null");
+void rope_queries(const RopeQueriesParams& p, cudaStream_t stream) {
+  check_rows("rope_queries", p.tokens);
+  const int64_t qk = static_cast<int64_t>(p.nope) + p.rope;
+  if (p.heads < 1 || p.heads > 65535 || p.nope < 0 || p.rope < 2 || p.rope > 512 ||
+      p.rope % 2 != 0 || p.q_token_stride < p.heads * qk) {
+    throw ShapeError("rope_queries: heads " + std::to_string(p.heads) + ", nope " +
+                     std::to_string(p.nope) + ", rope " + std::to_string(p.rope) +
+                     ", q_token_stride " + str(p.q_token_stride) +
+                     " (need 1 <= heads <= 65535, nope >= 0, an even rope in [2, 512], "
+                     "q_token_stride >= heads * (nope + rope))");
   }
-  if (count % 4 == 0 && aligned(in, 16) && aligned(out, 8)) {
-    launch_kernel(convert_kernel<4>, grid_for(count / 4), kRowThreads, 0, stream, in, out, count);
-  } else {
-    launch_kernel(convert_kernel<1>, grid_for(count), kRowThreads, 0, stream, in, out, count);
-  }
-  QUANTMLA_CUDA_CHECK_LAUNCH();
-}
-
-void pack_absorbed_queries(const PackQueriesParams& p, cudaStream_t stream) {
-  check_rows("pack_absorbed_queries", p.tokens);
-  if (p.heads < 1 || p.heads_padded < p.heads || p.heads_padded % 16 != 0 ||
-      p.heads_padded > 65535) {
-    throw ShapeError("pack_absorbed_queries: heads " + std::to_string(p.heads) + ", heads_padded " +
-                     std::to_string(p.heads_padded) +
-                     " (need heads >= 1 and heads_padded >= heads a multiple of 16)");
+  if (p.decode_q != nullptr && (p.rope != kQueryDim - kQueryContent || p.heads_padded < p.heads ||
+                                p.heads_padded % 16 != 0 || p.heads_padded > 65535)) {
+    throw ShapeError("rope_queries: decode_q with rope " + std::to_string(p.rope) + ", heads " +
+                     std::to_string(p.heads) + ", heads_padded " + std::to_string(p.heads_padded) +
+                     " (need rope 64 and heads_padded >= heads a multiple of 16)");
   }
   if (p.tokens == 0) return;
-  if (p.q_pe == nullptr || p.out == nullptr) {
-    throw InvalidArgument("pack_absorbed_queries: q_pe and out must be device pointers, got null");
+  if (p.q == nullptr || p.q_bf16 == nullptr || p.positions == nullptr || p.inv_freq == nullptr) {
+    throw InvalidArgument(
+        "rope_queries: q, q_bf16, positions and inv_freq must be device pointers, got null");
   }
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads_padded));
-  launch_kernel(pack_queries_kernel, grid, kPackThreads, 0, stream, p);
+  const int heads = p.decode_q != nullptr ? p.heads_padded : p.heads;
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(heads));
+  launch_kernel(rope_queries_kernel, grid, kQueryThreads, 0, stream, p);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

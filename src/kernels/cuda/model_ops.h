@@ -1,5 +1,5 @@
-// Small per-token kernels of the CUDA model runner: embedding, RMSNorm, RoPE, SiLU gating, BF16
-// conversion, the decode kernel's query packing, row gathers. Every pointer is a device pointer,
+// Small per-token kernels of the CUDA model runner: embedding, RMSNorm, RoPE, SiLU gating, the
+// queries' RoPE and BF16 conversion, row gathers. Every pointer is a device pointer,
 // every stride is in elements; BF16 tensors are passed as their uint16_t bits (as gpu_mla.h does).
 // Each function launches on `stream`, allocates nothing, checks its arguments on the host (typed
 // errors with the values) and checks the launch (CudaError). Device data (token ids, positions,
@@ -53,36 +53,31 @@ void rope(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
 void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
               int64_t inner, cudaStream_t stream);
 
-// out[i] = bf16(in[i]) (round to nearest even, NaN stays NaN, as quantmla::f32_to_bf16).
-//   in: [count] FP32; out: [count] BF16 bits. (Named apart from quantmla::f32_to_bf16 so that
-//   the scalar conversion stays visible in this namespace.)
-void convert_f32_to_bf16(const float* in, uint16_t* out, int64_t count, cudaStream_t stream);
-
-// The decode kernel's query (MlaDecodeParams::q):
-//   out[t, h, 0:512]   = bf16(q_abs[t, h, :])  (W_UK_h^T q_nope_h, from the absorption GEMM)
-//   out[t, h, 512:576] = bf16(q_pe[t, h, :])   (after RoPE)
-//   out[t, h, :]       = 0 for h in [heads, heads_padded)  (the kernel needs heads % 16 == 0)
-// With q_abs null the content columns of the real heads are left as they are: the absorption GEMM
-// can write them in BF16 straight into out (y = out, ldy = heads_padded * 576, stride_y = 576),
-// which saves the FP32 round trip.
-struct PackQueriesParams {
-  // q_abs: [tokens, heads, 512] FP32 at q_abs + t * abs_token_stride + h * abs_head_stride, or
-  // null.
-  const float* q_abs = nullptr;
-  int64_t abs_token_stride = 0;
-  int64_t abs_head_stride = 0;
-  // q_pe: [tokens, heads, 64] FP32 at q_pe + t * pe_token_stride + h * pe_head_stride
-  // (the q projection output + 128, pe_token_stride = heads * 192, pe_head_stride = 192).
-  const float* q_pe = nullptr;
-  int64_t pe_token_stride = 0;
-  int64_t pe_head_stride = 0;
-  // out: [tokens, heads_padded, 576] BF16 bits, contiguous.
-  uint16_t* out = nullptr;
+// The attention queries in BF16 from the FP32 q projection, RoPE applied to each head's last
+// `rope` values with rope()'s arithmetic (one rounding to BF16 after it, as rope() followed by
+// quantmla::f32_to_bf16):
+//   q_bf16[t, h, :nope]     = bf16(q[t, h, :nope])
+//   q_bf16[t, h, nope:]     = bf16(rotate(q[t, h, nope:]))
+//   decode_q[t, h, 512:576] = the same rotated values (rope = 64), for h < heads
+//   decode_q[t, h, :]       = 0 for h in [heads, heads_padded) (the kernel needs heads % 16 == 0)
+// decode_q is the decode kernel's query (MlaDecodeParams::q); its content columns of the real
+// heads, W_UK_h^T q_nope_h, are left to the absorption GEMM, which writes them in BF16.
+struct RopeQueriesParams {
+  // q: [tokens, heads, nope + rope] FP32, token t at q + t * q_token_stride (heads contiguous).
+  const float* q = nullptr;
+  int64_t q_token_stride = 0;
+  uint16_t* q_bf16 = nullptr;          // [tokens, heads, nope + rope] BF16 bits, contiguous
+  uint16_t* decode_q = nullptr;        // [tokens, heads_padded, 576] BF16 bits, or null
+  int heads_padded = 0;                // heads rounded up to a multiple of 16 (padded_heads())
+  const int32_t* positions = nullptr;  // [tokens] int32
+  const float* inv_freq = nullptr;     // [rope / 2] FP32
+  float attention_factor = 1.0f;
   int64_t tokens = 0;
   int heads = 0;
-  int heads_padded = 0;  // heads rounded up to a multiple of 16 (padded_heads())
+  int nope = 0;
+  int rope = 0;  // even, 2..512
 };
-void pack_absorbed_queries(const PackQueriesParams& params, cudaStream_t stream);
+void rope_queries(const RopeQueriesParams& params, cudaStream_t stream);
 
 // heads rounded up to the decode kernel's multiple of 16.
 constexpr int padded_heads(int heads) { return (heads + 15) / 16 * 16; }

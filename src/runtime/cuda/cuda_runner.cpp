@@ -100,7 +100,16 @@ struct DeviceMlp {
 struct DeviceLayer {
   const float* input_norm = nullptr;
   const float* post_norm = nullptr;
-  DeviceLinear q_a, q_b, q, kv_a, kv_b, o;
+  // The projections that read the attention input, stacked as one matrix [q rows ; kv_a rows] so
+  // that one GEMM (one skinny launch at decode) makes both: q_proj (or q_a_proj with a q LoRA)
+  // and kv_a_proj_with_mqa.
+  DeviceLinear q_kv_a;
+  DeviceLinear q_b, kv_b, o;
+  // The absorbed products of a one-token decode step as one grouped skinny product each (a group
+  // per head): W_UK_h^T ([rank, nope] per head, transposed copies of kv_b's rows) and W_UV_h
+  // (kv_b's own rows), as device arrays of per-head pointers.
+  const uint16_t* const* head_uk_t = nullptr;
+  const uint16_t* const* head_uv = nullptr;
   const float* q_a_norm = nullptr;
   const float* kv_a_norm = nullptr;
   bool is_moe = false;
@@ -127,18 +136,18 @@ class WeightUploader {
       : store_(store), arena_(arena), counting_(counting) {}
 
   DeviceLinear linear(const std::string& name, int64_t out, int64_t in) {
-    const TensorView& view = store_.get(name + ".weight", {out, in});
-    uint16_t* device = arena_.take<uint16_t>(view.numel());
-    if (!counting_) {
-      if (view.dtype == DType::kBF16) {
-        QUANTMLA_CUDA_CHECK(cudaMemcpy(device, view.data, view.nbytes, cudaMemcpyHostToDevice));
-      } else {
-        const std::vector<float> values = to_f32(view);
-        std::vector<uint16_t> bits(values.size());
-        for (size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
-        QUANTMLA_CUDA_CHECK(
-            cudaMemcpy(device, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-      }
+    return stacked({{name, out}}, in);
+  }
+  // Linears of the same input width as one [sum of outs, in] matrix, in the order given.
+  DeviceLinear stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) {
+    int64_t out = 0;
+    for (const auto& [name, rows] : parts) out += rows;
+    uint16_t* device = arena_.take<uint16_t>(out * in);
+    uint16_t* at = device;
+    for (const auto& [name, rows] : parts) {
+      const TensorView& view = store_.get(name + ".weight", {rows, in});
+      if (!counting_) copy_bf16(view, at);
+      at += rows * in;
     }
     return {device, out, in};
   }
@@ -152,14 +161,38 @@ class WeightUploader {
     }
     return device;
   }
-  const uint16_t* const* pointers(const std::vector<const uint16_t*>& host) {
-    const uint16_t** device = arena_.take<const uint16_t*>(static_cast<int64_t>(host.size()));
+  // W_UK_h^T of every head, [heads, rank, nope] contiguous, from kv_b_proj's [heads * (nope + v),
+  // rank] matrix (its first nope rows of each head).
+  const uint16_t* transposed_uk(const std::string& name, int64_t heads, int64_t nope, int64_t v,
+                                int64_t rank) {
+    const TensorView& view = store_.get(name + ".weight", {heads * (nope + v), rank});
+    uint16_t* device = arena_.take<uint16_t>(heads * rank * nope);
     if (!counting_) {
-      QUANTMLA_CUDA_CHECK(
-          cudaMemcpy(device, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+      const std::vector<float> values = to_f32(view);
+      std::vector<uint16_t> bits(static_cast<size_t>(heads * rank * nope));
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < nope; ++i) {
+          for (int64_t r = 0; r < rank; ++r) {
+            bits[static_cast<size_t>((h * rank + r) * nope + i)] =
+                f32_to_bf16(values[static_cast<size_t>((h * (nope + v) + i) * rank + r)]);
+          }
+        }
+      }
+      QUANTMLA_CUDA_CHECK(cudaMemcpy(device, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
     }
     return device;
   }
+  // A host array copied as it is (per-group pointers, offsets).
+  template <class T>
+  const T* array(const std::vector<T>& host) {
+    T* device = arena_.take<T>(static_cast<int64_t>(host.size()));
+    if (!counting_) {
+      QUANTMLA_CUDA_CHECK(
+          cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    return device;
+  }
+  const uint16_t* const* pointers(const std::vector<const uint16_t*>& host) { return array(host); }
   DeviceMlp mlp(const std::string& prefix, int64_t hidden, int64_t inner) {
     return {linear(prefix + ".gate_proj", inner, hidden),
             linear(prefix + ".up_proj", inner, hidden),
@@ -167,6 +200,17 @@ class WeightUploader {
   }
 
  private:
+  static void copy_bf16(const TensorView& view, uint16_t* device) {
+    if (view.dtype == DType::kBF16) {
+      QUANTMLA_CUDA_CHECK(cudaMemcpy(device, view.data, view.nbytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    const std::vector<float> values = to_f32(view);
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+    QUANTMLA_CUDA_CHECK(cudaMemcpy(device, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  }
+
   const TensorStore& store_;
   DeviceArena& arena_;
   bool counting_;
@@ -178,6 +222,7 @@ struct DeviceModel {
   const float* final_norm = nullptr;
   DeviceLinear lm_head;
   const float* inv_freq = nullptr;
+  const int32_t* head_offsets = nullptr;  // [heads + 1] = 0, 1, ..., heads (a group per head)
 };
 
 int64_t uniform_expert_stride(const DeviceLayer& layer, int64_t d, int64_t inner) {
@@ -206,18 +251,31 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
     layer.post_norm = up.vector(p + "post_attention_layernorm.weight", c.hidden_size);
     const std::string a = p + "self_attn.";
     const int64_t qk = c.qk_head_dim();
+    const std::pair<std::string, int64_t> kv_a{a + "kv_a_proj_with_mqa", c.cache_row_width()};
     if (c.q_lora_rank > 0) {
-      layer.q_a = up.linear(a + "q_a_proj", c.q_lora_rank, c.hidden_size);
+      layer.q_kv_a = up.stacked({{a + "q_a_proj", c.q_lora_rank}, kv_a}, c.hidden_size);
       layer.q_a_norm = up.vector(a + "q_a_layernorm.weight", c.q_lora_rank);
       layer.q_b = up.linear(a + "q_b_proj", c.num_heads * qk, c.q_lora_rank);
     } else {
-      layer.q = up.linear(a + "q_proj", c.num_heads * qk, c.hidden_size);
+      layer.q_kv_a = up.stacked({{a + "q_proj", c.num_heads * qk}, kv_a}, c.hidden_size);
     }
-    layer.kv_a = up.linear(a + "kv_a_proj_with_mqa", c.cache_row_width(), c.hidden_size);
     layer.kv_a_norm = up.vector(a + "kv_a_layernorm.weight", c.kv_lora_rank);
     layer.kv_b = up.linear(a + "kv_b_proj", c.num_heads * (c.qk_nope_head_dim + c.v_head_dim),
                            c.kv_lora_rank);
     layer.o = up.linear(a + "o_proj", c.hidden_size, c.num_heads * c.v_head_dim);
+    {
+      const int64_t heads = c.num_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+      const int64_t rank = c.kv_lora_rank;
+      const uint16_t* uk_t = up.transposed_uk(a + "kv_b_proj", heads, nope, v, rank);
+      std::vector<const uint16_t*> uk(static_cast<size_t>(heads)), uv(uk.size());
+      for (int64_t h = 0; h < heads; ++h) {
+        uk[static_cast<size_t>(h)] = uk_t == nullptr ? nullptr : uk_t + h * rank * nope;
+        uv[static_cast<size_t>(h)] =
+            layer.kv_b.w == nullptr ? nullptr : layer.kv_b.w + (h * (nope + v) + nope) * rank;
+      }
+      layer.head_uk_t = up.pointers(uk);
+      layer.head_uv = up.pointers(uv);
+    }
     layer.is_moe = c.is_moe_layer(l);
     if (layer.is_moe) {
       const std::string m = p + "mlp.";
@@ -252,6 +310,9 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
   } else {
     model.lm_head = up.linear("lm_head", c.vocab_size, c.hidden_size);
   }
+  std::vector<int32_t> offsets(static_cast<size_t>(c.num_heads + 1));
+  for (size_t h = 0; h < offsets.size(); ++h) offsets[h] = static_cast<int32_t>(h);
+  model.head_offsets = up.array(offsets);
   float* freq = arena.take<float>(static_cast<int64_t>(inv_freq.size()));
   if (!counting) {
     QUANTMLA_CUDA_CHECK(
@@ -457,11 +518,14 @@ class CudaRunner final : public Runner {
           static_cast<int>(c.v_head_dim), context);
       prefill_workspace_.device = a.take<uint8_t>(static_cast<int64_t>(prefill_workspace_.bytes));
     }
-    buf_.q_low = a.take<float>(t * std::max<int64_t>(c.q_lora_rank, 1));
-    buf_.q_low_bf16 = a.take<uint16_t>(t * std::max<int64_t>(c.q_lora_rank, 1));
-    buf_.q = a.take<float>(t * heads * c.qk_head_dim());
-    buf_.q_bf16 = a.take<uint16_t>(t * heads * c.qk_head_dim());
-    buf_.kv = a.take<float>(t * c.cache_row_width());
+    const int64_t q_width = heads * c.qk_head_dim();
+    buf_.proj =
+        a.take<float>(t * ((c.q_lora_rank > 0 ? c.q_lora_rank : q_width) + c.cache_row_width()));
+    if (c.q_lora_rank > 0) {
+      buf_.q_low_bf16 = a.take<uint16_t>(t * c.q_lora_rank);
+      buf_.q = a.take<float>(t * q_width);
+    }
+    buf_.q_bf16 = a.take<uint16_t>(t * q_width);
     buf_.q_dec = a.take<uint16_t>(t * hp * gpu::kKeyDim);
     buf_.attn = a.take<uint16_t>(t * hp * gpu::kLatentDim);
     buf_.head_out = a.take<uint16_t>(t * heads * c.v_head_dim);
@@ -579,6 +643,8 @@ class CudaRunner final : public Runner {
       const std::vector<int32_t>& table = pool.block_table(chunk.sequence);
       std::copy(table.begin(), table.end(), host_block_table_.begin() + g * block_stride_);
     }
+    any_absorbed_ = std::any_of(groups_.begin(), groups_.end(),
+                                [](const Group& group) { return !group.expanded; });
     const int hp = gpu::padded_heads(config_.num_heads);
     for (size_t i = 0; i < groups_.size(); ++i) {
       Group& group = groups_[i];
@@ -708,27 +774,27 @@ class CudaRunner final : public Runner {
                             float beta) { gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta); };
 
     gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    // [q | kv] = h [W_q ; W_kv_a]^T in one product (with a q LoRA, q_a in place of q).
+    const int64_t proj = layer.q_kv_a.out, width = c.cache_row_width();
+    linear(layer.q_kv_a, buf_.h, d, buf_.proj, proj, DType::kF32, 0.0f);
+    const float* q = buf_.proj;
+    int64_t ldq = proj;
     if (c.q_lora_rank > 0) {
-      linear(layer.q_a, buf_.h, d, buf_.q_low, c.q_lora_rank, DType::kF32, 0.0f);
-      gpu::rms_norm(buf_.q_low, c.q_lora_rank, layer.q_a_norm, buf_.q_low_bf16, c.q_lora_rank,
-                    DType::kBF16, n, c.q_lora_rank, eps, stream_);
+      gpu::rms_norm(buf_.proj, proj, layer.q_a_norm, buf_.q_low_bf16, c.q_lora_rank, DType::kBF16,
+                    n, c.q_lora_rank, eps, stream_);
       linear(layer.q_b, buf_.q_low_bf16, c.q_lora_rank, buf_.q, heads * qk, DType::kF32, 0.0f);
-    } else {
-      linear(layer.q, buf_.h, d, buf_.q, heads * qk, DType::kF32, 0.0f);
+      q = buf_.q;
+      ldq = heads * qk;
     }
-    // Cache rows: kv = kv_a_proj(h); the write normalizes c = kv[:rank] (kv_a_layernorm), rotates
-    // k_pe = kv[rank:] and encodes both.
-    const int64_t width = c.cache_row_width();
-    linear(layer.kv_a, buf_.h, d, buf_.kv, width, DType::kF32, 0.0f);
-    gpu::rope(buf_.q + nope, heads * qk, qk, buf_.positions, model_.inv_freq, attention_factor_, n,
-              heads, static_cast<int>(c.qk_rope_head_dim), stream_);
-
+    // Cache rows: the write normalizes c = kv[:rank] (kv_a_layernorm), rotates k_pe = kv[rank:]
+    // and encodes both.
+    const float* kv = buf_.proj + (proj - width);
     uint8_t* pages = pool.storage().layer_pages(l);
     gpu::MlaWriteParams write;
-    write.c = buf_.kv;
-    write.c_stride = width;
-    write.k_pe = buf_.kv + rank;
-    write.k_pe_stride = width;
+    write.c = kv;
+    write.c_stride = proj;
+    write.k_pe = kv + rank;
+    write.k_pe_stride = proj;
     write.norm_weight = layer.kv_a_norm;
     write.norm_eps = eps;
     write.inv_freq = model_.inv_freq;
@@ -741,7 +807,23 @@ class CudaRunner final : public Runner {
     write.num_tokens = n;
     gpu::mla_write(pool.format(), write, stream_);
 
-    gpu::convert_f32_to_bf16(buf_.q, buf_.q_bf16, n * heads * qk, stream_);
+    // The queries in BF16, RoPE applied; for the decode kernel's groups also its query's RoPE
+    // columns (the absorption GEMM writes the content columns).
+    gpu::RopeQueriesParams rq;
+    rq.q = q;
+    rq.q_token_stride = ldq;
+    rq.q_bf16 = buf_.q_bf16;
+    rq.decode_q = any_absorbed_ ? buf_.q_dec : nullptr;
+    rq.heads_padded = gpu::padded_heads(static_cast<int>(heads));
+    rq.positions = buf_.positions;
+    rq.inv_freq = model_.inv_freq;
+    rq.attention_factor = attention_factor_;
+    rq.tokens = n;
+    rq.heads = static_cast<int>(heads);
+    rq.nope = static_cast<int>(nope);
+    rq.rope = static_cast<int>(c.qk_rope_head_dim);
+    gpu::rope_queries(rq, stream_);
+
     for (const Group& group : groups_) {
       if (group.expanded) {
         expanded_attention(layer, group, pages, pool.format());
@@ -768,6 +850,31 @@ class CudaRunner final : public Runner {
     const int64_t nope = c.qk_nope_head_dim, v_dim = c.v_head_dim, rank = c.kv_lora_rank;
     const int hp = gpu::padded_heads(static_cast<int>(heads));
     const int64_t first = group.first_token, tokens = group.num_chunks * group.s_q;
+    // One token: each absorbed product as a grouped skinny product, a group (one row) per head,
+    // which takes part in the programmatic launches (its weights requested before the wait).
+    const bool skinny = tokens == 1;
+    const auto per_head = [&](const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64_t n,
+                              int64_t k, uint16_t* y, int64_t ldy) {
+      gpu::SkinnyGemmParams p;
+      p.x = x;
+      p.ldx = ldx;
+      p.x_rows = heads;
+      p.offsets = model_.head_offsets;
+      p.groups = static_cast<int>(heads);
+      p.max_rows = heads;
+      p.w = w;
+      p.n = n;
+      p.k = k;
+      p.y = y;
+      p.ldy = ldy;
+      p.out_dtype = DType::kBF16;
+      p.routing_ready = true;  // offsets and pointers are the model's constants
+      gpu::skinny_gemm(p, stream_);
+    };
+    if (skinny) {
+      per_head(buf_.q_bf16 + first * heads * qk, qk, layer.head_uk_t, rank, nope,
+               buf_.q_dec + first * hp * gpu::kKeyDim, gpu::kKeyDim);
+    }
     gpu::BatchedGemmParams absorb;
     absorb.batch = heads;
     absorb.m = tokens;
@@ -784,17 +891,8 @@ class CudaRunner final : public Runner {
     absorb.ldy = hp * gpu::kKeyDim;
     absorb.stride_y = gpu::kKeyDim;
     absorb.out_dtype = DType::kBF16;
-    gemm_->batched(absorb, stream_);
+    if (!skinny) gemm_->batched(absorb, stream_);
     count(heads * nope * rank, tokens * heads * nope * rank);
-    gpu::PackQueriesParams pack;
-    pack.q_pe = buf_.q + first * heads * qk + nope;
-    pack.pe_token_stride = heads * qk;
-    pack.pe_head_stride = qk;
-    pack.out = buf_.q_dec + first * hp * gpu::kKeyDim;
-    pack.tokens = tokens;
-    pack.heads = static_cast<int>(heads);
-    pack.heads_padded = hp;
-    gpu::pack_absorbed_queries(pack, stream_);
 
     gpu::MlaDecodeParams p;
     p.q = buf_.q_dec + first * hp * gpu::kKeyDim;
@@ -825,7 +923,12 @@ class CudaRunner final : public Runner {
     values.ldy = heads * v_dim;
     values.stride_y = v_dim;
     values.out_dtype = DType::kBF16;
-    gemm_->batched(values, stream_);
+    if (skinny) {
+      per_head(buf_.attn + first * hp * gpu::kLatentDim, gpu::kLatentDim, layer.head_uv, v_dim,
+               rank, buf_.head_out + first * heads * v_dim, v_dim);
+    } else {
+      gemm_->batched(values, stream_);
+    }
     count(heads * v_dim * rank, tokens * heads * v_dim * rank);
   }
 
@@ -1083,8 +1186,11 @@ class CudaRunner final : public Runner {
 
   struct Buffers {
     int32_t *ids, *positions, *seq_ids, *block_table, *seq_lens, *logit_rows, *sampled;
-    float *x, *q_low, *q, *kv, *gate_up, *final_rows, *logits;
-    uint16_t *h, *q_low_bf16, *q_bf16, *q_dec, *attn, *head_out, *act;
+    float *x, *gate_up, *final_rows, *logits;
+    float* proj;  // [n, q_kv_a.out]: q (or q_a with a q LoRA), then the cache rows' kv_a output
+    float* q = nullptr;              // [n, heads * qk] q_b's output (q LoRA only)
+    uint16_t* q_low_bf16 = nullptr;  // [n, q_lora_rank] (q LoRA only)
+    uint16_t *h, *q_bf16, *q_dec, *attn, *head_out, *act;
     uint16_t* gathered = nullptr;  // [prefill_expanded_max_context, 576] one sequence's rows
     gpu::SampleParams* sample_params;
     float* router_logits = nullptr;
@@ -1124,6 +1230,7 @@ class CudaRunner final : public Runner {
   int64_t block_stride_ = 1;
   std::vector<int64_t> order_, chunk_first_token_;
   std::vector<Group> groups_;
+  bool any_absorbed_ = false;  // a group of the step runs the decode kernel (needs q_dec)
   std::vector<int32_t> host_ids_, host_positions_, host_seq_ids_, host_seq_lens_;
   std::vector<int32_t> host_block_table_;
   // [E + 1] the expert offsets of a prefill step, pinned so that their copy is asynchronous.
