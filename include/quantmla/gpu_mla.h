@@ -89,6 +89,22 @@ class MlaDecodePlan {
   int num_blocks() const;  // thread blocks of the decode kernel
   int max_splits() const;  // most page runs of one sequence
 
+  // What the kernel's roundings depend on besides the inputs, for references that follow its
+  // arithmetic (tests): each block's sequence, query rows [first_row, first_row + rows) of its
+  // s_q x num_heads, pages [page_begin, page_end) and whether it writes a partial result (merged
+  // by the combine kernel through the log-sum-exps); and the keys of one online-softmax step
+  // (P is rounded to BF16 against the running maximum of each step).
+  struct Block {
+    int batch = 0;
+    int first_row = 0;
+    int rows = 0;
+    int page_begin = 0;
+    int page_end = 0;
+    bool partial = false;
+  };
+  std::vector<Block> blocks() const;
+  int keys_per_step() const;
+
   struct State;
   const State& state() const { return *state_; }
 

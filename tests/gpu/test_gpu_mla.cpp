@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_reference.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/model_ops.h"
 #include "quantmla/attention.h"
@@ -32,6 +33,11 @@ using gpu::kKeyDim;
 using gpu::kLatentDim;
 using gpu::kPageTokens;
 using gpu::kRopeDim;
+using testing::compare_faithful;
+using testing::faithful_decode;
+using testing::FaithfulComparison;
+using testing::kFaithfulRms;
+using testing::Mutation;
 
 int failures = 0;
 int checks = 0;
@@ -55,21 +61,9 @@ void random_row(float* c, float* k_pe) {
 }
 
 // A paged pool as the CPU cache writes it: records of `format`, pages assigned to sequences in a
-// shuffled order.
-struct HostCache {
-  CacheFormat format;
-  int64_t record_bytes = 0;
-  int64_t content_bytes = 0;
-  int max_pages = 0;
-  std::vector<int32_t> lens;
-  std::vector<int32_t> block_table;  // [batch, max_pages]
-  std::vector<uint8_t> pool;
-  std::vector<std::vector<float>> rows;  // per sequence [len, kKeyDim], the values written
-
-  uint8_t* record(int b, int pos) {
-    const int64_t page = block_table[b * max_pages + pos / kPageTokens];
-    return pool.data() + (page * kPageTokens + pos % kPageTokens) * record_bytes;
-  }
+// shuffled order, and the values written.
+struct HostCache : testing::PagedRecords {
+  std::vector<std::vector<float>> rows;  // per sequence [len, kKeyDim]
 };
 
 HostCache make_cache(const CacheFormat& format, const std::vector<int32_t>& lens) {
@@ -297,6 +291,72 @@ void run_decode_case(const DecodeCase& test) {
                 plan.num_blocks(), worst_abs, worst_ratio, worst_lse, nan_count);
   std::printf("%s\n", line);
   expect(nan_count == 0 && worst_ratio <= 1.0 && worst_lse <= 1.0, line);
+
+  const FaithfulComparison f =
+      compare_faithful(out, lse,
+                       faithful_decode(cache, q, test.s_q, test.num_heads, softmax_scale,
+                                       plan.blocks(), plan.keys_per_step()));
+  std::snprintf(line, sizeof line,
+                "  kernel's arithmetic: err/allowed max %.3f, RMS %.4f, lse %.3f; %d of %zu "
+                "outputs bit-equal, NaN %d",
+                f.worst, f.rms, f.worst_lse, f.exact, out.size(), f.nan);
+  std::printf("%s\n", line);
+  expect(f.nan == 0 && f.worst <= 1.0 && f.rms <= kFaithfulRms && f.worst_lse <= 1.0,
+         test.format + line);
+}
+
+// The faithful comparison must fail for each kernel bug a mutation stands for (format, heads and
+// lengths chosen so that every mutation has one: s_q = 2, sequence 0 longer than a page).
+void run_mutation_checks(const std::string& spec) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  const std::vector<int32_t> lens = {66, 200};
+  const int s_q = 2, heads = 16, rows = s_q * heads;
+  const float softmax_scale = 1.0f / std::sqrt(192.0f);
+  HostCache cache = make_cache(format, lens);
+  std::vector<uint16_t> q(lens.size() * rows * kKeyDim);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
+  testing::aim_row0_at_last_key(cache, q);
+  DeviceArray<uint16_t> d_q(q), d_out(lens.size() * rows * kLatentDim);
+  DeviceArray<uint8_t> d_pool(cache.pool);
+  DeviceArray<int32_t> d_table(cache.block_table), d_lens(cache.lens);
+  DeviceArray<float> d_lse(lens.size() * rows);
+  gpu::MlaDecodePlan plan(format, lens, s_q, heads);
+  gpu::MlaDecodeParams params;
+  params.q = d_q.data();
+  params.pool = d_pool.data();
+  params.block_table = d_table.data();
+  params.block_table_stride = cache.max_pages;
+  params.seq_lens = d_lens.data();
+  params.out = d_out.data();
+  params.lse = d_lse.data();
+  params.batch = static_cast<int>(lens.size());
+  params.s_q = s_q;
+  params.num_heads = heads;
+  params.softmax_scale = softmax_scale;
+  gpu::mla_decode(format, params, plan);
+  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> out = d_out.download();
+  const std::vector<float> lse = d_lse.download();
+  const std::pair<Mutation, const char*> mutations[] = {
+      {Mutation::kNone, "none (must pass)"},
+      {Mutation::kGroupScale, "wrong scale in one group"},
+      {Mutation::kWrongPage, "wrong page"},
+      {Mutation::kDroppedKey, "dropped key"},
+      {Mutation::kCausal, "causal mask off by one at s_q = 2"}};
+  for (const auto& [mutation, name] : mutations) {
+    if (mutation == Mutation::kGroupScale && format.content.codec == Codec::kBF16) continue;
+    const FaithfulComparison f =
+        compare_faithful(out, lse,
+                         faithful_decode(cache, q, s_q, heads, softmax_scale, plan.blocks(),
+                                         plan.keys_per_step(), mutation));
+    const bool passes = f.nan == 0 && f.worst <= 1.0 && f.rms <= kFaithfulRms;
+    char line[256];
+    std::snprintf(line, sizeof line, "mutation %-36s %s: err/allowed max %.3g, RMS %.3g -> %s",
+                  name, spec.c_str(), f.worst, f.rms, passes ? "passes" : "fails");
+    std::printf("%s\n", line);
+    expect(passes == (mutation == Mutation::kNone), line);
+  }
 }
 
 void run_write_case(const std::string& spec, int num_sequences, int tokens_per_sequence) {
@@ -591,6 +651,9 @@ int main(int argc, char** argv) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   try {
     run_error_cases();
+    run_mutation_checks("content=int4:g64,rope=int4:g64");
+    run_mutation_checks("content=fp8,rope=bf16");
+    run_mutation_checks("content=bf16,rope=bf16");
     for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
     for (const std::string& spec : kFormats) run_gather_case(spec);
     for (const std::string& spec : kFormats) run_fused_write_case(spec, 500);

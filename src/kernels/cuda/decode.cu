@@ -257,6 +257,28 @@ MlaDecodePlan& MlaDecodePlan::operator=(MlaDecodePlan&&) noexcept = default;
 int MlaDecodePlan::num_blocks() const { return static_cast<int>(state_->schedule.items.size()); }
 int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
 
+std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
+  const DecodeSchedule& schedule = state_->schedule;
+  std::vector<Block> blocks;
+  for (const WorkItem& item : schedule.items) {
+    blocks.push_back({item.batch, item.row_tile * schedule.rows_per_block, schedule.rows_per_block,
+                      item.page_begin, item.page_end, item.partial >= 0});
+  }
+  return blocks;
+}
+
+int MlaDecodePlan::keys_per_step() const {
+  int keys = 0;
+  const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
+  visit_gpu_format(state_->format, [&](auto content, auto rope) {
+    using Content = decltype(content);
+    using Rope = decltype(rope);
+    keys = two_tiles ? DecodeLayout<Content, Rope, 2>::kStepKeys
+                     : DecodeLayout<Content, Rope, 1>::kStepKeys;
+  });
+  return keys;
+}
+
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,
                 void* stream_handle) {
   const MlaDecodePlan::State& state = plan.state();

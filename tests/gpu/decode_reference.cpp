@@ -1,0 +1,291 @@
+// See decode_reference.h.
+#include "decode_reference.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "quantmla/dtype.h"
+
+namespace quantmla::testing {
+
+using gpu::kKeyDim;
+using gpu::kLatentDim;
+using gpu::kPageTokens;
+using gpu::kRopeDim;
+
+// Round to nearest even at BF16's 8 significant bits, from double in one step (normal range).
+double bf16_round(double v) {
+  if (v == 0.0) return v;
+  int exponent = 0;
+  const double mantissa = std::frexp(v, &exponent);  // [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(mantissa, 8)), exponent - 8);
+}
+
+// The unit in the last place of BF16 at |v| (the subnormal step below the normal range).
+double bf16_ulp(double v) {
+  const double a = std::max(std::fabs(v), 0x1.0p-126);
+  return std::ldexp(1.0, std::ilogb(a) - 7);
+}
+
+uint8_t* PagedRecords::record(int b, int pos) {
+  const int64_t page = block_table[static_cast<size_t>(b) * max_pages + pos / kPageTokens];
+  return pool.data() + (page * kPageTokens + pos % kPageTokens) * record_bytes;
+}
+const uint8_t* PagedRecords::record(int b, int pos) const {
+  return const_cast<PagedRecords*>(this)->record(b, pos);
+}
+
+// The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
+// bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
+// stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
+// (0: its own; the mutation check's wrong scale: 1).
+void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
+                        int scale_group) {
+  const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };
+  if (f.codec == Codec::kBF16) {
+    for (int i = 0; i < width; ++i) out[i] = bf16_to_f32(u16(rec + 2 * i));
+    return;
+  }
+  if (f.codec == Codec::kFP8) {
+    for (int i = 0; i < width; ++i) {
+      float scale;
+      const int group = i / f.group == 0 ? scale_group : i / f.group;
+      std::memcpy(&scale, rec + width + 4 * group, 4);
+      out[i] = bf16_to_f32(f32_to_bf16(e4m3_to_f32(rec[i]) * scale));
+    }
+    return;
+  }
+  const int bits = f.bits();
+  const int64_t code_bytes = static_cast<int64_t>(width) * bits / 8;
+  for (int i = 0; i < width; ++i) {
+    const int code = (rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1);
+    const int group = i / f.group == 0 ? scale_group : i / f.group;
+    const uint8_t* sm = rec + code_bytes + 4 * group;
+    const double scale = bf16_to_f32(f32_to_bf16(f16_to_f32(u16(sm))));
+    const double minimum = bf16_to_f32(f32_to_bf16(f16_to_f32(u16(sm + 2))));
+    out[i] = static_cast<float>(bf16_round(code * scale + minimum));  // exact in double
+  }
+  const int64_t kept = code_bytes + 4 * (width / f.group);
+  for (size_t n = 0; n < f.bf16_pairs.size(); ++n) {
+    const int pair = f.bf16_pairs[n];
+    out[2 * pair] = bf16_to_f32(u16(rec + kept + 4 * n));
+    out[2 * pair + 1] = bf16_to_f32(u16(rec + kept + 4 * n + 2));
+  }
+}
+
+void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q) {
+  const uint8_t* rec = cache.record(0, cache.lens[0] - 1);
+  std::vector<float> key(kKeyDim);
+  kernel_path_values(cache.format.content, rec, kLatentDim, key.data());
+  kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim,
+                     key.data() + kLatentDim);
+  for (int d = 0; d < kKeyDim; ++d) q[d] = f32_to_bf16(0.1f * key[d]);
+}
+
+namespace {
+
+// One run of keys of one query row, as one block of the kernel takes it.
+struct RunResult {
+  std::vector<double> out, flip, magnitude;  // [kLatentDim]: acc / sum, and the allowances' parts
+  double lse = -INFINITY;
+  double score_error = 0.0;  // a scaled logit's FP32 error, largest over the keys (log2 units)
+  int keys = 0;
+};
+
+}  // namespace
+
+FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
+                               int num_heads, float softmax_scale,
+                               const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,
+                               Mutation mutation, Arithmetic arithmetic) {
+  const int batch = static_cast<int>(cache.lens.size());
+  const int rows_per_seq = s_q * num_heads;
+  // FP32 arithmetic: every sum rounded to FP32 after each addition (exact in double first).
+  const bool fp32 = arithmetic == Arithmetic::kFp32;
+  const auto round = [fp32](double v) {
+    return fp32 ? static_cast<double>(static_cast<float>(v)) : v;
+  };
+  const float scale_log2 = softmax_scale * 1.4426950408889634f;  // as mla_decode computes it
+  const auto q_value = [&](int b, int r, int d) {
+    return static_cast<double>(
+        bf16_to_f32(q[(static_cast<size_t>(b) * rows_per_seq + r) * kKeyDim + d]));
+  };
+  // Every sequence's keys as the kernel decodes them.
+  std::vector<std::vector<float>> keys(static_cast<size_t>(batch));
+  const auto decode_key = [&](int b, int pos, int scale_group, float* row) {
+    const uint8_t* rec = cache.record(b, pos);
+    kernel_path_values(cache.format.content, rec, kLatentDim, row, scale_group);
+    kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim, row + kLatentDim);
+  };
+  for (int b = 0; b < batch; ++b) {
+    keys[b].resize(static_cast<size_t>(cache.lens[b]) * kKeyDim);
+    for (int pos = 0; pos < cache.lens[b]; ++pos) {
+      const bool moved = mutation == Mutation::kWrongPage && b == 0 && pos / kPageTokens == 1;
+      decode_key(moved ? 1 : b, moved ? pos % kPageTokens : pos, 0,
+                 keys[b].data() + static_cast<size_t>(pos) * kKeyDim);
+    }
+  }
+  // Row 0's heaviest visible key, for the mutations that need one.
+  int heavy = -1;
+  double heavy_score = -INFINITY;
+  for (int j = 0; j < cache.lens[0] - s_q + 1; ++j) {
+    double s = 0.0;
+    for (int d = 0; d < kKeyDim; ++d) {
+      s += q_value(0, 0, d) * keys[0][static_cast<size_t>(j) * kKeyDim + d];
+    }
+    if (s > heavy_score) heavy_score = s, heavy = j;
+  }
+  if (mutation == Mutation::kGroupScale) {
+    decode_key(0, heavy, 1, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim);
+  }
+
+  const auto run_keys = [&](int b, int r, int first_key, int end_key) {
+    const int len = cache.lens[b];
+    const int limit =
+        len - s_q + r / num_heads + 1 + (mutation == Mutation::kCausal && b == 0 && r == 0);
+    RunResult run;
+    run.out.assign(kLatentDim, 0.0);
+    run.flip.assign(kLatentDim, 0.0);
+    run.magnitude.assign(kLatentDim, 0.0);
+    float row_max = -INFINITY;
+    double row_sum = 0.0;
+    std::vector<float> x(static_cast<size_t>(step_keys));
+    std::vector<double> score(static_cast<size_t>(step_keys));  // each key's score error
+    for (int key0 = first_key; key0 < end_key; key0 += step_keys) {
+      float tile_max = -INFINITY;
+      for (int j = 0; j < step_keys; ++j) {
+        const int key = key0 + j;
+        x[j] = -INFINITY;
+        if (key >= std::min(limit, len)) continue;
+        if (mutation == Mutation::kDroppedKey && b == 0 && r == 0 && key == heavy) continue;
+        const float* k = keys[b].data() + static_cast<size_t>(key) * kKeyDim;
+        double s = 0.0, squares = 0.0;
+        for (int d = 0; d < kKeyDim; ++d) {
+          const double term = q_value(b, r, d) * k[d];
+          s = round(s + term), squares += term * term;
+        }
+        // The FP32 sum of kKeyDim products, each addition off by at most an ulp of a partial sum
+        // (truncating tensor cores: one-sided), partial sums of random-sign terms growing as
+        // sqrt(n) rms: n^1.5 rms 2^-23 in all. Not a worst case (every product of one sign),
+        // which would allow 20x more.
+        score[j] = scale_log2 * std::pow(kKeyDim, 1.5) * std::sqrt(squares / kKeyDim) *
+                   std::ldexp(1.0, -23);
+        run.score_error = std::max(run.score_error, score[j]);
+        x[j] = static_cast<float>(s) * scale_log2;
+        tile_max = std::max(tile_max, x[j]);
+        ++run.keys;
+      }
+      const float new_max = std::max(row_max, tile_max);
+      const float reference = new_max == -INFINITY ? 0.0f : new_max;
+      const double alpha = fp32 ? std::exp2f(row_max - reference)
+                                : std::exp2(static_cast<double>(row_max - reference));
+      for (int d = 0; d < kLatentDim; ++d) {
+        run.out[d] = round(run.out[d] * alpha), run.flip[d] *= alpha, run.magnitude[d] *= alpha;
+      }
+      double sum = 0.0;
+      for (int j = 0; j < step_keys; ++j) {
+        if (x[j] == -INFINITY) continue;
+        const float p = fp32 ? std::exp2f(x[j] - reference)
+                             : static_cast<float>(std::exp2(static_cast<double>(x[j] - reference)));
+        sum = round(sum + p);
+        const uint16_t bits = f32_to_bf16(p);
+        const double rounded = bf16_to_f32(bits);
+        // Near a BF16 rounding tie the kernel's p may round the other way: within exp2f's 2 ulp
+        // (4 here) plus what the FP32 scores move it by (both the logit and the maximum).
+        const double near = 4.0 + 2.0 * 0.6931471805599453 * score[j] * 0x1.0p24;
+        const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
+        const double flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
+        const float* v = keys[b].data() + static_cast<size_t>(key0 + j) * kKeyDim;
+        for (int d = 0; d < kLatentDim; ++d) {
+          run.out[d] = round(run.out[d] + rounded * v[d]);
+          run.flip[d] += flip * std::fabs(v[d]);
+          run.magnitude[d] += rounded * std::fabs(v[d]);
+        }
+      }
+      row_sum = round(round(row_sum * alpha) + sum);
+      row_max = new_max;
+    }
+    const double inverse = row_sum > 0.0 ? 1.0 / row_sum : 0.0;
+    for (int d = 0; d < kLatentDim; ++d) {
+      run.out[d] *= inverse, run.flip[d] *= inverse, run.magnitude[d] *= inverse;
+    }
+    run.lse = row_sum > 0.0 ? (row_max + std::log2(row_sum)) * 0.69314718055994531 : -INFINITY;
+    return run;
+  };
+
+  std::vector<std::vector<RunResult>> runs(static_cast<size_t>(batch) * rows_per_seq);
+  for (const gpu::MlaDecodePlan::Block& block : blocks) {
+    const int first = block.page_begin * kPageTokens;
+    const int end = std::min(block.page_end * kPageTokens, cache.lens[block.batch]);
+    for (int r = block.first_row; r < block.first_row + block.rows; ++r) {
+      runs[static_cast<size_t>(block.batch) * rows_per_seq + r].push_back(
+          run_keys(block.batch, r, first, end));
+    }
+  }
+  FaithfulResult result;
+  result.out.assign(runs.size() * kLatentDim, 0.0);
+  result.allowed.assign(runs.size() * kLatentDim, 0.0);
+  result.lse.assign(runs.size(), 0.0);
+  result.lse_allowed.assign(runs.size(), 0.0);
+  for (size_t row = 0; row < runs.size(); ++row) {
+    // The combine's merge (a single run passes through): weights exp(lse - max), FP32 sums.
+    double max_lse = -INFINITY, total = 0.0, score_error = 0.0;
+    int keys_seen = 0;
+    for (const RunResult& run : runs[row]) {
+      max_lse = std::max(max_lse, run.lse);
+      score_error = std::max(score_error, run.score_error);
+      keys_seen = std::max(keys_seen, run.keys);
+    }
+    std::vector<double> out(kLatentDim, 0.0), flip(kLatentDim, 0.0), magnitude(kLatentDim, 0.0);
+    for (const RunResult& run : runs[row]) {
+      const double w = run.lse == -INFINITY ? 0.0 : std::exp(run.lse - max_lse);
+      total += w;
+      for (int d = 0; d < kLatentDim; ++d) {
+        out[d] += w * run.out[d], flip[d] += w * run.flip[d];
+        magnitude[d] += w * run.magnitude[d];
+      }
+    }
+    // A scaled logit off by e (log2 units) moves its probability and the sum by up to e ln 2
+    // each; the P V sums and the sum of P add up to an FP32 unit per key (and per merged run).
+    const double accumulation =
+        (keys_seen + 16 + static_cast<double>(runs[row].size())) * std::ldexp(1.0, -23);
+    const double relative = 4.0 * 0.6931471805599453 * score_error + 2.0 * accumulation;
+    for (int d = 0; d < kLatentDim; ++d) {
+      const size_t at = row * kLatentDim + d;
+      result.out[at] = out[d] / total;
+      result.allowed[at] =
+          2.0 * bf16_ulp(result.out[at]) + flip[d] / total + relative * magnitude[d] / total;
+    }
+    result.lse[row] = runs[row].size() == 1 ? runs[row][0].lse : max_lse + std::log(total);
+    result.lse_allowed[row] = 0.6931471805599453 * score_error + accumulation +
+                              8.0 * std::ldexp(1.0, -24) * (1.0 + std::fabs(result.lse[row]));
+  }
+  return result;
+}
+
+FaithfulComparison compare_faithful(const std::vector<uint16_t>& out, const std::vector<float>& lse,
+                                    const FaithfulResult& ref) {
+  FaithfulComparison c;
+  double sum_squares = 0.0;
+  for (size_t at = 0; at < ref.out.size(); ++at) {
+    const double got = bf16_to_f32(out[at]);
+    if (std::isnan(got)) {
+      ++c.nan;
+      continue;
+    }
+    const double ratio = std::fabs(got - ref.out[at]) / ref.allowed[at];
+    c.worst = std::max(c.worst, ratio);
+    sum_squares += ratio * ratio;
+    c.exact += out[at] == f32_to_bf16(static_cast<float>(ref.out[at]));
+  }
+  for (size_t row = 0; row < ref.lse.size(); ++row) {
+    if (std::isnan(lse[row])) ++c.nan;
+    c.worst_lse = std::max(c.worst_lse, std::fabs(lse[row] - ref.lse[row]) / ref.lse_allowed[row]);
+  }
+  c.rms = std::sqrt(sum_squares / static_cast<double>(ref.out.size()));
+  return c;
+}
+
+}  // namespace quantmla::testing

@@ -1,0 +1,99 @@
+// A host reference for the GPU decode kernel that follows its arithmetic (test code, no CUDA;
+// tests/gpu/test_gpu_mla.cpp compares the kernel with it, tests/test_decode_reference.cpp tests it
+// on the host). The worst-case bound of test_gpu_mla leaves the quantized formats' runs 30-125x
+// below it, so a wrong scale on one group or a lost key could pass; this reference takes the BF16
+// tile values the kernel's decoders give each record (computed here from the record's bytes), its
+// online softmax step by step with P rounded to BF16 against each step's running maximum, its page
+// runs and the combine's log-sum-exp merge, and rounds the output to BF16 once. Scores and sums
+// are exact (double); the kernel's FP32 sums and exp2f differ from them by units in the 24th bit,
+// which move an output's rounding only near a tie and a probability's only near one. So each
+// output must match to 2 units in its last place, plus what a probability near a rounding tie may
+// flip and an FP32 accumulation bound; and the RMS of the errors over those allowances must stay
+// small.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quantmla/cache_format.h"
+#include "quantmla/gpu_mla.h"
+
+namespace quantmla::testing {
+
+// Most RMS of error / allowed over a call's outputs: the allowances are worst cases, and nearly
+// every output should carry the reference's bits.
+inline constexpr double kFaithfulRms = 0.25;
+
+// Round to nearest even at BF16's 8 significant bits, in one step from double (normal range).
+double bf16_round(double v);
+// The unit in the last place of BF16 at |v| (the subnormal step below the normal range).
+double bf16_ulp(double v);
+
+// A host copy of a paged pool as the kernel reads it: records of `format`, 64 a page.
+struct PagedRecords {
+  CacheFormat format;
+  int64_t record_bytes = 0;
+  int64_t content_bytes = 0;
+  int max_pages = 0;
+  std::vector<int32_t> lens;
+  std::vector<int32_t> block_table;  // [batch, max_pages]
+  std::vector<uint8_t> pool;
+
+  uint8_t* record(int b, int pos);
+  const uint8_t* record(int b, int pos) const;
+};
+
+// The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
+// bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
+// stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
+// (0: its own; the mutation check's wrong scale: 1).
+void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
+                        int scale_group = 0);
+
+// A change the reference makes to itself, standing for a kernel bug: the comparison must fail
+// with it (a test that passes whatever the kernel does proves nothing).
+enum class Mutation {
+  kNone,
+  kGroupScale,  // the heaviest key of row 0 decodes its group 0 with group 1's scale and min
+  kWrongPage,   // sequence 0's second page read from sequence 1's first page
+  kDroppedKey,  // the heaviest key of row 0 left out of row 0
+  kCausal,      // row 0 (query 0 of s_q = 2) also sees the key of query 1
+};
+
+struct FaithfulResult {
+  std::vector<double> out;      // [batch, s_q, heads, kLatentDim] before the rounding to BF16
+  std::vector<double> allowed;  // the same shape: what the kernel may differ by (see above)
+  std::vector<double> lse;      // [batch, s_q, heads]
+  std::vector<double> lse_allowed;
+};
+
+// Points the query of row 0 (sequence 0, query 0, head 0) at sequence 0's last key, which only
+// query 1 of s_q = 2 may see, so that a causal mask off by one shows (with random queries a single
+// key's weight is often too small to move an output by an ulp).
+void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q);
+
+// kExact: scores and sums in double (the reference); kFp32: every sum rounded to FP32 after each
+// addition and exp2f for exp2 (a stand-in for the kernel, to test the allowances on the host).
+enum class Arithmetic { kExact, kFp32 };
+
+// The outputs and log-sum-exps of a decode call over `cache`, block by block as the kernel takes
+// them (MlaDecodePlan::blocks(), keys_per_step()); q: [batch, s_q, heads, 576] BF16 bits.
+FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
+                               int num_heads, float softmax_scale,
+                               const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,
+                               Mutation mutation = Mutation::kNone,
+                               Arithmetic arithmetic = Arithmetic::kExact);
+
+struct FaithfulComparison {
+  double worst = 0.0;      // max over outputs of |error| / allowed
+  double rms = 0.0;        // RMS over outputs of |error| / allowed
+  double worst_lse = 0.0;  // max over rows of |lse error| / allowed
+  int exact = 0;           // outputs with the reference's BF16 bits
+  int nan = 0;
+};
+
+// out: BF16 bits, lse: FP32, both in FaithfulResult's shapes.
+FaithfulComparison compare_faithful(const std::vector<uint16_t>& out, const std::vector<float>& lse,
+                                    const FaithfulResult& ref);
+
+}  // namespace quantmla::testing

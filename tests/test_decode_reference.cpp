@@ -1,0 +1,260 @@
+// The GPU decode kernel's host reference (tests/gpu/decode_reference.h) tested without a GPU: its
+// tile values against the CPU decoder, its exact arithmetic against the scalar attention
+// reference, its allowances against an FP32 stand-in for the kernel, and every mutation caught.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/decode_reference.h"
+#include "quantmla/attention.h"
+#include "quantmla/cache_format.h"
+#include "quantmla/dtype.h"
+#include "quantmla/gpu_mla.h"
+
+namespace quantmla::testing {
+namespace {
+
+using gpu::kKeyDim;
+using gpu::kLatentDim;
+using gpu::kPageTokens;
+using gpu::kRopeDim;
+using Block = gpu::MlaDecodePlan::Block;
+
+const std::vector<std::string> kGpuFormats = {
+    "content=bf16,rope=bf16",
+    "content=fp8,rope=bf16",
+    "content=int4:g64,rope=int4:g64",
+    "content=int4:g128,rope=int4:g64",
+    "content=int2:g64,rope=int4:g64",
+    "content=int2:g128,rope=bf16",
+    "content=int4:g64:clip0.95,rope=int4:g64:bf16pairs=0+21",
+};
+
+struct Fixture {
+  PagedRecords cache;
+  std::vector<uint16_t> q;
+};
+
+// Random rows (a few large channels, one high-energy RoPE pair) encoded as the CPU cache does,
+// pages in a shuffled order; random BF16 queries.
+Fixture make_fixture(const std::string& spec, const std::vector<int32_t>& lens, int s_q, int heads,
+                     std::mt19937_64& rng) {
+  Fixture f;
+  PagedRecords& c = f.cache;
+  c.format = CacheFormat::parse(spec);
+  c.record_bytes = c.format.record_bytes(kLatentDim, kRopeDim);
+  c.content_bytes = c.format.content.encoded_bytes(kLatentDim);
+  c.lens = lens;
+  int total = 0;
+  for (const int32_t len : lens) {
+    c.max_pages = std::max(c.max_pages, (len + kPageTokens - 1) / kPageTokens);
+    total += (len + kPageTokens - 1) / kPageTokens;
+  }
+  std::vector<int32_t> physical(static_cast<size_t>(total));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  c.block_table.assign(lens.size() * c.max_pages, -1);
+  size_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int page = 0; page < (lens[b] + kPageTokens - 1) / kPageTokens; ++page) {
+      c.block_table[b * c.max_pages + page] = physical[next++];
+    }
+  }
+  c.pool.assign(static_cast<size_t>(total) * kPageTokens * c.record_bytes, 0xff);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(kKeyDim);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int pos = 0; pos < lens[b]; ++pos) {
+      for (int i = 0; i < kLatentDim; ++i) row[i] = normal(rng) * (i % 37 == 0 ? 6.0f : 1.0f);
+      for (int i = 0; i < kRopeDim; ++i) {
+        row[kLatentDim + i] = normal(rng) * (i / 2 == 21 ? 8.0f : 2.0f);
+      }
+      uint8_t* rec = c.record(static_cast<int>(b), pos);
+      encode_path(c.format.content, row.data(), kLatentDim, rec);
+      encode_path(c.format.rope, row.data() + kLatentDim, kRopeDim, rec + c.content_bytes);
+    }
+  }
+  f.q.resize(lens.size() * s_q * heads * kKeyDim);
+  for (uint16_t& v : f.q) v = f32_to_bf16(normal(rng));
+  return f;
+}
+
+// The blocks of a plan: 16-row tiles of s_q x heads, each sequence's pages in runs of
+// `pages_per_run` (0: one run), partial when a sequence has more than one run.
+std::vector<Block> make_blocks(const std::vector<int32_t>& lens, int s_q, int heads,
+                               int pages_per_run) {
+  std::vector<Block> blocks;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int pages = (lens[b] + kPageTokens - 1) / kPageTokens;
+    const int run = pages_per_run == 0 ? pages : pages_per_run;
+    for (int row = 0; row < s_q * heads; row += 16) {
+      for (int first = 0; first < pages; first += run) {
+        blocks.push_back(
+            {static_cast<int>(b), row, 16, first, std::min(first + run, pages), run < pages});
+      }
+    }
+  }
+  return blocks;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<double>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = f32_to_bf16(static_cast<float>(v[i]));
+  return bits;
+}
+std::vector<float> to_f32(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+std::mt19937_64 seeded(const char* test) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("%s: seed %llu\n", test, static_cast<unsigned long long>(seed));
+  return std::mt19937_64(seed);
+}
+
+TEST(DecodeReference, KernelValuesAreTheDecodedValuesInBf16) {
+  std::mt19937_64 rng = seeded("KernelValuesAreTheDecodedValuesInBf16");
+  for (const std::string& spec : kGpuFormats) {
+    const Fixture f = make_fixture(spec, {200}, 1, 16, rng);
+    double worst = 0.0;
+    for (int pos = 0; pos < 200; ++pos) {
+      const uint8_t* rec = f.cache.record(0, pos);
+      for (const bool rope : {false, true}) {
+        const PathFormat& path = rope ? f.cache.format.rope : f.cache.format.content;
+        const int width = rope ? kRopeDim : kLatentDim;
+        const uint8_t* at = rope ? rec + f.cache.content_bytes : rec;
+        std::vector<float> kernel(width), cpu(width);
+        kernel_path_values(path, at, width, kernel.data());
+        decode_path(path, at, width, cpu.data());
+        double largest = 0.0;
+        for (const float v : cpu) largest = std::max<double>(largest, std::fabs(v));
+        // BF16 scale and min (a unit each of |range| <= 2 max and |min| <= max) and the result.
+        const double bound = path.codec == Codec::kBF16  ? 0.0
+                             : path.codec == Codec::kFP8 ? 0x1.0p-8 * largest
+                                                         : 4 * 0x1.0p-8 * largest;
+        for (int i = 0; i < width; ++i) {
+          const double err = std::fabs(static_cast<double>(kernel[i]) - cpu[i]);
+          ASSERT_LE(err, bound) << spec << (rope ? " rope" : " content") << " channel " << i;
+          if (bound > 0.0) worst = std::max(worst, err / bound);
+          ASSERT_EQ(static_cast<double>(bf16_to_f32(f32_to_bf16(kernel[i]))), kernel[i])
+              << "not a BF16 value";
+        }
+      }
+    }
+    std::printf("%-56s worst err / bound %.3f\n", spec.c_str(), worst);
+  }
+}
+
+// The exact reference against attention_reference over the same (kernel) key values: only the
+// rounding of P to BF16 (a relative 2^-8 per weight) parts them.
+TEST(DecodeReference, ExactArithmeticIsAttentionWithProbabilitiesInBf16) {
+  std::mt19937_64 rng = seeded("ExactArithmeticIsAttentionWithProbabilitiesInBf16");
+  const int s_q = 2, heads = 16;
+  const std::vector<int32_t> lens = {2, 65, 300};
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const Fixture f = make_fixture("content=int4:g64,rope=int4:g64", lens, s_q, heads, rng);
+  const FaithfulResult ref =
+      faithful_decode(f.cache, f.q, s_q, heads, scale, make_blocks(lens, s_q, heads, 2), 32);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    std::vector<float> keys(static_cast<size_t>(lens[b]) * kKeyDim);
+    double largest = 0.0;
+    for (int pos = 0; pos < lens[b]; ++pos) {
+      float* row = keys.data() + static_cast<size_t>(pos) * kKeyDim;
+      const uint8_t* rec = f.cache.record(static_cast<int>(b), pos);
+      kernel_path_values(f.cache.format.content, rec, kLatentDim, row);
+      kernel_path_values(f.cache.format.rope, rec + f.cache.content_bytes, kRopeDim,
+                         row + kLatentDim);
+      for (int d = 0; d < kLatentDim; ++d) largest = std::max<double>(largest, std::fabs(row[d]));
+    }
+    std::vector<float> q(static_cast<size_t>(s_q) * heads * kKeyDim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_to_f32(f.q[b * q.size() + i]);
+    std::vector<float> out(static_cast<size_t>(s_q) * heads * kLatentDim), lse(s_q * heads);
+    AttentionParams p;
+    p.q = q.data(), p.q_row_stride = heads * kKeyDim, p.q_head_stride = kKeyDim;
+    p.kv = keys.data(), p.kv_row_stride = kKeyDim;
+    p.out = out.data(), p.out_row_stride = heads * kLatentDim, p.out_head_stride = kLatentDim;
+    p.lse = lse.data();
+    p.n_q = s_q, p.num_heads = heads, p.kv_lora_rank = kLatentDim, p.rope_dim = kRopeDim;
+    p.q_pos0 = lens[b] - s_q, p.softmax_scale = scale;
+    attention_reference(p);
+    const size_t first = b * s_q * heads;
+    for (size_t r = 0; r < static_cast<size_t>(s_q * heads); ++r) {
+      EXPECT_NEAR(ref.lse[first + r], lse[r], 1e-5 * (1.0 + std::fabs(lse[r])));
+      for (int d = 0; d < kLatentDim; ++d) {
+        ASSERT_NEAR(ref.out[(first + r) * kLatentDim + d], out[r * kLatentDim + d],
+                    0x1.0p-8 * largest + 1e-6)
+            << "sequence " << b << " row " << r << " channel " << d;
+      }
+    }
+  }
+}
+
+// An FP32 stand-in for the kernel (every sum rounded to FP32 after each addition, exp2f) must sit
+// within the allowances, with split runs, half-page and whole-page steps, 16 and 32 rows.
+TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
+  std::mt19937_64 rng = seeded("AnFp32KernelPassesTheComparison");
+  struct Case {
+    std::string spec;
+    int s_q, heads;
+    std::vector<int32_t> lens;
+    int pages_per_run, step_keys;
+  };
+  const Case cases[] = {
+      {"content=int4:g64,rope=int4:g64", 1, 16, {1, 63, 65, 300}, 0, 32},
+      {"content=int2:g64,rope=int4:g64", 2, 16, {2, 130, 700}, 3, 32},
+      {"content=fp8,rope=bf16", 1, 32, {64, 500}, 2, 64},
+      {"content=bf16,rope=bf16", 2, 16, {1000}, 0, 64},
+  };
+  for (const Case& c : cases) {
+    const Fixture f = make_fixture(c.spec, c.lens, c.s_q, c.heads, rng);
+    const std::vector<Block> blocks = make_blocks(c.lens, c.s_q, c.heads, c.pages_per_run);
+    const float scale = 1.0f / std::sqrt(192.0f);
+    const FaithfulResult exact =
+        faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks, c.step_keys);
+    const FaithfulResult fp32 = faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks,
+                                                c.step_keys, Mutation::kNone, Arithmetic::kFp32);
+    const FaithfulComparison cmp = compare_faithful(to_bf16(fp32.out), to_f32(fp32.lse), exact);
+    std::printf("%-40s s_q %d H %d: err/allowed max %.3f RMS %.4f lse %.3f, %d of %zu equal\n",
+                c.spec.c_str(), c.s_q, c.heads, cmp.worst, cmp.rms, cmp.worst_lse, cmp.exact,
+                exact.out.size());
+    EXPECT_EQ(cmp.nan, 0);
+    EXPECT_LE(cmp.worst, 1.0) << c.spec;
+    EXPECT_LE(cmp.rms, kFaithfulRms) << c.spec;
+    EXPECT_LE(cmp.worst_lse, 1.0) << c.spec;
+  }
+}
+
+// Each mutation (a kernel bug the reference plays) must fail the comparison with the unmutated
+// reference; no mutation passes it.
+TEST(DecodeReference, EveryMutationFailsTheComparison) {
+  std::mt19937_64 rng = seeded("EveryMutationFailsTheComparison");
+  const std::vector<int32_t> lens = {66, 200};
+  const int s_q = 2, heads = 16;
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const std::vector<Block> blocks = make_blocks(lens, s_q, heads, 0);
+  for (const std::string spec :
+       {"content=int4:g64,rope=int4:g64", "content=fp8,rope=bf16", "content=bf16,rope=bf16"}) {
+    Fixture f = make_fixture(spec, lens, s_q, heads, rng);
+    aim_row0_at_last_key(f.cache, f.q);
+    const FaithfulResult ref = faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 32);
+    for (const Mutation m : {Mutation::kNone, Mutation::kGroupScale, Mutation::kWrongPage,
+                             Mutation::kDroppedKey, Mutation::kCausal}) {
+      if (m == Mutation::kGroupScale && f.cache.format.content.codec == Codec::kBF16) continue;
+      const FaithfulResult mutated =
+          faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 32, m);
+      const FaithfulComparison cmp =
+          compare_faithful(to_bf16(mutated.out), to_f32(mutated.lse), ref);
+      const bool passes = cmp.nan == 0 && cmp.worst <= 1.0 && cmp.rms <= kFaithfulRms;
+      std::printf("%-40s mutation %d: err/allowed max %.3g RMS %.3g\n", spec.c_str(),
+                  static_cast<int>(m), cmp.worst, cmp.rms);
+      EXPECT_EQ(passes, m == Mutation::kNone) << spec << " mutation " << static_cast<int>(m);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace quantmla::testing
