@@ -14,9 +14,17 @@
 #   comparison must agree (bench/gpu/compare_devices.py: PPL within 0.1%, the same prompts pass).
 # Needs .carry/shared (scripts/device-carry.sh): tools/make_gpu_fixtures.py, the mla-tiny tokenizer
 # files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32, passkey-public.json.
+# PACK=1: everything written goes into one $OUT/results.tgz at the end (the device tool brings
+# back only a few files of a call: the runner's JSON was among the ones left out once).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
+if [[ -n ${PACK:-} ]]; then
+  packed_to=$out
+  out=$(mktemp -d)
+  export OUT=$out  # device-build.sh's logs too
+  trap 'tar -C "$out" -czf "$packed_to/results.tgz" . && rm -rf "$out"' EXIT
+fi
 stages=${1:-build,ops,runner,ppl,bench}
 mkdir -p "$out"
 build=build-gpu-full
