@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,45 +40,12 @@ struct Fixture {
   std::vector<uint16_t> q;
 };
 
-// Random rows (a few large channels, one high-energy RoPE pair) encoded as the CPU cache does,
-// pages in a shuffled order; random BF16 queries.
+// Records as the CPU cache writes them (random_paged_records) and random BF16 queries.
 Fixture make_fixture(const std::string& spec, const std::vector<int32_t>& lens, int s_q, int heads,
                      std::mt19937_64& rng) {
   Fixture f;
-  PagedRecords& c = f.cache;
-  c.format = CacheFormat::parse(spec);
-  c.record_bytes = c.format.record_bytes(kLatentDim, kRopeDim);
-  c.content_bytes = c.format.content.encoded_bytes(kLatentDim);
-  c.lens = lens;
-  int total = 0;
-  for (const int32_t len : lens) {
-    c.max_pages = std::max(c.max_pages, (len + kPageTokens - 1) / kPageTokens);
-    total += (len + kPageTokens - 1) / kPageTokens;
-  }
-  std::vector<int32_t> physical(static_cast<size_t>(total));
-  std::iota(physical.begin(), physical.end(), 0);
-  std::shuffle(physical.begin(), physical.end(), rng);
-  c.block_table.assign(lens.size() * c.max_pages, -1);
-  size_t next = 0;
-  for (size_t b = 0; b < lens.size(); ++b) {
-    for (int page = 0; page < (lens[b] + kPageTokens - 1) / kPageTokens; ++page) {
-      c.block_table[b * c.max_pages + page] = physical[next++];
-    }
-  }
-  c.pool.assign(static_cast<size_t>(total) * kPageTokens * c.record_bytes, 0xff);
+  f.cache = random_paged_records(CacheFormat::parse(spec), lens, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> row(kKeyDim);
-  for (size_t b = 0; b < lens.size(); ++b) {
-    for (int pos = 0; pos < lens[b]; ++pos) {
-      for (int i = 0; i < kLatentDim; ++i) row[i] = normal(rng) * (i % 37 == 0 ? 6.0f : 1.0f);
-      for (int i = 0; i < kRopeDim; ++i) {
-        row[kLatentDim + i] = normal(rng) * (i / 2 == 21 ? 8.0f : 2.0f);
-      }
-      uint8_t* rec = c.record(static_cast<int>(b), pos);
-      encode_path(c.format.content, row.data(), kLatentDim, rec);
-      encode_path(c.format.rope, row.data() + kLatentDim, kRopeDim, rec + c.content_bytes);
-    }
-  }
   f.q.resize(lens.size() * s_q * heads * kKeyDim);
   for (uint16_t& v : f.q) v = f32_to_bf16(normal(rng));
   return f;

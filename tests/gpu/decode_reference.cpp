@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "quantmla/dtype.h"
 
@@ -41,6 +42,47 @@ const uint8_t* PagedRecords::record(int b, int pos) const {
 // bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
 // stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
 // (0: its own; the mutation check's wrong scale: 1).
+PagedRecords random_paged_records(const CacheFormat& format, const std::vector<int32_t>& lens,
+                                  std::mt19937_64& rng, std::vector<std::vector<float>>* rows) {
+  PagedRecords c;
+  c.format = format;
+  c.record_bytes = format.record_bytes(kLatentDim, kRopeDim);
+  c.content_bytes = format.content.encoded_bytes(kLatentDim);
+  c.lens = lens;
+  int total_pages = 0;
+  for (const int32_t len : lens) {
+    c.max_pages = std::max(c.max_pages, (len + kPageTokens - 1) / kPageTokens);
+    total_pages += (len + kPageTokens - 1) / kPageTokens;
+  }
+  std::vector<int32_t> physical(static_cast<size_t>(total_pages));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  c.block_table.assign(lens.size() * c.max_pages, -1);
+  size_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int page = 0; page < (lens[b] + kPageTokens - 1) / kPageTokens; ++page) {
+      c.block_table[b * c.max_pages + page] = physical[next++];
+    }
+  }
+  c.pool.assign(static_cast<size_t>(total_pages) * kPageTokens * c.record_bytes, 0xff);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    std::vector<float> values(static_cast<size_t>(lens[b]) * kKeyDim);
+    for (int pos = 0; pos < lens[b]; ++pos) {
+      float* row = values.data() + static_cast<size_t>(pos) * kKeyDim;
+      for (int i = 0; i < kLatentDim; ++i) row[i] = normal(rng) * (i % 37 == 0 ? 6.0f : 1.0f);
+      for (int i = 0; i < kRopeDim; ++i) {
+        row[kLatentDim + i] = normal(rng) * (i / 2 == 21 ? 8.0f : 2.0f);
+      }
+      uint8_t* rec = c.record(static_cast<int>(b), pos);
+      encode_path(format.content, row, kLatentDim, rec);
+      encode_path(format.rope, row + kLatentDim, kRopeDim, rec + c.content_bytes);
+    }
+    if (rows != nullptr) rows->push_back(std::move(values));
+  }
+  return c;
+}
+
 void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
                         int scale_group) {
   const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "quantmla/cache_format.h"
@@ -42,6 +43,15 @@ struct PagedRecords {
   uint8_t* record(int b, int pos);
   const uint8_t* record(int b, int pos) const;
 };
+
+// Records of `format` for sequences of `lens` as the CPU cache writes them (encode_path): random
+// rows, content latents with a few large channels and RoPE keys with one high-energy pair (21) as
+// the trained fixture shows (DESIGN §8), so that groups have realistic ranges; pages assigned in a
+// shuffled order; 0xFF bytes (NaN in every format) in the slots past each sequence's end, which
+// must not reach an output. rows: where the values written go (per sequence [len, 576]), or null.
+PagedRecords random_paged_records(const CacheFormat& format, const std::vector<int32_t>& lens,
+                                  std::mt19937_64& rng,
+                                  std::vector<std::vector<float>>* rows = nullptr);
 
 // The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
 // bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as

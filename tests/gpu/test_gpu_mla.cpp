@@ -52,54 +52,15 @@ void expect(bool ok, const std::string& what) {
 
 std::mt19937_64 rng;
 
-// Content latents with a few large channels and RoPE keys with one high-energy pair (21), as the
-// trained fixture shows (DESIGN §8), so that groups have realistic ranges.
-void random_row(float* c, float* k_pe) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int i = 0; i < kLatentDim; ++i) c[i] = normal(rng) * (i % 37 == 0 ? 6.0f : 1.0f);
-  for (int i = 0; i < kRopeDim; ++i) k_pe[i] = normal(rng) * (i / 2 == 21 ? 8.0f : 2.0f);
-}
-
-// A paged pool as the CPU cache writes it: records of `format`, pages assigned to sequences in a
-// shuffled order, and the values written.
+// A paged pool as the CPU cache writes it (random_paged_records) and the values written.
 struct HostCache : testing::PagedRecords {
   std::vector<std::vector<float>> rows;  // per sequence [len, kKeyDim]
 };
 
 HostCache make_cache(const CacheFormat& format, const std::vector<int32_t>& lens) {
   HostCache cache;
-  cache.format = format;
-  cache.record_bytes = format.record_bytes(kLatentDim, kRopeDim);
-  cache.content_bytes = format.content.encoded_bytes(kLatentDim);
-  cache.lens = lens;
-  int total_pages = 0;
-  for (const int32_t len : lens) {
-    cache.max_pages = std::max(cache.max_pages, (len + kPageTokens - 1) / kPageTokens);
-    total_pages += (len + kPageTokens - 1) / kPageTokens;
-  }
-  std::vector<int32_t> physical(static_cast<size_t>(total_pages));
-  std::iota(physical.begin(), physical.end(), 0);
-  std::shuffle(physical.begin(), physical.end(), rng);
-  cache.block_table.assign(lens.size() * cache.max_pages, -1);
-  size_t next = 0;
-  for (size_t b = 0; b < lens.size(); ++b) {
-    for (int page = 0; page < (lens[b] + kPageTokens - 1) / kPageTokens; ++page) {
-      cache.block_table[b * cache.max_pages + page] = physical[next++];
-    }
-  }
-  // Unwritten slots of a last page hold garbage that must not reach the output: 0xFF bytes decode
-  // to NaN in every format.
-  cache.pool.assign(static_cast<size_t>(total_pages) * kPageTokens * cache.record_bytes, 0xff);
-  for (size_t b = 0; b < lens.size(); ++b) {
-    cache.rows.emplace_back(static_cast<size_t>(lens[b]) * kKeyDim);
-    for (int pos = 0; pos < lens[b]; ++pos) {
-      float* row = cache.rows.back().data() + static_cast<size_t>(pos) * kKeyDim;
-      random_row(row, row + kLatentDim);
-      uint8_t* rec = cache.record(static_cast<int>(b), pos);
-      encode_path(format.content, row, kLatentDim, rec);
-      encode_path(format.rope, row + kLatentDim, kRopeDim, rec + cache.content_bytes);
-    }
-  }
+  static_cast<testing::PagedRecords&>(cache) =
+      testing::random_paged_records(format, lens, rng, &cache.rows);
   return cache;
 }
 
@@ -128,6 +89,50 @@ struct DecodeCase {
   int pages_per_split;  // 0: automatic
 };
 
+// One decode call's inputs on the device; run() launches it with a plan and returns the outputs
+// (BF16 bits) and log-sum-exps, both poisoned with NaN before the launch so that every element
+// must be written.
+class DeviceDecode {
+ public:
+  DeviceDecode(const HostCache& cache, const std::vector<uint16_t>& q, int s_q, int num_heads,
+               float softmax_scale)
+      : format_(cache.format),
+        q_(q),
+        pool_(cache.pool),
+        table_(cache.block_table),
+        lens_(cache.lens),
+        out_(cache.lens.size() * s_q * num_heads * kLatentDim),
+        lse_(cache.lens.size() * s_q * num_heads) {
+    params_.q = q_.data();
+    params_.pool = pool_.data();
+    params_.block_table = table_.data();
+    params_.block_table_stride = cache.max_pages;
+    params_.seq_lens = lens_.data();
+    params_.out = out_.data();
+    params_.lse = lse_.data();
+    params_.batch = static_cast<int>(cache.lens.size());
+    params_.s_q = s_q;
+    params_.num_heads = num_heads;
+    params_.softmax_scale = softmax_scale;
+  }
+  std::pair<std::vector<uint16_t>, std::vector<float>> run(const gpu::MlaDecodePlan& plan) {
+    out_.fill_bytes(0xff);  // NaN in BF16 and FP32
+    lse_.fill_bytes(0xff);
+    gpu::mla_decode(format_, params_, plan);
+    QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+    return {out_.download(), lse_.download()};
+  }
+
+ private:
+  CacheFormat format_;
+  DeviceArray<uint16_t> q_;
+  DeviceArray<uint8_t> pool_;
+  DeviceArray<int32_t> table_, lens_;
+  DeviceArray<uint16_t> out_;
+  DeviceArray<float> lse_;
+  gpu::MlaDecodeParams params_;
+};
+
 void run_decode_case(const DecodeCase& test) {
   const CacheFormat format = CacheFormat::parse(test.format);
   HostCache cache = make_cache(format, test.lens);
@@ -139,32 +144,9 @@ void run_decode_case(const DecodeCase& test) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
 
-  DeviceArray<uint16_t> d_q(q);
-  DeviceArray<uint8_t> d_pool(cache.pool);
-  DeviceArray<int32_t> d_table(cache.block_table);
-  DeviceArray<int32_t> d_lens(cache.lens);
-  DeviceArray<uint16_t> d_out(static_cast<size_t>(batch) * rows * kLatentDim);
-  DeviceArray<float> d_lse(static_cast<size_t>(batch) * rows);
-  d_out.fill_bytes(0xff);  // NaN in BF16 and FP32: every element must be written
-  d_lse.fill_bytes(0xff);
-
+  DeviceDecode device(cache, q, test.s_q, test.num_heads, softmax_scale);
   gpu::MlaDecodePlan plan(format, test.lens, test.s_q, test.num_heads, test.pages_per_split);
-  gpu::MlaDecodeParams params;
-  params.q = d_q.data();
-  params.pool = d_pool.data();
-  params.block_table = d_table.data();
-  params.block_table_stride = cache.max_pages;
-  params.seq_lens = d_lens.data();
-  params.out = d_out.data();
-  params.lse = d_lse.data();
-  params.batch = batch;
-  params.s_q = test.s_q;
-  params.num_heads = test.num_heads;
-  params.softmax_scale = softmax_scale;
-  gpu::mla_decode(format, params, plan);
-  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> out = d_out.download();
-  const std::vector<float> lse = d_lse.download();
+  const auto [out, lse] = device.run(plan);
   if (test.pages_per_split == 0) {
     // The same schedule planned into a caller's workspace, with the fixed grid of a captured step
     // (padding blocks) and with its own grid: the same bits.
@@ -176,11 +158,7 @@ void run_decode_case(const DecodeCase& test) {
       DeviceArray<uint8_t> workspace(bytes);
       const gpu::MlaDecodePlan placed(format, test.lens, test.s_q, test.num_heads,
                                       {workspace.data(), bytes}, fixed_grid, nullptr);
-      d_out.fill_bytes(0xff);
-      d_lse.fill_bytes(0xff);
-      gpu::mla_decode(format, params, placed);
-      QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
-      expect(d_out.download() == out && d_lse.download() == lse,
+      expect(device.run(placed) == std::pair(out, lse),
              test.format + (fixed_grid ? ": fixed-grid" : ": own-grid") +
                  " workspace plan differs from the owning plan");
     }
@@ -317,27 +295,8 @@ void run_mutation_checks(const std::string& spec) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
   testing::aim_row0_at_last_key(cache, q);
-  DeviceArray<uint16_t> d_q(q), d_out(lens.size() * rows * kLatentDim);
-  DeviceArray<uint8_t> d_pool(cache.pool);
-  DeviceArray<int32_t> d_table(cache.block_table), d_lens(cache.lens);
-  DeviceArray<float> d_lse(lens.size() * rows);
   gpu::MlaDecodePlan plan(format, lens, s_q, heads);
-  gpu::MlaDecodeParams params;
-  params.q = d_q.data();
-  params.pool = d_pool.data();
-  params.block_table = d_table.data();
-  params.block_table_stride = cache.max_pages;
-  params.seq_lens = d_lens.data();
-  params.out = d_out.data();
-  params.lse = d_lse.data();
-  params.batch = static_cast<int>(lens.size());
-  params.s_q = s_q;
-  params.num_heads = heads;
-  params.softmax_scale = softmax_scale;
-  gpu::mla_decode(format, params, plan);
-  QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> out = d_out.download();
-  const std::vector<float> lse = d_lse.download();
+  const auto [out, lse] = DeviceDecode(cache, q, s_q, heads, softmax_scale).run(plan);
   const std::pair<Mutation, const char*> mutations[] = {
       {Mutation::kNone, "none (must pass)"},
       {Mutation::kGroupScale, "wrong scale in one group"},

@@ -850,8 +850,13 @@ class CudaRunner final : public Runner {
     const int64_t nope = c.qk_nope_head_dim, v_dim = c.v_head_dim, rank = c.kv_lora_rank;
     const int hp = gpu::padded_heads(static_cast<int>(heads));
     const int64_t first = group.first_token, tokens = group.num_chunks * group.s_q;
+    const uint16_t* q_nope = buf_.q_bf16 + first * heads * qk;
+    uint16_t* q_dec = buf_.q_dec + first * hp * gpu::kKeyDim;
+    uint16_t* attended = buf_.attn + first * hp * gpu::kLatentDim;
+    uint16_t* head_out = buf_.head_out + first * heads * v_dim;
     // One token: each absorbed product as a grouped skinny product, a group (one row) per head,
-    // which takes part in the programmatic launches (its weights requested before the wait).
+    // which takes part in the programmatic launches (its weights requested before the wait);
+    // more tokens: a cuBLASLt product batched over the heads.
     const bool skinny = tokens == 1;
     const auto per_head = [&](const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64_t n,
                               int64_t k, uint16_t* y, int64_t ldy) {
@@ -871,63 +876,57 @@ class CudaRunner final : public Runner {
       p.routing_ready = true;  // offsets and pointers are the model's constants
       gpu::skinny_gemm(p, stream_);
     };
+    // kv_b per head: W_UK_h [nope, rank] rows, then W_UV_h [v, rank].
+    const auto over_heads = [&](const uint16_t* x, int64_t ldx, int64_t stride_x, const uint16_t* w,
+                                gpu::GemmOp op_w, int64_t n, int64_t k, uint16_t* y, int64_t ldy,
+                                int64_t stride_y) {
+      gpu::BatchedGemmParams p;
+      p.batch = heads;
+      p.m = tokens;
+      p.n = n;
+      p.k = k;
+      p.x = x;
+      p.ldx = ldx;
+      p.stride_x = stride_x;
+      p.w = w;
+      p.ldw = rank;
+      p.stride_w = (nope + v_dim) * rank;
+      p.op_w = op_w;
+      p.y = y;
+      p.ldy = ldy;
+      p.stride_y = stride_y;
+      p.out_dtype = DType::kBF16;
+      gemm_->batched(p, stream_);
+    };
+
+    // q_dec content columns = q_nope_h W_UK_h.
     if (skinny) {
-      per_head(buf_.q_bf16 + first * heads * qk, qk, layer.head_uk_t, rank, nope,
-               buf_.q_dec + first * hp * gpu::kKeyDim, gpu::kKeyDim);
+      per_head(q_nope, qk, layer.head_uk_t, rank, nope, q_dec, gpu::kKeyDim);
+    } else {
+      over_heads(q_nope, heads * qk, qk, layer.kv_b.w, gpu::GemmOp::kN, rank, nope, q_dec,
+                 hp * gpu::kKeyDim, gpu::kKeyDim);
     }
-    gpu::BatchedGemmParams absorb;
-    absorb.batch = heads;
-    absorb.m = tokens;
-    absorb.n = rank;
-    absorb.k = nope;
-    absorb.x = buf_.q_bf16 + first * heads * qk;
-    absorb.ldx = heads * qk;
-    absorb.stride_x = qk;
-    absorb.w = layer.kv_b.w;  // per head: W_UK_h [nope, rank] rows, then W_UV_h [v, rank]
-    absorb.ldw = rank;
-    absorb.stride_w = (nope + v_dim) * rank;
-    absorb.op_w = gpu::GemmOp::kN;
-    absorb.y = buf_.q_dec + first * hp * gpu::kKeyDim;
-    absorb.ldy = hp * gpu::kKeyDim;
-    absorb.stride_y = gpu::kKeyDim;
-    absorb.out_dtype = DType::kBF16;
-    if (!skinny) gemm_->batched(absorb, stream_);
     count(heads * nope * rank, tokens * heads * nope * rank);
 
     gpu::MlaDecodeParams p;
-    p.q = buf_.q_dec + first * hp * gpu::kKeyDim;
+    p.q = q_dec;
     p.pool = pages;
     p.block_table = buf_.block_table + group.first_chunk * block_stride_;
     p.block_table_stride = block_stride_;
     p.seq_lens = buf_.seq_lens + group.first_chunk;
-    p.out = buf_.attn + first * hp * gpu::kLatentDim;
+    p.out = attended;
     p.batch = static_cast<int>(group.num_chunks);
     p.s_q = static_cast<int>(group.s_q);
     p.num_heads = hp;
     p.softmax_scale = static_cast<float>(c.softmax_scale());
     gpu::mla_decode(format, p, *group.plan, stream_);
 
-    gpu::BatchedGemmParams values;
-    values.batch = heads;
-    values.m = tokens;
-    values.n = v_dim;
-    values.k = rank;
-    values.x = buf_.attn + first * hp * gpu::kLatentDim;
-    values.ldx = hp * gpu::kLatentDim;
-    values.stride_x = gpu::kLatentDim;
-    values.w = layer.kv_b.w + nope * rank;
-    values.ldw = rank;
-    values.stride_w = (nope + v_dim) * rank;
-    values.op_w = gpu::GemmOp::kT;
-    values.y = buf_.head_out + first * heads * v_dim;
-    values.ldy = heads * v_dim;
-    values.stride_y = v_dim;
-    values.out_dtype = DType::kBF16;
+    // o_h = W_UV_h attended_h.
     if (skinny) {
-      per_head(buf_.attn + first * hp * gpu::kLatentDim, gpu::kLatentDim, layer.head_uv, v_dim,
-               rank, buf_.head_out + first * heads * v_dim, v_dim);
+      per_head(attended, gpu::kLatentDim, layer.head_uv, v_dim, rank, head_out, v_dim);
     } else {
-      gemm_->batched(values, stream_);
+      over_heads(attended, hp * gpu::kLatentDim, gpu::kLatentDim, layer.kv_b.w + nope * rank,
+                 gpu::GemmOp::kT, v_dim, rank, head_out, heads * v_dim, v_dim);
     }
     count(heads * v_dim * rank, tokens * heads * v_dim * rank);
   }
