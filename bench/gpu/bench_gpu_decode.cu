@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   int heads_only = 0;  // 16 or 128: that half of the grid only
   double max_seconds = 420.0;
   bool quick = false;
-  int s_q = 1;  // queries per sequence (2: multi-token prediction)
+  int s_q = 1;              // queries per sequence (2: multi-token prediction)
+  int pages_per_split = 0;  // 0: the plan's own split; N: runs of exactly N pages (tuning)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -106,10 +107,12 @@ int main(int argc, char** argv) {
       heads_only = std::stoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--s-q") && i + 1 < argc) {
       s_q = std::stoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--pages-per-split") && i + 1 < argc) {
+      pages_per_split = std::stoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--max-seconds S] [--quick] [--heads 16|128] "
-                   "[--s-q 1|2] [--only FORMAT,B,CTX,H]\n",
+                   "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--pages-per-split N]\n",
                    argv[0]);
       return 2;
     }
@@ -147,14 +150,26 @@ int main(int argc, char** argv) {
         {"int2g128/int4", "content=int2:g128,rope=int4:g64", false},
         {"int2g64/int4+2bf16", "content=int2:g64,rope=int4:g64:bf16pairs=0+21", false},
     };
-    const std::vector<int> batches =
-        quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 64, 128};
-    const std::vector<int> contexts =
+    std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 64, 128};
+    std::vector<int> contexts =
         quick ? std::vector<int>{4096, 32768} : std::vector<int>{4096, 32768, 131072};
+    if (!only.empty()) {
+      // --only names its shape, which need not be on the grid (e.g. the runner's 1K contexts).
+      int b = 0, ctx = 0, h = 0;
+      const size_t comma = only.find(',');
+      if (comma == std::string::npos ||
+          std::sscanf(only.c_str() + comma + 1, "%d,%d,%d", &b, &ctx, &h) != 3 || b < 1 ||
+          ctx < s_q) {
+        std::fprintf(stderr, "--only %s: expected FORMAT,B,CTX,H\n", only.c_str());
+        return 2;
+      }
+      batches = {b};
+      contexts = {ctx};
+    }
     const std::vector<int> head_counts = {16, 128};
     const int max_batch = batches.back();
     const int max_context = contexts.back();
-    const int max_pages = max_context / kPageTokens;
+    const int max_pages = (max_context + kPageTokens - 1) / kPageTokens;
     const int64_t total_pages = static_cast<int64_t>(max_batch) * max_pages;
 
     // One shuffled block table for every format: sequence b owns row b.
@@ -222,7 +237,7 @@ int main(int argc, char** argv) {
             }
             const std::vector<int32_t> lens(batch, context);
             DeviceArray<int32_t> d_lens(lens);
-            gpu::MlaDecodePlan plan(format, lens, s_q, heads);
+            gpu::MlaDecodePlan plan(format, lens, s_q, heads, pages_per_split);
             gpu::MlaDecodeParams params;
             params.q = d_q.data();
             params.pool = pool.data();

@@ -36,7 +36,7 @@ export OMP_NUM_THREADS=$nproc_
 if has build; then
   start=$(date +%s)
   bash bench/gpu/device-build.sh quantmla test_model_ops test_cuda_runner test_gpu_mla \
-    test_decode_schedule bench_runner bench_skinny bench_prefill_attention || exit 1
+    test_decode_schedule bench_runner bench_skinny bench_prefill_attention bench_gpu_decode || exit 1
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -127,11 +127,14 @@ if has bench; then
     python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1
   fi
 fi
-if has nopdl; then
-  echo "== runner benchmark, no programmatic dependent launches"
+# One variant of the runner: bench_runner again with its flag, beside bench's default.
+variant() {
+  local name=$1 flag=$2
+  echo "== runner benchmark, $flag"
   [[ -f /tmp/v2-lite/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
-  $build/bench/gpu/bench_runner --model /tmp/v2-lite --no-pdl --json "$out/runner-nopdl.json" \
-    2>&1 | tee "$out/bench-runner-nopdl.txt" || status=1
-fi
+  $build/bench/gpu/bench_runner --model /tmp/v2-lite $flag --json "$out/runner-$name.json" \
+    2>&1 | tee "$out/bench-runner-$name.txt" || status=1
+}
+has nopdl && variant nopdl --no-pdl
 exit $status

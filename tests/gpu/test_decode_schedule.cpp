@@ -2,6 +2,7 @@
 // row tile, page) is covered exactly once, runs are contiguous and in order, partial slots are
 // unique and the combine items point at them, and bad arguments are refused. Also the format
 // check. Exit status 0 when every check passes.
+#include <array>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -144,6 +145,20 @@ int main() {
     check_schedule(lens, 1 + static_cast<int>(rng() % 2), 16 << (rng() % 3), sms,
                    1 + static_cast<int>(rng() % 3), 0);
     ++cases;
+  }
+  // The split rule (decode_schedule.h) on the shapes it was measured on: one sequence alone on
+  // the H200 (132 SMs), and a share that binds first.
+  for (const auto& [pages, share, runs] : std::vector<std::array<int64_t, 3>>{{1, 132, 1},
+                                                                              {3, 132, 1},
+                                                                              {16, 132, 8},
+                                                                              {64, 132, 27},
+                                                                              {256, 132, 55},
+                                                                              {2048, 132, 132},
+                                                                              {16, 8, 8},
+                                                                              {1000, 1, 1}}) {
+    expect(split_count(pages, share) == runs,
+           "split_count(" + std::to_string(pages) + ", " + std::to_string(share) + ") = " +
+               std::to_string(split_count(pages, share)) + ", expected " + std::to_string(runs));
   }
   expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 1, 0); });
   expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 1, 0); });

@@ -1176,6 +1176,50 @@ void run_route_case(const std::string& name, const gpu::MoeRouteParams& c, int64
   check_close(name + ": weights", got, ref, bound);
 }
 
+// moe_route_sort against moe_route then moe_sort on the same logits: every output bit for bit,
+// for the fused one-block kernel (n * top_k <= 256) and the two-launch path above it.
+void run_route_sort_case(const std::string& name, const gpu::MoeRouteParams& c, int64_t n,
+                         bool bias_on) {
+  const int64_t ld = c.num_experts + 3, entries = n * c.top_k;
+  DeviceArray<float> dlogits(random_f32(static_cast<size_t>(n * ld), 1.5f));
+  DeviceArray<float> dbias(random_f32(static_cast<size_t>(c.num_experts), 0.05f));
+  const float* bias = bias_on ? dbias.data() : nullptr;
+  struct Outputs {
+    Outputs(int64_t n, int64_t entries, int k, int num_experts)
+        : experts(static_cast<size_t>(entries)),
+          counts(static_cast<size_t>(num_experts)),
+          offsets(static_cast<size_t>(num_experts) + 1),
+          slot_of(static_cast<size_t>(entries)),
+          token_of_slot(static_cast<size_t>(entries)),
+          weights(static_cast<size_t>(entries)),
+          workspace(std::max<size_t>(gpu::moe_sort_workspace_bytes(n, k, num_experts), 4)) {
+      poison(experts), poison(counts), poison(offsets), poison(slot_of);
+      poison(token_of_slot), poison(weights);
+    }
+    DeviceArray<int32_t> experts, counts, offsets, slot_of, token_of_slot;
+    DeviceArray<float> weights;
+    DeviceArray<uint8_t> workspace;
+    gpu::MoeSortBuffers buffers() {
+      return {counts.data(), offsets.data(), slot_of.data(), token_of_slot.data(),
+              workspace.data()};
+    }
+  };
+  Outputs fused(n, entries, c.top_k, c.num_experts), separate(n, entries, c.top_k, c.num_experts);
+  gpu::moe_route_sort(dlogits.data(), ld, bias, fused.experts.data(), fused.weights.data(), n, c,
+                      fused.buffers(), kStream);
+  gpu::moe_route(dlogits.data(), ld, bias, separate.experts.data(), separate.weights.data(), n, c,
+                 kStream);
+  gpu::moe_sort(separate.experts.data(), n, c.top_k, c.num_experts, separate.buffers(), kStream);
+  sync();
+  check_equal(name + ": experts", fused.experts.download(), separate.experts.download());
+  check_equal(name + ": weights", fused.weights.download(), separate.weights.download());
+  check_equal(name + ": counts", fused.counts.download(), separate.counts.download());
+  check_equal(name + ": offsets", fused.offsets.download(), separate.offsets.download());
+  check_equal(name + ": slot_of", fused.slot_of.download(), separate.slot_of.download());
+  check_equal(name + ": token_of_slot", fused.token_of_slot.download(),
+              separate.token_of_slot.download());
+}
+
 void run_route_cases() {
   // DeepSeek-V2-Lite: softmax, greedy, 64 experts, 6 per token, no renormalization.
   gpu::MoeRouteParams v2;
@@ -1200,6 +1244,12 @@ void run_route_cases() {
   config.scoring_func = "sigmoid", config.topk_method = "noaux_tc";
   const gpu::MoeRouteParams v3 = gpu::moe_route_params(config);
   run_route_case("moe_route V3 sigmoid noaux_tc E=256 k=8 groups 8 top 4", v3, 1000, true, 2.0f);
+  for (const int64_t n : {1, 16, 32, 300}) {  // 300: past one block, the two-launch path
+    const std::string tokens = " n " + std::to_string(n);
+    run_route_sort_case("moe_route_sort V2 greedy" + tokens, v2, n, false);
+    run_route_sort_case("moe_route_sort V2 group_limited_greedy" + tokens, v2g, n, false);
+    run_route_sort_case("moe_route_sort V3 noaux_tc" + tokens, v3, n, true);
+  }
 
   config.topk_method = "top_p";
   expect_throws<InvalidArgument>("moe_route_params unknown topk_method",

@@ -1,6 +1,7 @@
 #include "kernels/cuda/decode_schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "quantmla/error.h"
@@ -12,6 +13,13 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
+
+int split_count(int64_t pages, int64_t share) {
+  const auto latency_optimum =
+      static_cast<int64_t>(std::sqrt(static_cast<double>(kSplitCostRatio) * pages));
+  const int64_t runs = std::min({share, latency_optimum, pages / kMinPagesPerSplit});
+  return static_cast<int>(std::max<int64_t>(runs, 1));
+}
 
 int row_tiles_per_block(int s_q, int num_heads) { return (s_q * num_heads) % 32 == 0 ? 2 : 1; }
 
@@ -62,8 +70,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
       // run shorter than kMinPagesPerSplit.
       const int64_t share =
           std::clamp<int64_t>(pages * concurrent_blocks / total_units, 1, multiprocessors);
-      per_split =
-          std::max<int64_t>(std::min<int64_t>(kMinPagesPerSplit, pages), ceil_div(pages, share));
+      per_split = ceil_div(pages, split_count(pages, share));
     }
     const int64_t splits = ceil_div(pages, per_split);
     schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(splits));

@@ -37,19 +37,28 @@ struct DecodeSchedule {
   std::vector<CombineItem> combines;
 };
 
-// Fewest pages one block takes when a sequence is split: below it the partial results cost more
-// traffic than the pages they save.
-inline constexpr int kMinPagesPerSplit = 4;
+// Fewest pages one block takes when a sequence is split.
+inline constexpr int kMinPagesPerSplit = 2;
+
+// Most runs one sequence is split into: sqrt(kSplitCostRatio x pages). A block's time grows by
+// about b per page (a chain of latencies at a few blocks a GPU) and the combine's by about c per
+// run, so a sequence of P pages alone is fastest near sqrt(b P / c) runs; b / c ~ 11 measured on
+// the H200 at batch 1 (bench_gpu_decode --pages-per-split, 1K-16K contexts: 16 pages best in 8-16
+// runs, 64 in ~32, 256 in ~64; docs/benchmarks.md).
+inline constexpr int kSplitCostRatio = 12;
+
+// The runs of one sequence of `pages` pages whose share of the concurrent blocks is `share`.
+int split_count(int64_t pages, int64_t share);
 
 // 16-row MMA tiles per block for s_q x num_heads query rows: two when they come in 32s.
 int row_tiles_per_block(int s_q, int num_heads);
 
 // Splits the work. pages_per_split = 0: each sequence gets its share of the blocks that run at once
 // (multiprocessors x blocks_per_multiprocessor), at least one and at most one per multiprocessor
-// (more runs of one sequence add partial-result traffic, not parallelism), in runs of at least
-// kMinPagesPerSplit pages; > 0: runs of exactly that many pages. Throws
-// InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence shorter than
-// s_q.
+// (more runs of one sequence add partial-result traffic, not parallelism), at most
+// sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
+// exactly that many pages. Throws InvalidArgument for num_heads not a positive multiple of 16, s_q
+// < 1, or a sequence shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split);
 

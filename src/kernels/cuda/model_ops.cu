@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
@@ -19,19 +20,6 @@ namespace {
 constexpr int kRowThreads = 256;
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// The bits of quantmla::f32_to_bf16: round to nearest even, NaN kept NaN by setting a quiet bit
-// (CUDA's __float2bfloat16_rn would return its canonical NaN instead).
-__device__ __forceinline__ uint16_t to_bf16_bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-__device__ __forceinline__ float from_bf16_bits(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
 
 __device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7fc00000u); }
 

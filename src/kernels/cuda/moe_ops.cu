@@ -47,19 +47,13 @@ __device__ __forceinline__ void warp_argmax(float& value, int& index) {
   }
 }
 
-__global__ void __launch_bounds__(32 * kRouteWarps)
-    moe_route_kernel(const __grid_constant__ RouteKernelParams p) {
-  wait_for_previous_kernel();
-  __shared__ float scores_of_warp[kRouteWarps][kMaxRoutedExperts];
-  __shared__ float group_score_of_warp[kRouteWarps][kMaxExpertGroups];
-  const int warp = threadIdx.x / 32;
+// Token t's choices and weights by one whole warp; scores: [kMaxRoutedExperts] and group_scores:
+// [kMaxExpertGroups] the warp's own shared memory.
+__device__ void route_token(const RouteKernelParams& p, int64_t t, float* scores,
+                            float* group_scores) {
   const int lane = threadIdx.x % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= p.n) return;  // whole warps: the shuffles below see full warps
   const MoeRouteParams& c = p.config;
   const int num_experts = c.num_experts;
-  float* scores = scores_of_warp[warp];
-  float* group_scores = group_score_of_warp[warp];
   const float* logits = p.logits + t * p.ld_logits;
 
   // Expert e = lane + 32 j lives in slot j of its lane.
@@ -203,6 +197,17 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
   }
 }
 
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    moe_route_kernel(const __grid_constant__ RouteKernelParams p) {
+  wait_for_previous_kernel();
+  __shared__ float scores_of_warp[kRouteWarps][kMaxRoutedExperts];
+  __shared__ float group_score_of_warp[kRouteWarps][kMaxExpertGroups];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.n) return;  // whole warps: the shuffles see full warps
+  route_token(p, t, scores_of_warp[warp], group_score_of_warp[warp]);
+}
+
 // ---- sort ----
 
 constexpr int kSortChunk = 256;  // entries per block of the histogram and scatter kernels
@@ -290,14 +295,12 @@ __global__ void __launch_bounds__(kSortChunk)
   token_of_slot[slot] = static_cast<int32_t>(i / k);
 }
 
-// The three kernels' work in one block when the entries fit one chunk (decode steps: one launch
-// instead of three): the same counts, offsets and stable slots.
-__global__ void __launch_bounds__(kSortChunk)
-    sort_one_chunk_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
-                          int32_t* counts, int32_t* offsets, int32_t* slot_of,
-                          int32_t* token_of_slot) {
-  wait_for_previous_kernel();
-  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+// The three kernels' work in one block of kSortChunk threads when the entries fit one chunk
+// (decode steps: one launch instead of three): the same counts, offsets and stable slots.
+// first_slot: [num_experts + 1] shared memory.
+__device__ void sort_one_chunk(const int32_t* experts, int64_t entries, int k, int num_experts,
+                               int32_t* counts, int32_t* offsets, int32_t* slot_of,
+                               int32_t* token_of_slot, int32_t* first_slot) {
   __shared__ int32_t chunk_experts[kSortChunk];
   for (int e = threadIdx.x; e < num_experts; e += kSortChunk) first_slot[e] = 0;
   const int i = static_cast<int>(threadIdx.x);
@@ -326,6 +329,36 @@ __global__ void __launch_bounds__(kSortChunk)
   const int32_t slot = first_slot[e] + rank;
   slot_of[i] = slot;
   token_of_slot[slot] = i / k;
+}
+
+__global__ void __launch_bounds__(kSortChunk)
+    sort_one_chunk_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
+                          int32_t* counts, int32_t* offsets, int32_t* slot_of,
+                          int32_t* token_of_slot) {
+  wait_for_previous_kernel();
+  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+  sort_one_chunk(experts, entries, k, num_experts, counts, offsets, slot_of, token_of_slot,
+                 first_slot);
+}
+
+// moe_route then the one-chunk sort in one block (decode steps: one launch instead of two): its
+// warps route the tokens in turn, the block sorts their choices.
+constexpr int kRouteSortWarps = kSortChunk / 32;
+
+__global__ void __launch_bounds__(kSortChunk)
+    route_sort_kernel(const __grid_constant__ RouteKernelParams p, int32_t* counts,
+                      int32_t* offsets, int32_t* slot_of, int32_t* token_of_slot) {
+  wait_for_previous_kernel();
+  __shared__ float scores_of_warp[kRouteSortWarps][kMaxRoutedExperts];
+  __shared__ float group_score_of_warp[kRouteSortWarps][kMaxExpertGroups];
+  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+  const int warp = threadIdx.x / 32;
+  for (int64_t t = warp; t < p.n; t += kRouteSortWarps) {
+    route_token(p, t, scores_of_warp[warp], group_score_of_warp[warp]);
+  }
+  __syncthreads();  // the choices in global memory, visible to the whole block
+  sort_one_chunk(p.experts, p.n * p.config.top_k, p.config.top_k, p.config.num_experts, counts,
+                 offsets, slot_of, token_of_slot, first_slot);
 }
 
 // ---- gather / combine ----
@@ -434,10 +467,11 @@ MoeRouteParams moe_route_params(const ModelConfig& config) {
   return p;
 }
 
-void moe_route(const float* router_logits, int64_t ld_logits, const float* correction_bias,
-               int32_t* out_experts, float* out_weights, int64_t n, const MoeRouteParams& params,
-               cudaStream_t stream) {
-  const MoeRouteParams& c = params;
+namespace {
+
+// moe_route's argument checks (its InvalidArgument and ShapeError cases).
+void check_route(const float* router_logits, int64_t ld_logits, const int32_t* out_experts,
+                 const float* out_weights, int64_t n, const MoeRouteParams& c) {
   if (c.num_experts < 1 || c.num_experts > kMaxRoutedExperts) {
     throw InvalidArgument("moe_route: " + std::to_string(c.num_experts) +
                           " experts (the kernel takes 1.." + std::to_string(kMaxRoutedExperts) +
@@ -460,13 +494,48 @@ void moe_route(const float* router_logits, int64_t ld_logits, const float* corre
     throw ShapeError("moe_route: n " + str(n) + ", ld_logits " + str(ld_logits) + " for " +
                      std::to_string(c.num_experts) + " experts (need n >= 0, ld_logits >= E)");
   }
-  const int64_t blocks = (n + kRouteWarps - 1) / kRouteWarps;
-  if (blocks > INT_MAX) throw ShapeError("moe_route: " + str(n) + " tokens are too many");
-  if (n == 0) return;
-  if (router_logits == nullptr || out_experts == nullptr || out_weights == nullptr) {
+  if ((n + kRouteWarps - 1) / kRouteWarps > INT_MAX) {
+    throw ShapeError("moe_route: " + str(n) + " tokens are too many");
+  }
+  if (n > 0 && (router_logits == nullptr || out_experts == nullptr || out_weights == nullptr)) {
     throw InvalidArgument(
         "moe_route: router_logits, out_experts and out_weights must be device pointers, got null");
   }
+}
+
+// moe_sort's argument checks.
+void check_sort(const int32_t* experts, int64_t n, int k, int num_experts,
+                const MoeSortBuffers& buffers) {
+  if (num_experts < 1 || num_experts > kMaxSortExperts || k < 1 || n < 0) {
+    throw InvalidArgument("moe_sort: " + std::to_string(num_experts) + " experts, k " +
+                          std::to_string(k) + ", n " + str(n) + " (need E in 1.." +
+                          std::to_string(kMaxSortExperts) + ", k >= 1, n >= 0)");
+  }
+  const int64_t entries = n * k;
+  if (entries > INT_MAX) {
+    throw ShapeError("moe_sort: " + str(entries) + " entries do not fit int32 slots");
+  }
+  if (buffers.counts == nullptr || buffers.offsets == nullptr ||
+      (entries > 0 && (buffers.slot_of == nullptr || buffers.token_of_slot == nullptr ||
+                       buffers.workspace == nullptr || experts == nullptr))) {
+    throw InvalidArgument(
+        "moe_sort: experts, counts, offsets, slot_of, token_of_slot and the "
+        "workspace must be device pointers, got null");
+  }
+  if (reinterpret_cast<uintptr_t>(buffers.workspace) % alignof(int32_t) != 0) {
+    throw InvalidArgument("moe_sort: the workspace must be 4-byte aligned");
+  }
+}
+
+}  // namespace
+
+void moe_route(const float* router_logits, int64_t ld_logits, const float* correction_bias,
+               int32_t* out_experts, float* out_weights, int64_t n, const MoeRouteParams& params,
+               cudaStream_t stream) {
+  const MoeRouteParams& c = params;
+  check_route(router_logits, ld_logits, out_experts, out_weights, n, c);
+  if (n == 0) return;
+  const int64_t blocks = (n + kRouteWarps - 1) / kRouteWarps;
   RouteKernelParams kernel{
       router_logits, ld_logits, correction_bias, out_experts, out_weights, n, c};
   launch_kernel(moe_route_kernel, static_cast<unsigned>(blocks), 32 * kRouteWarps, 0, stream,
@@ -482,26 +551,9 @@ size_t moe_sort_workspace_bytes(int64_t n, int k, int num_experts) {
 
 void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
               const MoeSortBuffers& buffers, cudaStream_t stream) {
-  if (num_experts < 1 || num_experts > kMaxSortExperts || k < 1 || n < 0) {
-    throw InvalidArgument("moe_sort: " + std::to_string(num_experts) + " experts, k " +
-                          std::to_string(k) + ", n " + str(n) + " (need E in 1.." +
-                          std::to_string(kMaxSortExperts) + ", k >= 1, n >= 0)");
-  }
+  check_sort(experts, n, k, num_experts, buffers);
   const int64_t entries = n * k;
   const int64_t chunks = (entries + kSortChunk - 1) / kSortChunk;
-  if (entries > INT_MAX) {
-    throw ShapeError("moe_sort: " + str(entries) + " entries do not fit int32 slots");
-  }
-  if (buffers.counts == nullptr || buffers.offsets == nullptr ||
-      (entries > 0 && (buffers.slot_of == nullptr || buffers.token_of_slot == nullptr ||
-                       buffers.workspace == nullptr || experts == nullptr))) {
-    throw InvalidArgument(
-        "moe_sort: experts, counts, offsets, slot_of, token_of_slot and the "
-        "workspace must be device pointers, got null");
-  }
-  if (reinterpret_cast<uintptr_t>(buffers.workspace) % alignof(int32_t) != 0) {
-    throw InvalidArgument("moe_sort: the workspace must be 4-byte aligned");
-  }
   auto* chunk_counts = static_cast<int32_t*>(buffers.workspace);
   const size_t histogram_bytes = static_cast<size_t>(num_experts) * sizeof(int32_t);
   if (chunks == 1) {
@@ -527,6 +579,27 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
                   buffers.token_of_slot);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
+}
+
+void moe_route_sort(const float* router_logits, int64_t ld_logits, const float* correction_bias,
+                    int32_t* out_experts, float* out_weights, int64_t n,
+                    const MoeRouteParams& params, const MoeSortBuffers& buffers,
+                    cudaStream_t stream) {
+  const int64_t entries = n * params.top_k;
+  if (n == 0 || entries > kSortChunk) {
+    moe_route(router_logits, ld_logits, correction_bias, out_experts, out_weights, n, params,
+              stream);
+    moe_sort(out_experts, n, params.top_k, params.num_experts, buffers, stream);
+    return;
+  }
+  check_route(router_logits, ld_logits, out_experts, out_weights, n, params);
+  check_sort(out_experts, n, params.top_k, params.num_experts, buffers);
+  const RouteKernelParams kernel{router_logits, ld_logits, correction_bias, out_experts,
+                                 out_weights,   n,         params};
+  launch_kernel(route_sort_kernel, 1, kSortChunk,
+                (static_cast<size_t>(params.num_experts) + 1) * sizeof(int32_t), stream, kernel,
+                buffers.counts, buffers.offsets, buffers.slot_of, buffers.token_of_slot);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
 void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,

@@ -86,6 +86,13 @@ size_t moe_sort_workspace_bytes(int64_t n, int k, int num_experts);
 void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
               const MoeSortBuffers& buffers, cudaStream_t stream);
 
+// moe_route then moe_sort (the same outputs, bit for bit), in one kernel when the n * top_k
+// entries fit one block (decode steps; two launches otherwise). Throws as moe_route and moe_sort.
+void moe_route_sort(const float* router_logits, int64_t ld_logits, const float* correction_bias,
+                    int32_t* out_experts, float* out_weights, int64_t n,
+                    const MoeRouteParams& params, const MoeSortBuffers& buffers,
+                    cudaStream_t stream);
+
 // sorted[s, :] = h[token_of_slot[s], :] for s in [0, slots) (a token of -1 or outside [0, n):
 // zeros).
 //   h: [n, d] BF16 bits, row stride ld_h; token_of_slot: [slots] int32;
@@ -103,8 +110,9 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
                  cudaStream_t stream);
 
 // The layout of the routed experts as one strided-batched GEMM, on the host: the reference of
-// moe_pad_layout (the runner's, on the device) in the tests: expert x's slots [offsets[x], offsets[x + 1]) become rows
-// [x * rows, x * rows + their count); the rest of each block of `rows` is padding.
+// moe_pad_layout (the runner's, on the device) in the tests: expert x's slots [offsets[x],
+// offsets[x + 1]) become rows [x * rows, x * rows + their count); the rest of each block of `rows`
+// is padding.
 //   offsets: [E + 1]; token_of_slot: [offsets[E]];
 //   token_of_row (out): [E * rows], the token each row gathers, -1 for padding (moe_gather gives
 //   such rows zeros);

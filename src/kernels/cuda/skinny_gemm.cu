@@ -57,6 +57,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -96,14 +97,6 @@ struct TileLayout {
     return static_cast<size_t>(warps) * kStages * kStageBytes;
   }
 };
-
-// The bits of quantmla::f32_to_bf16 (round to nearest even, NaN stays NaN).
-__device__ __forceinline__ uint16_t to_bf16_bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -392,6 +394,7 @@ class CudaRunner final : public Runner {
     }
     gemm_ = std::make_unique<gpu::GemmRunner>();
     if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
+    read_ablation();
     std::fprintf(stderr,
                  "cuda runner: %s, weights %.2f GiB (BF16), activations %.2f GiB for %lld tokens "
                  "a step\n",
@@ -399,6 +402,34 @@ class CudaRunner final : public Runner {
                  activations_.bytes() / double(1 << 30),
                  static_cast<long long>(options.max_batch_tokens));
   }
+  // Profiling aid (the GPU machine has no timeline profiler): QUANTMLA_ABLATE=op,op,... leaves
+  // those operations of every layer out of the step, so that the step's time without them is
+  // their cost inside the captured graph, programmatic launches included. The outputs are then
+  // wrong; the runner says so at load. Ops: input_norm q_kv_a write rope_queries uk decode uv
+  // o_proj post_norm router route_sort shared experts combine mlp.
+  void read_ablation() {
+    static const std::set<std::string> known = {
+        "input_norm", "q_kv_a", "write",      "rope_queries", "uk",      "decode",  "uv", "o_proj",
+        "post_norm",  "router", "route_sort", "shared",       "experts", "combine", "mlp"};
+    const char* env = std::getenv("QUANTMLA_ABLATE");
+    if (env == nullptr || *env == 0) return;
+    std::string list = env;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t comma = std::min(list.find(',', start), list.size());
+      const std::string op = list.substr(start, comma - start);
+      if (!known.count(op)) {
+        throw InvalidArgument("QUANTMLA_ABLATE: unknown operation '" + op + "'");
+      }
+      ablated_.insert(op);
+      start = comma + 1;
+    }
+    std::fprintf(stderr,
+                 "cuda runner: QUANTMLA_ABLATE=%s: those operations are left out, the "
+                 "outputs are wrong (profiling only)\n",
+                 env);
+  }
+  bool runs(const char* op) const { return ablated_.empty() || ablated_.count(op) == 0; }
+
   ~CudaRunner() override {
     clear_graphs();
     for (PlanWorkspace& w : plan_workspaces_) cudaFree(w.device);
@@ -773,10 +804,12 @@ class CudaRunner final : public Runner {
                             int64_t ldy, DType out,
                             float beta) { gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta); };
 
-    gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    if (runs("input_norm")) {
+      gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    }
     // [q | kv] = h [W_q ; W_kv_a]^T in one product (with a q LoRA, q_a in place of q).
     const int64_t proj = layer.q_kv_a.out, width = c.cache_row_width();
-    linear(layer.q_kv_a, buf_.h, d, buf_.proj, proj, DType::kF32, 0.0f);
+    if (runs("q_kv_a")) linear(layer.q_kv_a, buf_.h, d, buf_.proj, proj, DType::kF32, 0.0f);
     const float* q = buf_.proj;
     int64_t ldq = proj;
     if (c.q_lora_rank > 0) {
@@ -805,7 +838,7 @@ class CudaRunner final : public Runner {
     write.block_table = buf_.block_table;
     write.block_table_stride = block_stride_;
     write.num_tokens = n;
-    gpu::mla_write(pool.format(), write, stream_);
+    if (runs("write")) gpu::mla_write(pool.format(), write, stream_);
 
     // The queries in BF16, RoPE applied; for the decode kernel's groups also its query's RoPE
     // columns (the absorption GEMM writes the content columns).
@@ -822,7 +855,7 @@ class CudaRunner final : public Runner {
     rq.heads = static_cast<int>(heads);
     rq.nope = static_cast<int>(nope);
     rq.rope = static_cast<int>(c.qk_rope_head_dim);
-    gpu::rope_queries(rq, stream_);
+    if (runs("rope_queries")) gpu::rope_queries(rq, stream_);
 
     for (const Group& group : groups_) {
       if (group.expanded) {
@@ -831,12 +864,14 @@ class CudaRunner final : public Runner {
         absorbed_attention(layer, group, pages, pool.format());
       }
     }
-    linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
+    if (runs("o_proj")) linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
 
-    gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    if (runs("post_norm")) {
+      gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
+    }
     if (layer.is_moe) {
       run_moe(l, layer);
-    } else {
+    } else if (runs("mlp")) {
       run_mlp(layer.mlp);
     }
   }
@@ -900,9 +935,9 @@ class CudaRunner final : public Runner {
     };
 
     // q_dec content columns = q_nope_h W_UK_h.
-    if (skinny) {
+    if (skinny && runs("uk")) {
       per_head(q_nope, qk, layer.head_uk_t, rank, nope, q_dec, gpu::kKeyDim);
-    } else {
+    } else if (runs("uk")) {
       over_heads(q_nope, heads * qk, qk, layer.kv_b.w, gpu::GemmOp::kN, rank, nope, q_dec,
                  hp * gpu::kKeyDim, gpu::kKeyDim);
     }
@@ -919,12 +954,12 @@ class CudaRunner final : public Runner {
     p.s_q = static_cast<int>(group.s_q);
     p.num_heads = hp;
     p.softmax_scale = static_cast<float>(c.softmax_scale());
-    gpu::mla_decode(format, p, *group.plan, stream_);
+    if (runs("decode")) gpu::mla_decode(format, p, *group.plan, stream_);
 
     // o_h = W_UV_h attended_h.
-    if (skinny) {
+    if (skinny && runs("uv")) {
       per_head(attended, gpu::kLatentDim, layer.head_uv, v_dim, rank, head_out, v_dim);
-    } else {
+    } else if (runs("uv")) {
       over_heads(attended, hp * gpu::kLatentDim, gpu::kLatentDim, layer.kv_b.w + nope * rank,
                  gpu::GemmOp::kT, v_dim, rank, head_out, heads * v_dim, v_dim);
     }
@@ -1030,12 +1065,15 @@ class CudaRunner final : public Runner {
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
-    gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
-    gpu::moe_route(buf_.router_logits, e, layer.correction_bias, buf_.experts, buf_.expert_weights,
-                   n, route_, stream_);
+    if (runs("router")) {
+      gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
+    }
     gpu::MoeSortBuffers sort = buf_.sort;
     sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
-    gpu::moe_sort(buf_.experts, n, k, static_cast<int>(e), sort, stream_);
+    if (runs("route_sort")) {
+      gpu::moe_route_sort(buf_.router_logits, e, layer.correction_bias, buf_.experts,
+                          buf_.expert_weights, n, route_, sort, stream_);
+    }
     const bool grouped = moe_grouped(n);
     if (!grouped) {
       // The host sizes the routed products from the expert offsets: their copy is queued before
@@ -1048,8 +1086,9 @@ class CudaRunner final : public Runner {
     // The shared experts between the sort and the routed ones: the routed products then find
     // their routing settled and request their weights before the previous kernel ends
     // (SkinnyGemmParams::routing_ready).
-    if (layer.has_shared) run_mlp(layer.shared);
-    if (grouped) {
+    if (layer.has_shared && runs("shared")) run_mlp(layer.shared);
+    if (!runs("experts")) {
+    } else if (grouped) {
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
       gate_up.ldx = d;
@@ -1103,8 +1142,10 @@ class CudaRunner final : public Runner {
                            inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
                            stream_);
     }
-    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
-                     stream_);
+    if (runs("combine")) {
+      gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
+                       d, stream_);
+    }
   }
 
   // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
@@ -1207,6 +1248,7 @@ class CudaRunner final : public Runner {
 
   CudaRunnerOptions options_;
   std::string device_name_;
+  std::set<std::string> ablated_;  // QUANTMLA_ABLATE (profiling only)
   ModelConfig config_;
   float attention_factor_ = 1.0f;
   DeviceArena weights_arena_;
