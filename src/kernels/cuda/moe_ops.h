@@ -9,6 +9,7 @@
 //   gemm.linear(router)                     -> router_logits [n, E] FP32
 //   moe_route                               -> experts [n, k], weights [n, k]
 //   moe_sort                                -> counts, offsets [E + 1], slot_of, token_of_slot
+//   (moe_route_sort: both, one kernel when the n * k choices fit one block)
 //   cudaMemcpyAsync(offsets -> pinned host) + an event, waited for after the shared experts are
 //   queued                                  (the one host wait of the layer)
 //   moe_gather(h, token_of_slot)            -> sorted [slots, d] BF16
