@@ -1087,8 +1087,7 @@ class CudaRunner final : public Runner {
     // their routing settled and request their weights before the previous kernel ends
     // (SkinnyGemmParams::routing_ready).
     if (layer.has_shared && runs("shared")) run_mlp(layer.shared);
-    if (!runs("experts")) {
-    } else if (grouped) {
+    if (grouped && runs("experts")) {
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
       gate_up.ldx = d;
@@ -1122,7 +1121,7 @@ class CudaRunner final : public Runner {
       down.out_dtype = DType::kF32;
       down.routing_ready = true;  // the sort ran before gate_up
       gpu::skinny_gemm(down, stream_);
-    } else {
+    } else if (runs("experts")) {
       QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
       int64_t busiest = 0;
       for (int64_t i = 0; i < e; ++i) {
