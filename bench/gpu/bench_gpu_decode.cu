@@ -1,6 +1,8 @@
 // GPU decode benchmark: measures the device's copy bandwidth, then times the decode kernel of each
 // cache format over a grid of batch x context x heads (s_q = 1) on a pool filled by the
-// quantize-on-write kernel with random rows; prints a table and writes JSON.
+// quantize-on-write kernel with random rows; prints a table and writes JSON. A format name ending
+// in "@tiled" is the same format with the tiled kernel forced (QUANTMLA_DECODE_KERNEL), beside the
+// plan's own choice.
 //
 // Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
 // kernels), L2 flushed before each repeat by a 256 MB memset, median of the repeats after one
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <numeric>
@@ -67,7 +70,8 @@ unsigned blocks_for(int64_t n, int threads) {
 struct FormatRun {
   std::string name;
   std::string spec;
-  bool heavy;  // also timed at H = 128 (the compute-bound shapes)
+  bool heavy;                    // also timed at H = 128 (the compute-bound shapes)
+  const char* kernel = nullptr;  // QUANTMLA_DECODE_KERNEL for this run; null: the plan's choice
 };
 
 struct Row {
@@ -88,8 +92,9 @@ std::string iso_date() {
 
 int main(int argc, char** argv) {
   std::string json_path;
-  std::string only;    // "FORMAT,B,CTX,H": one shape, e.g. for ncu
-  int heads_only = 0;  // 16 or 128: that half of the grid only
+  std::string only;          // "FORMAT,B,CTX,H": one shape, e.g. for ncu
+  std::string formats_only;  // "NAME,NAME,...": these formats only
+  int heads_only = 0;        // 16 or 128: that half of the grid only
   double max_seconds = 420.0;
   bool quick = false;
   int s_q = 1;              // queries per sequence (2: multi-token prediction)
@@ -103,6 +108,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) {
+      formats_only = "," + std::string(argv[++i]) + ",";
     } else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
       heads_only = std::stoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--s-q") && i + 1 < argc) {
@@ -112,7 +119,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--max-seconds S] [--quick] [--heads 16|128] "
-                   "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--pages-per-split N]\n",
+                   "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--formats NAME,...] "
+                   "[--pages-per-split N]\n",
                    argv[0]);
       return 2;
     }
@@ -144,8 +152,10 @@ int main(int argc, char** argv) {
         {"bf16/bf16", "content=bf16,rope=bf16", true},
         {"fp8/bf16", "content=fp8,rope=bf16", false},
         {"int4g64/int4", "content=int4:g64,rope=int4:g64", true},
+        {"int4g64/int4@tiled", "content=int4:g64,rope=int4:g64", true, "tiled"},
         {"int4g128/int4", "content=int4:g128,rope=int4:g64", false},
         {"int4g64/int4+2bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21", false},
+        {"int4g64/bf16", "content=int4:g64,rope=bf16", false},
         {"int2g64/int4", "content=int2:g64,rope=int4:g64", true},
         {"int2g128/int4", "content=int2:g128,rope=int4:g64", false},
         {"int2g64/int4+2bf16", "content=int2:g64,rope=int4:g64:bf16pairs=0+21", false},
@@ -190,6 +200,14 @@ int main(int argc, char** argv) {
     for (const FormatRun& run : formats) {
       if (!only.empty() && only.rfind(run.name + ",", 0) != 0) continue;
       if (heads_only == 128 && !run.heavy) continue;
+      if (!formats_only.empty() && formats_only.find("," + run.name + ",") == std::string::npos) {
+        continue;
+      }
+      if (run.kernel != nullptr) {
+        setenv("QUANTMLA_DECODE_KERNEL", run.kernel, 1);
+      } else {
+        unsetenv("QUANTMLA_DECODE_KERNEL");
+      }
       const CacheFormat format = CacheFormat::parse(run.spec);
       const int64_t record_bytes = format.record_bytes(kLatentDim, kRopeDim);
       DeviceArray<uint8_t> pool(static_cast<size_t>(total_pages * kPageTokens * record_bytes));

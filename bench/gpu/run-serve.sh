@@ -3,6 +3,8 @@
 # holds 1/8 of the workload's peak tokens in BF16) and workload U (it holds every request), four
 # cache formats on the same requests. JSON and SVG to $OUT (or gpu-results).
 #   bash bench/gpu/run-serve.sh [NUM_PROMPTS INPUT_LEN OUTPUT_LEN]   (default 256 512 128)
+# DECODE_KERNELS="auto tiled": workload P once per decode kernel (QUANTMLA_DECODE_KERNEL; the
+# "tiled" run's files end in -tiled), to see how much of a kernel's gain reaches the whole job.
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,10 +21,14 @@ formats=(--cache bf16 --cache content=fp8,rope=bf16 --cache content=int4:g64,rop
   --cache content=int2:g64,rope=int4:g64)
 common=(--device cuda --model /tmp/v2-lite --num-prompts "$n" --input-len "$input"
   --output-len "$output" --seed 0 "${formats[@]}")
-echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak)"
-$build/quantmla bench-serve "${common[@]}" --cache-memory $((peak / 8)) --check-outputs 16 \
-  --json "$out/h200-v2-lite-pressure.json" --plot "$out/h200-v2-lite-pressure.svg" 2>"$out/p.err"
+for kernel in ${DECODE_KERNELS:-auto}; do
+  suffix=$([[ $kernel == auto ]] || echo "-$kernel")
+  echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak), decode kernel $kernel"
+  QUANTMLA_DECODE_KERNEL=$kernel $build/quantmla bench-serve "${common[@]}" \
+    --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/h200-v2-lite-pressure$suffix.json" \
+    --plot "$out/h200-v2-lite-pressure$suffix.svg" 2>"$out/p$suffix.err"
+done
 echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
 $build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
   --json "$out/h200-v2-lite-no-pressure.json" --plot "$out/h200-v2-lite-no-pressure.svg" 2>"$out/u.err"
-tail -3 "$out/p.err" "$out/u.err"
+tail -n 3 "$out"/p*.err "$out/u.err"

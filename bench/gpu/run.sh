@@ -48,7 +48,7 @@ else
 fi
 echo "== tensor-core instructions in the SASS of the decode kernels"
 cuobjdump --dump-sass "$build/src/kernels/cuda/libquantmla_cuda.a" >"$out/sass.txt" 2>&1 || true
-grep -oE "(HMMA|HGMMA|LDSM|LDGSTS)[.A-Z0-9_]*" "$out/sass.txt" | sort | uniq -c | tee "$out/sass-summary.txt"
+grep -oE "(HMMA|HGMMA|LDSM|LDGSTS|UBLKCP)[.A-Z0-9_]*" "$out/sass.txt" | sort | uniq -c | tee "$out/sass-summary.txt"
 rm -f "$out/sass.txt"
 echo "== benchmark"
 "$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode.json" "$@" 2>&1 | tee "$out/bench.txt" ||

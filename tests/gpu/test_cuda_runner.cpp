@@ -413,6 +413,18 @@ void check_refusals(const fs::path& model_dir) {
   bool finite = true;
   for (float v : logits) finite = finite && std::isfinite(v);
   check(finite && pool->length(seq) == 3, "the runner is not usable after refused steps");
+
+  // The profiling aid refuses an operation it does not know, at load, naming it.
+  setenv("QUANTMLA_ABLATE", "uk,attention_but_faster", 1);
+  try {
+    make_cuda_runner(model_dir);
+    check(false, "QUANTMLA_ABLATE with an unknown operation: not refused");
+  } catch (const InvalidArgument& e) {
+    std::printf("refused as expected (QUANTMLA_ABLATE): %s\n", e.what());
+    check(std::string(e.what()).find("attention_but_faster") != std::string::npos,
+          "the refusal names the unknown operation");
+  }
+  unsetenv("QUANTMLA_ABLATE");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode_schedule.h"
+#include "kernels/cuda/fragment_maps.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
@@ -30,15 +31,17 @@ void expect(bool ok, const std::string& what) {
 }
 
 void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_sm,
-                    int per_split) {
+                    int per_split, int max_tiles) {
   const std::string name = "lens " + std::to_string(lens.size()) + " first " +
                            std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
                            std::to_string(heads) + " sms " + std::to_string(sms) + "x" +
-                           std::to_string(per_sm) + " split " + std::to_string(per_split);
-  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split);
+                           std::to_string(per_sm) + " split " + std::to_string(per_split) +
+                           " max tiles " + std::to_string(max_tiles);
+  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
   const int rows = s_q * heads;
   expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
-  expect(schedule.rows_per_block == (rows % 32 == 0 ? 32 : 16), name + ": row tile size");
+  expect(schedule.rows_per_block == (rows % 32 == 0 && max_tiles == 2 ? 32 : 16),
+         name + ": row tile size");
   // (sequence, row tile) -> pages seen, in order.
   std::map<std::pair<int, int>, std::vector<WorkItem>> runs;
   std::vector<int> partial_seen(schedule.num_partials, 0);
@@ -92,7 +95,7 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
     }
     // A plan in a workspace launches decode_capacity's grid: the schedule must fit in it.
     const DecodeCapacity capacity =
-        decode_capacity(static_cast<int>(lens.size()), s_q, heads, sms, per_sm);
+        decode_capacity(static_cast<int>(lens.size()), s_q, heads, sms, per_sm, max_tiles);
     expect(static_cast<int>(schedule.items.size()) <= capacity.items, name + ": items fit");
     expect(schedule.num_partials <= capacity.partials, name + ": partials fit");
     expect(static_cast<int>(schedule.combines.size()) <= capacity.combines,
@@ -113,9 +116,60 @@ void expect_invalid(const std::string& what, F&& f) {
   expect(false, what + ": not refused");
 }
 
+// The fragment kernel's channel maps (fragment_maps.h): each a bijection onto a group's 64
+// channels, consistent with the code words and nibbles the kernel reads.
+void check_fragment_maps() {
+  std::array<int, 64> int4_keys{}, bf16_keys{}, values{};
+  for (int s = 0; s < 4; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) {
+          const int channel = int4_key_channel(s, t, h, e);
+          if (channel < 0 || channel >= 64) {
+            expect(false, "int4_key_channel out of range");
+            continue;
+          }
+          ++int4_keys[channel];
+          // Q is loaded as the words (c, c + 1) and (c + 4, c + 5), c = the (h, e) = (0, 0)
+          // channel.
+          expect(channel == int4_key_channel(s, t, 0, 0) + h + 4 * e,
+                 "int4_key_channel: register h, half e at c + h + 4e");
+          expect(bf16_key_channel(s, t, h, e) == bf16_key_channel(s, t, h, 0) + e,
+                 "bf16_key_channel: a register's halves adjacent");
+          const FragmentPlace place = int4_key_place(channel);
+          expect(place.s == s && place.t == t && place.h == h && place.e == e,
+                 "int4_key_place inverts int4_key_channel at channel " + std::to_string(channel));
+          // Word 2t + (s >> 1) of the group, nibble int4_key_nibble: channel 8 word + nibble.
+          expect(channel == 8 * (2 * t + (s >> 1)) + int4_key_nibble(s, h, e),
+                 "int4_key_channel agrees with the word and nibble read");
+          // The B fragment's k index 2t + e (h = 0) or 2t + 8 + e (h = 1) of k-step s: each k
+          // index of a k-step is one channel, and the 16 of a k-step are distinct.
+          const int bf16 = bf16_key_channel(s, t, h, e);
+          if (bf16 >= 0 && bf16 < 64) ++bf16_keys[bf16];
+          expect(bf16 == 16 * s + 2 * t + 8 * h + e, "bf16_key_channel is the mma's k index");
+        }
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    for (int row = 0; row < 16; ++row) {
+      const int channel = int4_value_channel(j, row);
+      if (channel >= 0 && channel < 64) ++values[channel];
+      // Row g, g + 8: low and high nibble of byte j of code word g.
+      const int word = row % 8, nibble = 2 * j + row / 8;
+      expect(channel == 8 * word + nibble, "int4_value_channel agrees with the byte read");
+    }
+  }
+  for (int c = 0; c < 64; ++c) {
+    expect(int4_keys[c] == 1 && bf16_keys[c] == 1 && values[c] == 1,
+           "channel " + std::to_string(c) + " held exactly once by each fragment map");
+  }
+}
+
 }  // namespace
 
 int main() {
+  check_fragment_maps();
   int cases = 0;
   for (const int heads : {16, 32, 48, 64, 128}) {
     for (const int s_q : {1, 2}) {
@@ -126,8 +180,10 @@ int main() {
                {std::vector<int32_t>{2}, std::vector<int32_t>{64, 65, 2, 4096},
                 std::vector<int32_t>(16, 32768), std::vector<int32_t>{262144, 3, 130},
                 std::vector<int32_t>(128, 4096)}) {
-            check_schedule(lens, s_q, heads, sms, per_sm, per_split);
-            ++cases;
+            for (const int max_tiles : {1, 2}) {
+              check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
+              ++cases;
+            }
           }
         }
       }
@@ -143,7 +199,7 @@ int main() {
     if (trial % 3 == 0) lens[0] = 1 << 18;  // one long sequence among short ones
     const int sms = 1 + static_cast<int>(rng() % 140);
     check_schedule(lens, 1 + static_cast<int>(rng() % 2), 16 << (rng() % 3), sms,
-                   1 + static_cast<int>(rng() % 3), 0);
+                   1 + static_cast<int>(rng() % 3), 0, 1 + static_cast<int>(rng() % 2));
     ++cases;
   }
   // The split rule (decode_schedule.h) on the shapes it was measured on: one sequence alone on

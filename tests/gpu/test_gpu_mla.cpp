@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -41,6 +42,27 @@ using testing::Mutation;
 
 int failures = 0;
 int checks = 0;
+
+// The decode kernel a plan picks (QUANTMLA_DECODE_KERNEL, read when a plan is made).
+std::string decode_kernel_name() {
+  const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
+  return forced == nullptr ? "auto" : forced;
+}
+
+// Runs f once per decode kernel that reads `spec`: both where the fragment kernel does (content
+// int4 g64), with each forced in turn; the tiled one alone otherwise.
+void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  if (format.content.codec != Codec::kInt4 || format.content.group != 64) {
+    f();
+    return;
+  }
+  for (const char* kernel : {"tiled", "fragments"}) {
+    setenv("QUANTMLA_DECODE_KERNEL", kernel, 1);
+    f();
+  }
+  unsetenv("QUANTMLA_DECODE_KERNEL");
+}
 
 void expect(bool ok, const std::string& what) {
   ++checks;
@@ -263,10 +285,11 @@ void run_decode_case(const DecodeCase& test) {
   for (const int32_t len : test.lens) lens += (lens.empty() ? "" : ",") + std::to_string(len);
   char line[512];
   std::snprintf(line, sizeof line,
-                "decode %-52s H=%-3d s_q=%d lens=%s split=%d blocks=%d: max|err| %.3g, "
+                "decode %-52s %s H=%-3d s_q=%d lens=%s split=%d blocks=%d: max|err| %.3g, "
                 "err/tol %.3f, lse err/tol %.3f, NaN %d",
-                test.format.c_str(), test.num_heads, test.s_q, lens.c_str(), test.pages_per_split,
-                plan.num_blocks(), worst_abs, worst_ratio, worst_lse, nan_count);
+                test.format.c_str(), decode_kernel_name().c_str(), test.num_heads, test.s_q,
+                lens.c_str(), test.pages_per_split, plan.num_blocks(), worst_abs, worst_ratio,
+                worst_lse, nan_count);
   std::printf("%s\n", line);
   expect(nan_count == 0 && worst_ratio <= 1.0 && worst_lse <= 1.0, line);
 
@@ -311,8 +334,9 @@ void run_mutation_checks(const std::string& spec) {
                                          plan.keys_per_step(), mutation));
     const bool passes = f.nan == 0 && f.worst <= 1.0 && f.rms <= kFaithfulRms;
     char line[256];
-    std::snprintf(line, sizeof line, "mutation %-36s %s: err/allowed max %.3g, RMS %.3g -> %s",
-                  name, spec.c_str(), f.worst, f.rms, passes ? "passes" : "fails");
+    std::snprintf(line, sizeof line, "mutation %-36s %s %s: err/allowed max %.3g, RMS %.3g -> %s",
+                  name, spec.c_str(), decode_kernel_name().c_str(), f.worst, f.rms,
+                  passes ? "passes" : "fails");
     std::printf("%s\n", line);
     expect(passes == (mutation == Mutation::kNone), line);
   }
@@ -569,6 +593,24 @@ void run_error_cases() {
     params.num_tokens = 1;
     gpu::mla_gather(bf16, params);
   });
+  {
+    // The plan's own choice (decode.cu, kFragmentsMinBatch): the fragment kernel steps a page at a
+    // time, the tiled one half a page for int4 at 16 rows.
+    const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+    const std::vector<int32_t> one(1, 100), many(32, 100);
+    expect(gpu::MlaDecodePlan(int4, one, 1, 16).keys_per_step() == 32,
+           "auto: the tiled kernel for one int4 sequence");
+    expect(gpu::MlaDecodePlan(int4, many, 1, 16).keys_per_step() == 64,
+           "auto: the fragment kernel for 32 int4 sequences");
+  }
+  setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
+  expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
+                                 [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
+  setenv("QUANTMLA_DECODE_KERNEL", "fastest", 1);
+  expect_throws<InvalidArgument>("an unknown QUANTMLA_DECODE_KERNEL", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);
+  });
+  unsetenv("QUANTMLA_DECODE_KERNEL");
   expect_throws<InvalidArgument>("write with q8_0", [&] {
     gpu::mla_write(CacheFormat::parse("content=q8_0,rope=bf16"), one_token_write());
   });
@@ -610,7 +652,8 @@ int main(int argc, char** argv) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   try {
     run_error_cases();
-    run_mutation_checks("content=int4:g64,rope=int4:g64");
+    for_each_decode_kernel("content=int4:g64,rope=int4:g64",
+                           [] { run_mutation_checks("content=int4:g64,rope=int4:g64"); });
     run_mutation_checks("content=fp8,rope=bf16");
     run_mutation_checks("content=bf16,rope=bf16");
     for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
@@ -621,13 +664,18 @@ int main(int argc, char** argv) {
     for (const std::string& spec : kFormats) {
       // Lengths 1, around a page, and not multiples of the page size, in one batch.
       const int h = heads[n++ % 4];
-      run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
-      if (quick) continue;
-      run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
-      run_decode_case({spec, 16, 1, {5000, 37}, 3});  // split into runs of 3 pages + combine
+      for_each_decode_kernel(spec, [&] {
+        run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
+        if (quick) return;
+        run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
+        run_decode_case({spec, 16, 1, {5000, 37}, 3});  // split into runs of 3 pages + combine
+      });
     }
     if (!quick) {
-      run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
+      for_each_decode_kernel("content=int4:g64,rope=int4:g64", [] {
+        run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
+        run_decode_case({"content=int4:g64,rope=bf16", 16, 1, {20000, 3, 64}, 0});
+      });
       run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
       run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
     }

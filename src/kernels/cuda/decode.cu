@@ -3,12 +3,15 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_fragments.cuh"
 #include "kernels/cuda/decode_schedule.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
@@ -102,32 +105,73 @@ struct PlanLayout {
   }
 };
 
+// Batches from which the fragment kernel is chosen. Measured on the H200 at H = 16 (INT4/INT4,
+// bench_gpu_decode beside FlashMLA, docs/benchmarks.md): from batch 64 it is faster at every
+// context (4K: 0.086 against 0.094 ms; 128K: 1.82 against 2.38 ms), at batch 16 faster from 32K
+// (0.143 against 0.170 ms) but slower at 4K (0.050 against 0.040: its blocks fill Q's fragments
+// from global memory and its runs are short), at batch 1 equal. A plan in a workspace must
+// choose from the batch alone (a captured step keeps its kernel), so the rule is by batch.
+constexpr int kFragmentsMinBatch = 32;
+
+// The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments forces
+// one (benchmarks and tests time and check both); unset or "auto": the fragment kernel where it
+// reads the format and the batch has at least kFragmentsMinBatch sequences.
+DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
+  const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
+  const std::string choice = forced == nullptr ? "auto" : forced;
+  if (choice == "tiled") return DecodeKernel::kTiled;
+  if (choice == "fragments") {
+    if (!fragments_kernel_reads(format)) {
+      throw InvalidArgument(
+          "QUANTMLA_DECODE_KERNEL=fragments: the fragment kernel reads content "
+          "int4:g64 only, not " +
+          format.to_string());
+    }
+    return DecodeKernel::kFragments;
+  }
+  if (choice != "auto") {
+    throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
+                          ": expected tiled, fragments or auto");
+  }
+  return fragments_kernel_reads(format) && batch >= kFragmentsMinBatch ? DecodeKernel::kFragments
+                                                                       : DecodeKernel::kTiled;
+}
+
 struct DeviceShape {
+  DecodeKernel kernel = DecodeKernel::kTiled;
   int multiprocessors = 0;
   int blocks_per_multiprocessor = 1;
+  int max_row_tiles = 2;  // 16-row tiles the kernel takes in one block
 };
 
-DeviceShape device_shape(const CacheFormat& format, int s_q, int num_heads) {
+DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_heads) {
   int device = 0;
   DeviceShape shape;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   QUANTMLA_CUDA_CHECK(
       cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  shape.kernel = select_decode_kernel(format, batch);
   const bool two_tiles = row_tiles_per_block(s_q, num_heads) == 2;
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
-    shape.blocks_per_multiprocessor = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
-                                                : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
+    if (shape.kernel == DecodeKernel::kFragments) {
+      shape.blocks_per_multiprocessor = FragmentLayout<Rope>::kBlocksPerSm;
+      shape.max_row_tiles = 1;
+    } else {
+      shape.blocks_per_multiprocessor = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
+                                                  : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
+    }
   });
   return shape;
 }
 
 // The fixed layout of a workspace plan of `batch` sequences (decode_capacity).
 PlanLayout capacity_layout(const CacheFormat& format, int batch, int s_q, int num_heads) {
-  const DeviceShape shape = device_shape(format, s_q, num_heads);
-  const DecodeCapacity capacity = decode_capacity(batch, s_q, num_heads, shape.multiprocessors,
-                                                  shape.blocks_per_multiprocessor);
+  const DeviceShape shape = device_shape(format, batch, s_q, num_heads);
+  const DecodeCapacity capacity =
+      decode_capacity(batch, s_q, num_heads, shape.multiprocessors, shape.blocks_per_multiprocessor,
+                      shape.max_row_tiles);
   return PlanLayout(capacity.items, capacity.combines, capacity.partials * capacity.rows_per_block,
                     capacity.max_splits);
 }
@@ -143,9 +187,10 @@ PlanLayout exact_layout(const DecodeSchedule& schedule) {
 }  // namespace
 
 struct MlaDecodePlan::State {
-  State(const CacheFormat& plan_format, DecodeSchedule plan_schedule, int plan_batch, int plan_s_q,
-        int plan_heads, const PlanLayout& plan_layout)
+  State(const CacheFormat& plan_format, DecodeKernel plan_kernel, DecodeSchedule plan_schedule,
+        int plan_batch, int plan_s_q, int plan_heads, const PlanLayout& plan_layout)
       : format(plan_format),
+        kernel(plan_kernel),
         schedule(std::move(plan_schedule)),
         batch(plan_batch),
         s_q(plan_s_q),
@@ -183,6 +228,7 @@ struct MlaDecodePlan::State {
   }
 
   CacheFormat format;
+  DecodeKernel kernel;
   DecodeSchedule schedule;
   int batch;
   int s_q;
@@ -197,12 +243,13 @@ struct MlaDecodePlan::State {
 
 MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
                              int s_q, int num_heads, int pages_per_split) {
-  const DeviceShape shape = device_shape(format, s_q, num_heads);
-  DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                                        shape.blocks_per_multiprocessor, pages_per_split);
+  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads);
+  DecodeSchedule schedule =
+      plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors, shape.blocks_per_multiprocessor,
+                  pages_per_split, shape.max_row_tiles);
   const PlanLayout layout = exact_layout(schedule);
-  state_ = std::make_unique<State>(format, std::move(schedule), static_cast<int>(seq_lens.size()),
-                                   s_q, num_heads, layout);
+  state_ = std::make_unique<State>(format, shape.kernel, std::move(schedule),
+                                   static_cast<int>(seq_lens.size()), s_q, num_heads, layout);
   state_->owned = std::make_unique<DeviceArray<uint8_t>>(layout.bytes);
   state_->place(state_->owned->data(), nullptr, /*async=*/false);
 }
@@ -211,9 +258,9 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
                              int s_q, int num_heads, const MlaDecodeWorkspace& workspace,
                              bool fixed_grid, void* stream) {
   const int batch = static_cast<int>(seq_lens.size());
-  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  const DeviceShape shape = device_shape(format, batch, s_q, num_heads);
   DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                                        shape.blocks_per_multiprocessor, 0);
+                                        shape.blocks_per_multiprocessor, 0, shape.max_row_tiles);
   const PlanLayout layout =
       fixed_grid ? capacity_layout(format, batch, s_q, num_heads) : exact_layout(schedule);
   if (workspace.device == nullptr || workspace.bytes < layout.bytes ||
@@ -231,7 +278,8 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
         " blocks, " + std::to_string(schedule.combines.size()) + " combines and " +
         std::to_string(schedule.num_partials) + " partial results exceed decode_capacity");
   }
-  state_ = std::make_unique<State>(format, std::move(schedule), batch, s_q, num_heads, layout);
+  state_ = std::make_unique<State>(format, shape.kernel, std::move(schedule), batch, s_q, num_heads,
+                                   layout);
   state_->place(static_cast<uint8_t*>(workspace.device), static_cast<cudaStream_t>(stream),
                 /*async=*/true);
 }
@@ -244,9 +292,9 @@ size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format, int batch, int 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format,
                                       const std::vector<int32_t>& seq_lens, int s_q,
                                       int num_heads) {
-  const DeviceShape shape = device_shape(format, s_q, num_heads);
+  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads);
   return exact_layout(plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                                  shape.blocks_per_multiprocessor, 0))
+                                  shape.blocks_per_multiprocessor, 0, shape.max_row_tiles))
       .bytes;
 }
 
@@ -269,6 +317,7 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 
 int MlaDecodePlan::keys_per_step() const {
   int keys = 0;
+  if (state_->kernel == DecodeKernel::kFragments) return kPageTokens;  // a page per softmax step
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
     using Content = decltype(content);
@@ -323,8 +372,18 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
   const DecodeSchedule& schedule = state.schedule;
   const PlanLayout& layout = state.layout;
   visit_gpu_format(format, [&](auto content, auto rope) {
-    launch_decode<decltype(content), decltype(rope)>(kernel, schedule.row_tiles_per_block,
-                                                     layout.items, stream);
+    using Content = decltype(content);
+    using Rope = decltype(rope);
+    if (state.kernel == DecodeKernel::kFragments) {
+      if constexpr (std::is_same_v<Content, ContentInt<4, 64>>) {
+        launch_decode_fragments<Rope>(kernel, layout.items, stream);
+      } else {
+        throw InvalidArgument("GPU decode (internal): the fragment kernel has no path for " +
+                              format.to_string());
+      }
+    } else {
+      launch_decode<Content, Rope>(kernel, schedule.row_tiles_per_block, layout.items, stream);
+    }
   });
   if (layout.combines > 0) {
     CombineKernelParams combine{state.partial_out,

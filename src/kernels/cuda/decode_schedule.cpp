@@ -21,11 +21,13 @@ int split_count(int64_t pages, int64_t share) {
   return static_cast<int>(std::max<int64_t>(runs, 1));
 }
 
-int row_tiles_per_block(int s_q, int num_heads) { return (s_q * num_heads) % 32 == 0 ? 2 : 1; }
+int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
+  return max_row_tiles >= 2 && (s_q * num_heads) % 32 == 0 ? 2 : 1;
+}
 
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                           int multiprocessors, int blocks_per_multiprocessor,
-                           int pages_per_split) {
+                           int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
+                           int max_row_tiles) {
   const int64_t concurrent_blocks =
       static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
   if (num_heads <= 0 || num_heads % 16 != 0) {
@@ -50,7 +52,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
   DecodeSchedule schedule;
   const int rows = s_q * num_heads;
   // Two row tiles per block read each page once for 32 rows; 16 rows otherwise.
-  schedule.row_tiles_per_block = row_tiles_per_block(s_q, num_heads);
+  schedule.row_tiles_per_block = row_tiles_per_block(s_q, num_heads, max_row_tiles);
   schedule.rows_per_block = 16 * schedule.row_tiles_per_block;
   schedule.row_tiles = rows / schedule.rows_per_block;
 
@@ -95,7 +97,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
 }
 
 DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiprocessors,
-                               int blocks_per_multiprocessor) {
+                               int blocks_per_multiprocessor, int max_row_tiles) {
   if (batch < 1 || s_q < 1 || num_heads <= 0 || num_heads % 16 != 0 || multiprocessors < 1 ||
       blocks_per_multiprocessor < 1) {
     throw InvalidArgument("GPU decode capacity: batch " + std::to_string(batch) + ", s_q " +
@@ -105,7 +107,7 @@ DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiproce
   }
   const int64_t concurrent = static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
   DecodeCapacity capacity;
-  capacity.rows_per_block = 16 * row_tiles_per_block(s_q, num_heads);
+  capacity.rows_per_block = 16 * row_tiles_per_block(s_q, num_heads, max_row_tiles);
   const int64_t row_tiles = static_cast<int64_t>(s_q) * num_heads / capacity.rows_per_block;
   const int64_t items = concurrent + batch * row_tiles;
   if (items > (int64_t{1} << 31) - 1) {

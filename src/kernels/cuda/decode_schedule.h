@@ -50,17 +50,20 @@ inline constexpr int kSplitCostRatio = 12;
 // The runs of one sequence of `pages` pages whose share of the concurrent blocks is `share`.
 int split_count(int64_t pages, int64_t share);
 
-// 16-row MMA tiles per block for s_q x num_heads query rows: two when they come in 32s.
-int row_tiles_per_block(int s_q, int num_heads);
+// 16-row MMA tiles per block for s_q x num_heads query rows: two when they come in 32s and the
+// kernel takes two (max_row_tiles 2: the tiled kernel), else one.
+int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 
 // Splits the work. pages_per_split = 0: each sequence gets its share of the blocks that run at once
 // (multiprocessors x blocks_per_multiprocessor), at least one and at most one per multiprocessor
 // (more runs of one sequence add partial-result traffic, not parallelism), at most
 // sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
-// exactly that many pages. Throws InvalidArgument for num_heads not a positive multiple of 16, s_q
-// < 1, or a sequence shorter than s_q.
+// exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (2 or
+// 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
+// shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
-                           int multiprocessors, int blocks_per_multiprocessor, int pages_per_split);
+                           int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
+                           int max_row_tiles = 2);
 
 // The most blocks, partial results and combine items that plan_decode with pages_per_split = 0 can
 // give `batch` sequences of any lengths: the blocks are at most the concurrent ones plus one per
@@ -75,6 +78,6 @@ struct DecodeCapacity {
   int rows_per_block = 16;
 };
 DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiprocessors,
-                               int blocks_per_multiprocessor);
+                               int blocks_per_multiprocessor, int max_row_tiles = 2);
 
 }  // namespace quantmla::gpu

@@ -54,4 +54,58 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// ---- Bulk copies completing on a shared-memory barrier (sm_90), for a producer warp that streams
+// whole pages while the consumer warps compute.
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)),
+               "r"(arrivals)
+               : "memory");
+}
+// Makes the initialized barriers visible to the asynchronous proxy (the bulk-copy engine).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later bulk copies into the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier))
+               : "memory");
+}
+// One arrival that also expects `bytes` of bulk-copy traffic before the phase completes.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
+      "r"(bytes)
+      : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared by the bulk-copy
+// engine; the barrier's transaction count drops by `bytes` when they have landed.
+__device__ __forceinline__ void bulk_copy_to_shared(void* shared, const void* global,
+                                                    uint32_t bytes, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(shared_address(shared)),
+      "l"(global), "r"(bytes), "r"(shared_address(barrier))
+      : "memory");
+}
+// A barrier among `threads` threads (a multiple of 32) of the block, id 1-15 (0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace quantmla::gpu

@@ -38,12 +38,18 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2_from_bits(uint32_t v) {
 // Two codes placed in the low bits of each 16-bit half -> BF16 pair scale * code + min. 0x4300 |
 // code is the BF16 value 128 + code (exact below 128); subtracting 128 is exact too, so the only
 // roundings are those of scale and min to BF16 and of the fused multiply-add.
+inline constexpr uint32_t kCodeBias = 0x43004300u;  // BF16 128.0 twice, as bits
+
+// The pair 128 + code (as bits) -> scale * code + min.
+__device__ __forceinline__ uint32_t dequantize_biased_pair(uint32_t biased, __nv_bfloat162 scale,
+                                                           __nv_bfloat162 minimum) {
+  const __nv_bfloat162 codes = __hsub2(bf16x2_from_bits(biased), bf16x2_from_bits(kCodeBias));
+  return bf16x2_bits(__hfma2(codes, scale, minimum));
+}
+
 __device__ __forceinline__ uint32_t dequantize_pair(uint32_t two_codes, __nv_bfloat162 scale,
                                                     __nv_bfloat162 minimum) {
-  constexpr uint32_t kBias = 0x43004300u;  // BF16 128.0 twice, as bits: no conversion at run time
-  const __nv_bfloat162 biased = bf16x2_from_bits(two_codes | kBias);
-  const __nv_bfloat162 codes = __hsub2(biased, bf16x2_from_bits(kBias));
-  return bf16x2_bits(__hfma2(codes, scale, minimum));
+  return dequantize_biased_pair(two_codes | kCodeBias, scale, minimum);
 }
 
 // {FP16 scale, FP16 min} of a uniform-int group -> BF16 pairs.

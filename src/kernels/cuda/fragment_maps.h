@@ -1,0 +1,68 @@
+// Index maps of the fragment-dequantizing decode kernel (decode_fragments.cuh): which cache channel
+// each register half of an mma.m16n8k16 fragment holds when the fragments are built straight from
+// a record's int4 codes, without a BF16 tile in shared memory. Plain constexpr functions, so that
+// the host test (test_decode_schedule.cpp) checks them exhaustively and the kernel uses the same
+// arithmetic.
+//
+// Fragment layouts (g = lane / 4, t = lane % 4), as in mma.cuh: A 16x16 row-major holds
+// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
+// B 16x8 holds b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]. Register half e (0 low, 1 high) is the
+// first or second of each pair; "h" below is 0 for a0/a1/b0 and 1 for a2/a3/b1.
+#pragma once
+
+#if defined(__CUDACC__)
+#define QUANTMLA_HOST_DEVICE __host__ __device__
+#else
+#define QUANTMLA_HOST_DEVICE
+#endif
+
+namespace quantmla::gpu {
+
+// Scores S^T = K Q^T: A = 16 keys x 16 channels (one k-step), B = the same channels x 8 heads. For
+// a g64 group of int4 codes, lane t takes code words 2t and 2t + 1 of each key (channels 16t to
+// 16t + 15; nibble n of word w is channel 8w + n). K-step s of the group uses word 2t + (s >> 1);
+// its register h holds the nibble pair (q, q + 4), q = 2 (s & 1) + h, which one shift and one mask
+// put into the two halves. So the channel (0..63 in the group) of k-step s, lane t, register h,
+// half e is:
+QUANTMLA_HOST_DEVICE constexpr int int4_key_channel(int s, int t, int h, int e) {
+  return 16 * t + 8 * (s >> 1) + 2 * (s & 1) + h + 4 * e;
+}
+// The nibble of word 2t + (s >> 1) that register h, half e of k-step s takes.
+QUANTMLA_HOST_DEVICE constexpr int int4_key_nibble(int s, int h, int e) {
+  return 2 * (s & 1) + h + 4 * e;
+}
+
+// The same for a BF16 path (the RoPE key stored in BF16): channel order, k-step s covers channels
+// [16 s, 16 s + 16) of the 64.
+QUANTMLA_HOST_DEVICE constexpr int bf16_key_channel(int s, int t, int h, int e) {
+  return 16 * s + 2 * t + 8 * h + e;
+}
+
+// Output O^T = V^T P^T: A = 16 channels x 16 keys. M-tile j (0..3) of a g64 group puts rows g and
+// g + 8 on the low and high nibble of byte j of code word g: channels 8g + 2j and 8g + 2j + 1, so
+// that one byte of each key gives both rows, and the two rows of an output column are adjacent
+// channels (one 32-bit store of a BF16 pair).
+QUANTMLA_HOST_DEVICE constexpr int int4_value_channel(int j, int row) {
+  return 8 * (row % 8) + 2 * j + row / 8;
+}
+
+// Where channel c (0..63) of an int4 key group sits: lane t = c / 16, and within it d = c % 16 =
+// 8 (s >> 1) + 2 (s & 1) + h + 4 e. The kernel patches the RoPE pairs kept in BF16 there.
+struct FragmentPlace {
+  int s, t, h, e;
+};
+QUANTMLA_HOST_DEVICE constexpr FragmentPlace int4_key_place(int channel) {
+  const int d = channel % 16;
+  const int r = d % 8;
+  return {2 * (d / 8) + (r % 4) / 2, channel / 16, r % 2, r / 4};
+}
+
+// The kernel loads Q for a k-step as two words, channels (c, c + 1) and (c + 4, c + 5), and a BF16
+// path's registers as one word each: the maps must keep those neighbours (checked for every
+// k-step and lane by the host test too).
+static_assert(int4_key_channel(1, 2, 1, 0) == int4_key_channel(1, 2, 0, 0) + 1 &&
+              int4_key_channel(1, 2, 0, 1) == int4_key_channel(1, 2, 0, 0) + 4 &&
+              bf16_key_channel(2, 1, 0, 1) == bf16_key_channel(2, 1, 0, 0) + 1);
+static_assert(int4_key_channel(3, 3, 1, 1) == 63 && int4_value_channel(3, 15) == 63);
+
+}  // namespace quantmla::gpu
