@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: Nsight Compute profile of the decode kernel for single benchmark shapes
+# On the GPU machine: Nsight Compute profile of the decode kernel (tiled or fragment) for single benchmark shapes
 # (after bench/gpu/run.sh built build-gpu): throughput, memory, stall reasons, occupancy.
 #   bash bench/gpu/profile.sh "int4g64/int4,16,32768,16" ["bf16/bf16,16,32768,16" ...]
 set -euo pipefail
@@ -7,11 +7,12 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 for shape in "$@"; do
-  name=$(echo "$shape" | tr '/,' '__')
-  ncu --clock-control none --kernel-name regex:mla_decode_kernel --launch-skip 1 --launch-count 1 \
+  name=$(echo "$shape" | tr '/,@' '___')
+  ncu --clock-control none --kernel-name regex:mla_decode_ --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
     build-gpu/bench/gpu/bench_gpu_decode --only "$shape" >"$out/ncu-$name.txt" 2>&1 || true
-  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L2 Hit|No Eligible|One or More" \
-    "$out/ncu-$name.txt" | head -40 | sed "s|^|$name: |"
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L2 Hit|No Eligible|One or More|Executed Ipc|Executed Instructions|Pipe" \
+    "$out/ncu-$name.txt" | head -60 | sed "s|^|$name: |"
 done

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
-name=$(echo "$1" | tr '/,' '__')
-ncu --clock-control none --kernel-name regex:mla_decode_kernel --launch-skip 1 --launch-count 1 \
+name=$(echo "$1" | tr '/,@' '___')
+ncu --clock-control none --kernel-name regex:mla_decode_ --launch-skip 1 --launch-count 1 \
   --section SourceCounters --section InstructionStats -o "/tmp/$name" -f \
   build-gpu/bench/gpu/bench_gpu_decode --only "$1" >/dev/null 2>&1
 ncu --import "/tmp/$name.ncu-rep" --page source --csv --print-source sass >"$out/sass-$name.csv" 2>&1

@@ -215,14 +215,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
       row_sum[n][e] = 0.0f;  // this thread's keys only; summed over the block at the end
     }
   }
-  float acc[2][4][2][4];  // O^T: [group of the warp][m-tile][n-tile][register]
-#pragma unroll
-  for (int gl = 0; gl < 2; ++gl)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-        acc[gl][j][n][0] = acc[gl][j][n][1] = acc[gl][j][n][2] = acc[gl][j][n][3] = 0.0f;
+  float acc[2][4][2][4] = {};       // O^T: [group of the warp][m-tile][n-tile][register]
   named_barrier(1, L::kConsumers);  // Q's fragments are in place
 
   for (int i = 0; i < num_pages; ++i) {

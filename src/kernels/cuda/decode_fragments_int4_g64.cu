@@ -2,7 +2,6 @@
 // formats.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_fragments.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -12,16 +11,8 @@ namespace quantmla::gpu {
 template <class Rope>
 void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream) {
   using Layout = FragmentLayout<Rope>;
-  const auto kernel = mla_decode_fragments_kernel<Rope>;
-  // More than 48 KB of dynamic shared memory must be asked for per kernel (once per process).
-  static const bool attribute_set = [&] {
-    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Layout::kSharedBytes));
-    return true;
-  }();
-  (void)attribute_set;
-  launch_kernel(kernel, blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
-  QUANTMLA_CUDA_CHECK_LAUNCH();
+  launch_large_shared<mla_decode_fragments_kernel<Rope>>(blocks, Layout::kThreads,
+                                                         Layout::kSharedBytes, stream, params);
 }
 
 template void launch_decode_fragments<RopeBf16>(const DecodeKernelParams&, int, cudaStream_t);

@@ -13,16 +13,8 @@ namespace quantmla::gpu {
 template <class Content, class Rope, int kRowTiles>
 void launch_decode_tiles(const DecodeKernelParams& params, int blocks, cudaStream_t stream) {
   using Layout = DecodeLayout<Content, Rope, kRowTiles>;
-  const auto kernel = mla_decode_kernel<Content, Rope, kRowTiles>;
-  // More than 48 KB of dynamic shared memory must be asked for per kernel (once per process).
-  static const bool attribute_set = [&] {
-    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Layout::kSharedBytes));
-    return true;
-  }();
-  (void)attribute_set;
-  launch_kernel(kernel, blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
-  QUANTMLA_CUDA_CHECK_LAUNCH();
+  launch_large_shared<mla_decode_kernel<Content, Rope, kRowTiles>>(
+      blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
 }
 
 template <class Content, class Rope>

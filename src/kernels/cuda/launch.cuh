@@ -41,4 +41,19 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   QUANTMLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// A launch of a kernel with more than 48 KB of dynamic shared memory, which must be asked for per
+// kernel (for the process's first launch of it: one static per kernel, shared_bytes then fixed).
+template <auto kKernel, class... Args>
+void launch_large_shared(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                         Args&&... args) {
+  static const bool attribute_set = [&] {
+    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shared_bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  launch_kernel(kKernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace quantmla::gpu

@@ -256,17 +256,9 @@ __global__ void __launch_bounds__(kThreads)
 template <int kNope, int kV>
 void launch_flash(const FlashParams& p, cudaStream_t stream) {
   using T = Tiles<kNope, kV>;
-  static const bool configured = [] {
-    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<kNope, kV>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(T::kSharedBytes)));
-    return true;
-  }();
-  (void)configured;
   const dim3 grid(static_cast<unsigned>((p.tokens + kQueryTile - 1) / kQueryTile),
                   static_cast<unsigned>(p.heads));
-  launch_kernel(flash_prefill_kernel<kNope, kV>, grid, kThreads, T::kSharedBytes, stream, p);
-  QUANTMLA_CUDA_CHECK_LAUNCH();
+  launch_large_shared<flash_prefill_kernel<kNope, kV>>(grid, kThreads, T::kSharedBytes, stream, p);
 }
 
 }  // namespace
