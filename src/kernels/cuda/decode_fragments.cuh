@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
     mla_decode_fragments_kernel(const __grid_constant__ DecodeKernelParams p) {
   using L = FragmentLayout<Rope>;
   using Content = typename L::Content;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;
   const uint4* const q_frags = reinterpret_cast<const uint4*>(smem + L::kStages * L::kStageBytes);
   uint16_t* const probs =
