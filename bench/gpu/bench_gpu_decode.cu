@@ -343,9 +343,11 @@ int main(int argc, char** argv) {
           speedup = base.ms / row.ms;
         }
       }
-      std::printf("| %s | %d | %d | %d | %.3f | %.0f | %.0f%% | %.1f | %.2fx |\n",
-                  row.format.c_str(), row.heads, row.batch, row.context, row.ms, row.gbps,
-                  100.0 * row.gbps / copy_gbps, row.tflops, speedup);
+      char versus[16] = "-";  // no BF16 row of that shape in this run (--formats)
+      if (speedup > 0.0) std::snprintf(versus, sizeof versus, "%.2fx", speedup);
+      std::printf("| %s | %d | %d | %d | %.3f | %.0f | %.0f%% | %.1f | %s |\n", row.format.c_str(),
+                  row.heads, row.batch, row.context, row.ms, row.gbps, 100.0 * row.gbps / copy_gbps,
+                  row.tflops, versus);
     }
     std::printf("\nphysical cache for one %lld-token sequence, 61 layers (DeepSeek-V3 shape):\n",
                 static_cast<long long>(long_tokens));
