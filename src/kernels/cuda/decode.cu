@@ -317,13 +317,16 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 
 int MlaDecodePlan::keys_per_step() const {
   int keys = 0;
-  if (state_->kernel == DecodeKernel::kFragments) return kPageTokens;  // a page per softmax step
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
-    keys = two_tiles ? DecodeLayout<Content, Rope, 2>::kStepKeys
-                     : DecodeLayout<Content, Rope, 1>::kStepKeys;
+    if (state_->kernel == DecodeKernel::kFragments) {
+      keys = FragmentLayout<Rope>::kStepKeys;
+    } else {
+      keys = two_tiles ? DecodeLayout<Content, Rope, 2>::kStepKeys
+                       : DecodeLayout<Content, Rope, 1>::kStepKeys;
+    }
   });
   return keys;
 }

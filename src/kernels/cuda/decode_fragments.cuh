@@ -58,8 +58,8 @@ struct FragmentLayout {
 };
 
 // The producer's work on a landed page: records past `valid` zeroed (codes, scales and minimums 0
-// decode to 0), the valid records' FP16 {scale, min} words rewritten as BF16 {scale, min} (the
-// rounding the tiled kernel's load_scale_min applies), so the consumers convert nothing.
+// decode to 0), the valid records' FP16 {scale, min} words rewritten as BF16 {scale, min}
+// (scale_min_bf16, the tiled kernel's rounding), so the consumers convert nothing.
 template <class Layout>
 __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int record_bytes, int lane) {
   using Content = typename Layout::Content;
@@ -72,10 +72,7 @@ __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int recor
     const int offset =
         k < kLatentDim / 64 ? Content::kCodeBytes + 4 * k : Content::kBytes + RopeInt4::kCodeBytes;
     uint32_t* const word = reinterpret_cast<uint32_t*>(page + r * record_bytes + offset);
-    const uint32_t bits = *word;
-    *word = bf16x2_bits(
-        __floats2bfloat162_rn(__half2float(__ushort_as_half(static_cast<uint16_t>(bits))),
-                              __half2float(__ushort_as_half(static_cast<uint16_t>(bits >> 16)))));
+    *word = bf16x2_bits(scale_min_bf16(*word));
   }
 }
 
@@ -99,7 +96,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
   using Content = typename L::Content;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;
-  const uint4* const q_frags = reinterpret_cast<const uint4*>(smem + L::kStages * L::kStageBytes);
+  uint4* const q_frags = reinterpret_cast<uint4*>(smem + L::kStages * L::kStageBytes);
   uint16_t* const probs =
       reinterpret_cast<uint16_t*>(smem + L::kStages * L::kStageBytes + L::kQueryBytes);
   float* const exchange = reinterpret_cast<float*>(probs + L::kProbBytes / 2);  // [warp][row]
@@ -173,7 +170,6 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
   {
     const uint16_t* q =
         p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim;
-    uint4* const frags = reinterpret_cast<uint4*>(smem + L::kStages * L::kStageBytes);
     for (int i = tid; i < L::kKeySteps * 32; i += L::kConsumers) {
       const int ks = i / 32;
       const int s = ks % 4;
@@ -199,7 +195,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
           r[2 * n + 1] = __byte_perm(first, second, 0x7632);
         }
       }
-      frags[i] = make_uint4(r[0], r[1], r[2], r[3]);
+      q_frags[i] = make_uint4(r[0], r[1], r[2], r[3]);
     }
   }
 

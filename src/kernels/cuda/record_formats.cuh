@@ -52,14 +52,20 @@ __device__ __forceinline__ uint32_t dequantize_pair(uint32_t two_codes, __nv_bfl
   return dequantize_biased_pair(two_codes | kCodeBias, scale, minimum);
 }
 
-// {FP16 scale, FP16 min} of a uniform-int group -> BF16 pairs.
+// A uniform-int group's stored word {FP16 scale, FP16 min} -> BF16 {scale, min}: the one rounding
+// every decoder applies to them.
+__device__ __forceinline__ __nv_bfloat162 scale_min_bf16(uint32_t bits) {
+  return __floats2bfloat162_rn(
+      __half2float(__ushort_as_half(static_cast<uint16_t>(bits & 0xffffu))),
+      __half2float(__ushort_as_half(static_cast<uint16_t>(bits >> 16))));
+}
+
+// {FP16 scale, FP16 min} of a uniform-int group -> BF16 pairs (scale, scale) and (min, min).
 __device__ __forceinline__ void load_scale_min(const uint8_t* p, __nv_bfloat162& scale,
                                                __nv_bfloat162& minimum) {
-  const uint32_t bits = load_u32(p);
-  const float s = __half2float(__ushort_as_half(static_cast<uint16_t>(bits & 0xffffu)));
-  const float m = __half2float(__ushort_as_half(static_cast<uint16_t>(bits >> 16)));
-  scale = __float2bfloat162_rn(s);
-  minimum = __float2bfloat162_rn(m);
+  const __nv_bfloat162 both = scale_min_bf16(load_u32(p));
+  scale = __low2bfloat162(both);
+  minimum = __high2bfloat162(both);
 }
 
 // Tile column order. Decoding writes each BF16 pair where the codes make it cheapest: a 32-bit
