@@ -16,6 +16,10 @@
 # files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32, passkey-public.json.
 # PACK=1: everything written goes into one $OUT/results.tgz at the end (the device tool brings
 # back only a few files of a call: the runner's JSON was among the ones left out once).
+# FULL=1: the evaluations score the whole WikiText-2 test text (data/wikitext2-test.raw, tokenized
+# there: 462 windows at ctx 1024, 115 at 4096) instead of the first PPL_WINDOWS / LONG_WINDOWS.
+# DEVICES="cuda": evaluate on the GPU only (the CPU figures measured elsewhere on the same files;
+# the calibrated models' sha256 go to $OUT/calibrated.sha256 so that the same weights can be shown).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -60,34 +64,47 @@ fi
 both() {
   local file=$1
   shift
-  for device in cpu cuda; do
+  for device in ${DEVICES:-cpu cuda}; do
     $build/quantmla "$@" --device $device --json 2>>"$out/eval-stderr.txt" >>"$out/$file.jsonl"
   done
 }
+# The pairs' comparison (compare_devices.py), when both devices ran.
+compare() {
+  [[ ${DEVICES:-cpu cuda} == "cpu cuda" ]] || return 0
+  python3 bench/gpu/compare_devices.py "$@"
+}
 ids=.carry/shared/reference/wikitext2-test.ids.i32
+# The scored text and how much of it: the carried ids' first windows, or (FULL=1) the whole text.
+if [[ -n ${FULL:-} ]]; then
+  corpus="--text data/wikitext2-test.raw"
+  PPL_WINDOWS=0 LONG_WINDOWS=0
+else
+  corpus="--ids $ids"
+fi
 prompts=.carry/shared/reference/passkey-public.json
 if has ppl; then
   echo "== eval-ppl, cpu vs cuda (WikiText-2, ctx 1024, first ${PPL_WINDOWS:=100} windows)"
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
-    both ppl eval-ppl --ids $ids --ctx 1024 --max-windows $PPL_WINDOWS --cache $spec
+    both ppl eval-ppl $corpus --ctx 1024 --max-windows $PPL_WINDOWS --cache $spec
   done
-  python3 bench/gpu/compare_devices.py mla-tiny-ctx1024="$out/ppl.jsonl" || status=1
+  compare mla-tiny-ctx1024="$out/ppl.jsonl" || status=1
 fi
 if has calib; then
   echo "== calibrated INT4/INT4 mla-tiny: eval-ppl and pass-key, cpu vs cuda"
   start=$(date +%s)
   $build/quantmla calibrate --cache content=int4:g64,rope=int4:g64 --out /tmp/mla-tiny-q4 \
-    --threads "$nproc_" >"$out/calibrate.txt" 2>&1 ||
+    --threads "${CALIB_THREADS:-$nproc_}" >"$out/calibrate.txt" 2>&1 ||
     { tail -5 "$out/calibrate.txt"; status=1; }
   echo "calibrated in $(($(date +%s) - start)) s"
-  both calib eval-ppl --model /tmp/mla-tiny-q4 --ids $ids --ctx 1024 --max-windows $PPL_WINDOWS
-  both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
-  python3 bench/gpu/compare_devices.py mla-tiny-q4="$out/calib.jsonl" || status=1
+  sha256sum /tmp/mla-tiny-q4/*.safetensors | tee -a "$out/calibrated.sha256"
+  both calib eval-ppl --model /tmp/mla-tiny-q4 $corpus --ctx 1024 --max-windows $PPL_WINDOWS
+  [[ -f $prompts ]] && both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
+  compare mla-tiny-q4="$out/calib.jsonl" || status=1
 fi
 if has passkey; then
   echo "== pass-key, cpu vs cuda (mla-tiny, ${PER_CELL:=2} prompts per cell)"
   both passkey eval-passkey --prompts $prompts --per-cell $PER_CELL --cache bf16
-  python3 bench/gpu/compare_devices.py mla-tiny-passkey="$out/passkey.jsonl" || status=1
+  compare mla-tiny-passkey="$out/passkey.jsonl" || status=1
 fi
 long=.carry/shared/models/mla-tiny-v2-4k
 # The bundled tokenizer for make-random-model; the long stages' call leaves models/mla-tiny out of
@@ -100,21 +117,22 @@ fi
 if has long; then
   echo "== mla-tiny-v2-4k: eval-ppl ctx 4096 (${LONG_WINDOWS:=20} windows), all pass-key prompts"
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
-    both long eval-ppl --model $long --ids $ids --ctx 4096 --max-windows $LONG_WINDOWS --cache $spec
+    both long eval-ppl --model $long $corpus --ctx 4096 --max-windows $LONG_WINDOWS --cache $spec
   done
-  both long eval-passkey --model $long --prompts $prompts --cache bf16
-  python3 bench/gpu/compare_devices.py mla-tiny-v2-4k="$out/long.jsonl" || status=1
+  [[ -f $prompts ]] && both long eval-passkey --model $long --prompts $prompts --cache bf16
+  compare mla-tiny-v2-4k="$out/long.jsonl" || status=1
 fi
 if has longcalib; then
   echo "== calibrated INT4/INT4 mla-tiny-v2-4k: eval-ppl ctx 4096, all pass-key prompts"
   start=$(date +%s)
   $build/quantmla calibrate --model $long --cache content=int4:g64,rope=int4:g64 \
-    --out /tmp/v2-4k-q4 --threads "$nproc_" >"$out/calibrate-long.txt" 2>&1 ||
+    --out /tmp/v2-4k-q4 --threads "${CALIB_THREADS:-$nproc_}" >"$out/calibrate-long.txt" 2>&1 ||
     { tail -5 "$out/calibrate-long.txt"; status=1; }
   echo "calibrated in $(($(date +%s) - start)) s"
-  both longcalib eval-ppl --model /tmp/v2-4k-q4 --ids $ids --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
-  both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
-  python3 bench/gpu/compare_devices.py mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
+  sha256sum /tmp/v2-4k-q4/*.safetensors | tee -a "$out/calibrated.sha256"
+  both longcalib eval-ppl --model /tmp/v2-4k-q4 $corpus --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
+  [[ -f $prompts ]] && both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
+  compare mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
 fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"
