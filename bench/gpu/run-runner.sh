@@ -25,6 +25,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 if [[ -n ${PACK:-} ]]; then
   packed_to=$out
+  mkdir -p "$packed_to"
   out=$(mktemp -d)
   export OUT=$out  # device-build.sh's logs too
   trap 'tar -C "$out" -czf "$packed_to/results.tgz" . && rm -rf "$out"' EXIT
