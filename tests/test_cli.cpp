@@ -414,6 +414,8 @@ TEST_F(CliTest, CalibrateWritesAModelTheToolsUse) {
   expect_failure(run_cli(args), {"output directory", "exists; pass --force"});
   expect_failure(run_cli("calibrate --out '" + (scratch_ / "x").string() + "' --paths values"),
                  {"unknown path 'values'"});
+  expect_failure(run_cli("calibrate --out '" + (scratch_ / "x").string() + "' --folded-dtype f16"),
+                 {"--folded-dtype", "f16"});
   expect_failure(
       run_cli("calibrate --out '" + (scratch_ / "x").string() + "' --cache content=bf16,rope=bf16"),
       {"nothing to calibrate"});

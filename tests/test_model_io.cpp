@@ -144,6 +144,40 @@ TEST_F(SavedTransformedModel, ChangedTensorsAreF32AndTheRestIsCopied) {
   }
 }
 
+// --folded-dtype bf16: the changed tensors rounded once to BF16 (to nearest even), every other
+// tensor still the source's bytes, and the result loads.
+TEST_F(SavedTransformedModel, ChangedTensorsCanBeWrittenAsBf16) {
+  const fs::path out = *scratch_ / "bf16";
+  SaveModelOptions options;
+  options.changed_dtype = DType::kBF16;
+  save_model_dir(*model_, bundled_model(), out, options);
+  const TensorStore exact = TensorStore::open_dir(saved());
+  const TensorStore rounded = TensorStore::open_dir(out);
+  const TensorStore source = TensorStore::open_dir(bundled_model());
+  ASSERT_EQ(rounded.names(), exact.names());
+  for (const std::string& name : exact.names()) {
+    const TensorView& b = rounded.get(name);
+    if (kChangedTensors.contains(name)) {
+      ASSERT_EQ(b.dtype, DType::kBF16) << name;
+      const std::vector<float> values = to_f32(exact.get(name));
+      ASSERT_EQ(b.nbytes, values.size() * 2) << name;
+      size_t mismatches = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, b.data + 2 * i, 2);
+        mismatches += bits != f32_to_bf16(values[i]);
+      }
+      EXPECT_EQ(mismatches, 0u) << name;
+    } else {
+      const TensorView& a = source.get(name);
+      EXPECT_EQ(b.dtype, a.dtype) << name;
+      ASSERT_EQ(b.nbytes, a.nbytes) << name;
+      EXPECT_EQ(std::memcmp(b.data, a.data, a.nbytes), 0) << name;
+    }
+  }
+  for (const float logit : logits_of(Model::load(out))) ASSERT_TRUE(std::isfinite(logit));
+}
+
 TEST_F(SavedTransformedModel, OneShardByDefaultAndTheOtherFilesCopied) {
   const json index = json::parse(read_text_file(saved() / "model.safetensors.index.json"));
   uint64_t total = 0;
@@ -282,6 +316,16 @@ TEST_F(SaveModel, QuantmlaKeyRoundTrips) {
   const fs::path again = scratch_ / "again";
   save_model_dir(Model::load(out), out, again, {});
   EXPECT_EQ(ModelConfig::from_file(again / "config.json").quantmla_cache, "");
+}
+
+TEST_F(SaveModel, ChangedTensorsOnlyAsF32OrBf16) {
+  SaveModelOptions options;
+  options.changed_dtype = DType::kF16;
+  const fs::path out = scratch_ / "f16";
+  expect_contains(error_message<InvalidArgument>(
+                      [&] { save_model_dir(testing::mla_tiny(), bundled_model(), out, options); }),
+                  {"as F32 or BF16, not F16"});
+  EXPECT_FALSE(fs::exists(out));
 }
 
 TEST_F(SaveModel, QuantmlaJsonMustBeAnObject) {

@@ -99,15 +99,19 @@ std::map<std::string, std::span<const float>> transformable_tensors(const Model&
 struct OutputTensor {
   const TensorView* source = nullptr;
   std::span<const float> changed;  // empty: copy the source bytes
-  size_t bytes() const { return changed.empty() ? source->nbytes : changed.size() * sizeof(float); }
+  DType changed_dtype = DType::kF32;
+  size_t bytes() const {
+    return changed.empty() ? source->nbytes : changed.size() * dtype_size(changed_dtype);
+  }
 };
 
-std::vector<OutputTensor> plan_tensors(const Model& model, const TensorStore& store) {
+std::vector<OutputTensor> plan_tensors(const Model& model, const TensorStore& store,
+                                       DType changed_dtype) {
   const auto transformable = transformable_tensors(model);
   std::vector<OutputTensor> tensors;
   for (const std::string& name : store.names()) {
     const TensorView& view = store.get(name);
-    OutputTensor tensor{&view, {}};
+    OutputTensor tensor{&view, {}, changed_dtype};
     if (const auto it = transformable.find(name); it != transformable.end()) {
       const std::span<const float> values = it->second;
       const std::vector<float> original = to_f32(view);
@@ -152,16 +156,20 @@ std::string shard_name(size_t index, size_t count) {
 
 TensorData tensor_data(const OutputTensor& tensor) {
   const TensorView& view = *tensor.source;
-  if (!tensor.changed.empty()) return make_f32_tensor(view.name, view.shape, tensor.changed);
+  if (!tensor.changed.empty()) {
+    return tensor.changed_dtype == DType::kBF16
+               ? make_bf16_tensor(view.name, view.shape, tensor.changed)
+               : make_f32_tensor(view.name, view.shape, tensor.changed);
+  }
   TensorData data{view.name, view.dtype, view.shape, {}};
   data.bytes.assign(view.data, view.data + view.nbytes);
   return data;
 }
 
 void write_weights(const Model& model, const TensorStore& store, const fs::path& dir,
-                   int64_t max_shard_bytes) {
-  const std::vector<OutputTensor> tensors = plan_tensors(model, store);
-  const std::vector<std::vector<size_t>> shards = split_shards(tensors, max_shard_bytes);
+                   const SaveModelOptions& options) {
+  const std::vector<OutputTensor> tensors = plan_tensors(model, store, options.changed_dtype);
+  const std::vector<std::vector<size_t>> shards = split_shards(tensors, options.max_shard_bytes);
   ordered_json weight_map = ordered_json::object();
   uint64_t total_size = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -234,6 +242,10 @@ void save_model_dir(const Model& model, const fs::path& source_dir, const fs::pa
     throw InvalidArgument("max_shard_bytes must be positive, got " +
                           std::to_string(options.max_shard_bytes));
   }
+  if (options.changed_dtype != DType::kF32 && options.changed_dtype != DType::kBF16) {
+    throw InvalidArgument("changed tensors can be written as F32 or BF16, not " +
+                          std::string(dtype_name(options.changed_dtype)));
+  }
   std::optional<ordered_json> quantmla;
   if (!options.quantmla_json.empty()) {
     quantmla = parse_json(options.quantmla_json, "quantmla config");
@@ -251,7 +263,7 @@ void save_model_dir(const Model& model, const fs::path& source_dir, const fs::pa
   check_io(error, "cannot create " + partial.string());
   try {
     const TensorStore store = TensorStore::open_dir(source_dir);
-    write_weights(model, store, partial, options.max_shard_bytes);
+    write_weights(model, store, partial, options);
     write_config(source_dir, partial, quantmla);
     copy_other_files(source_dir, partial);
     if (fs::exists(out)) {

@@ -26,6 +26,7 @@ struct CalibrateOptions {
   std::string out;
   std::string data = "data/calib.txt";
   std::string paths = "content,rope";
+  std::string folded_dtype = "f32";
   int threads = 0;
   bool force = false;
   bool json = false;
@@ -110,6 +111,7 @@ nlohmann::json report_json(const CalibrateOptions& options, const CalibrationRep
             {"seq", c.seq},
             {"seed", c.seed},
             {"paths", options.paths},
+            {"folded_dtype", options.folded_dtype},
             {"threads", options.threads},
             {"rope_objective", c.rope_objective},
             {"content_objective", c.content_objective},
@@ -154,6 +156,7 @@ void run_calibrate(CalibrateOptions& options) {
   SaveModelOptions save;
   save.quantmla_json = recorded.dump();
   save.force = options.force;
+  save.changed_dtype = options.folded_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   save_model_dir(model, options.model, options.out, save);
   if (options.json) {
     std::printf("%s\n", recorded.dump(2).c_str());
@@ -217,6 +220,11 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--layers", c.layers, "Calibrate only these layers (default: all)");
   cmd->add_flag("--no-clip-search{false}", c.search_clip,
                 "Keep the spec's content clipping ratio instead of searching one");
+  cmd->add_option("--folded-dtype", options->folded_dtype,
+                  "dtype of the weights the transforms are folded into: f32 (the fold exact) or "
+                  "bf16 (rounded once: the size of a BF16 checkpoint)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--force", options->force, "Replace an existing output directory");
   cmd->add_flag("--json", options->json, "Print the recorded settings and report as JSON");
   cmd->callback([options] { run_calibrate(*options); });
