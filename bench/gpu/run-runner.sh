@@ -20,6 +20,8 @@
 # there: 462 windows at ctx 1024, 115 at 4096) instead of the first PPL_WINDOWS / LONG_WINDOWS.
 # DEVICES="cuda": evaluate on the GPU only (the CPU figures measured elsewhere on the same files;
 # the calibrated models' sha256 go to $OUT/calibrated.sha256 so that the same weights can be shown).
+# CALIB_THREADS=N: calibrate with N threads (calibration is reproducible for a seed and a thread
+# count). The pass-key evaluations are skipped, and say so, where the prompts are not carried.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -71,7 +73,8 @@ both() {
 }
 # The pairs' comparison (compare_devices.py), when both devices ran.
 compare() {
-  [[ ${DEVICES:-cpu cuda} == "cpu cuda" ]] || return 0
+  [[ ${DEVICES:-cpu cuda} == "cpu cuda" ]] ||
+    { echo "(cpu vs cuda not compared here: DEVICES=$DEVICES)"; return 0; }
   python3 bench/gpu/compare_devices.py "$@"
 }
 ids=.carry/shared/reference/wikitext2-test.ids.i32
@@ -83,6 +86,7 @@ else
   corpus="--ids $ids"
 fi
 prompts=.carry/shared/reference/passkey-public.json
+have_prompts() { [[ -f $prompts ]] || { echo "(pass-key skipped: no $prompts)"; return 1; }; }
 if has ppl; then
   echo "== eval-ppl, cpu vs cuda (WikiText-2, ctx 1024, first ${PPL_WINDOWS:=100} windows)"
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
@@ -99,7 +103,7 @@ if has calib; then
   echo "calibrated in $(($(date +%s) - start)) s"
   sha256sum /tmp/mla-tiny-q4/*.safetensors | tee -a "$out/calibrated.sha256"
   both calib eval-ppl --model /tmp/mla-tiny-q4 $corpus --ctx 1024 --max-windows $PPL_WINDOWS
-  [[ -f $prompts ]] && both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
+  have_prompts && both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
   compare mla-tiny-q4="$out/calib.jsonl" || status=1
 fi
 if has passkey; then
@@ -120,7 +124,7 @@ if has long; then
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
     both long eval-ppl --model $long $corpus --ctx 4096 --max-windows $LONG_WINDOWS --cache $spec
   done
-  [[ -f $prompts ]] && both long eval-passkey --model $long --prompts $prompts --cache bf16
+  have_prompts && both long eval-passkey --model $long --prompts $prompts --cache bf16
   compare mla-tiny-v2-4k="$out/long.jsonl" || status=1
 fi
 if has longcalib; then
@@ -132,7 +136,7 @@ if has longcalib; then
   echo "calibrated in $(($(date +%s) - start)) s"
   sha256sum /tmp/v2-4k-q4/*.safetensors | tee -a "$out/calibrated.sha256"
   both longcalib eval-ppl --model /tmp/v2-4k-q4 $corpus --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
-  [[ -f $prompts ]] && both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
+  have_prompts && both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
   compare mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
 fi
 if has bench; then
