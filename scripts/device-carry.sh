@@ -10,6 +10,10 @@
 #   LONG=1 bash scripts/device-carry.sh   for run-runner.sh's long and longcalib stages:
 #     mla-tiny-v2-4k (packed) and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
 #     for that call and carry [".carry/deps.tar.xz", ".carry/shared"].
+#   CALIBRATED=DIR bash scripts/device-carry.sh   for run-runner.sh's calibrated stage: the model
+#     directory DIR (made here, e.g. by `quantmla calibrate --folded-dtype bf16`: an F32 fold is
+#     too large) packed as models/calibrated.tar.xz, with the pass-key prompts; move
+#     models/mla-tiny out of the checkout for that call and carry the same two paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f .carry/deps.tar.xz ] && [ -f .carry/deps-server.tar.xz ] || bash scripts/device-deps.sh
@@ -30,5 +34,12 @@ else
   # Enough for eval-ppl's first 100 windows at ctx 1024 (the whole file would pass the limit).
   head -c $((4 * 1024 * 101)) "$shared/reference/wikitext2-test.ids.i32" \
     >.carry/shared/reference/wikitext2-test.ids.i32
+fi
+if [ -n "${CALIBRATED:-}" ]; then
+  rm -f .carry/shared/reference/*.ids.i32 .carry/shared/tools/make_gpu_fixtures.py \
+    .carry/shared/models/mla-tiny-v2-4k.tar.xz
+  [ -f "$CALIBRATED/config.json" ] || { echo "CALIBRATED=$CALIBRATED: no config.json" >&2; exit 1; }
+  tar -C "$(dirname "$CALIBRATED")" -cf - "$(basename "$CALIBRATED")" | xz -1 -T0 \
+    >.carry/shared/models/calibrated.tar.xz
 fi
 du -sh .carry

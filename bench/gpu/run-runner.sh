@@ -4,13 +4,15 @@
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
-#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,bench,nopdl
+#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,nopdl
 #   (default build,ops,runner,ppl,bench); nopdl: the runner benchmark again with the kernels
 #   launched without programmatic dependent launch (bench_runner --no-pdl), beside bench's
 #   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
 #   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k; longcalib:
-#   the same for an INT4/INT4 mla-tiny-v2-4k calibrated here (windows of --seq 512). Every
+#   the same for an INT4/INT4 mla-tiny-v2-4k calibrated here (windows of --seq 512); calibrated:
+#   eval-ppl (ctx CALIBRATED_CTX, default 4096) and pass-key of a model calibrated elsewhere
+#   (CALIBRATED=DIR bash scripts/device-carry.sh), with its sha256. Every
 #   comparison must agree (bench/gpu/compare_devices.py: PPL within 0.1%, the same prompts pass).
 # Needs .carry/shared (scripts/device-carry.sh): tools/make_gpu_fixtures.py, the mla-tiny tokenizer
 # files, the first 100000 ids of valid.ids.i32, wikitext2-test.ids.i32, passkey-public.json.
@@ -138,6 +140,18 @@ if has longcalib; then
   both longcalib eval-ppl --model /tmp/v2-4k-q4 $corpus --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
   have_prompts && both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
   compare mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
+fi
+if has calibrated; then
+  echo "== a model calibrated elsewhere: eval-ppl ctx ${CALIBRATED_CTX:=4096}, pass-key"
+  calibrated=/tmp/calibrated
+  rm -rf $calibrated && mkdir -p $calibrated
+  xz -dc .carry/shared/models/calibrated.tar.xz | tar -C $calibrated -xf - --strip-components=1 ||
+    status=1
+  sha256sum $calibrated/*.safetensors | tee -a "$out/calibrated.sha256"
+  both calibrated eval-ppl --model $calibrated $corpus --ctx $CALIBRATED_CTX \
+    --max-windows ${LONG_WINDOWS:=20}
+  have_prompts && both calibrated eval-passkey --model $calibrated --prompts $prompts
+  compare calibrated="$out/calibrated.jsonl" || status=1
 fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"
