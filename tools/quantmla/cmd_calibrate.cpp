@@ -221,7 +221,7 @@ void add_calibrate(CLI::App& app) {
   cmd->add_flag("--no-clip-search{false}", c.search_clip,
                 "Keep the spec's content clipping ratio instead of searching one");
   cmd->add_option("--folded-dtype", options->folded_dtype,
-                  "dtype of the weights the transforms are folded into: f32 (the fold exact) or "
+                  "Dtype of the weights the transforms are folded into: f32 (the fold exact) or "
                   "bf16 (rounded once: the size of a BF16 checkpoint)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
