@@ -167,8 +167,7 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
 }
 
 // The fixed layout of a workspace plan of `batch` sequences (decode_capacity).
-PlanLayout capacity_layout(const CacheFormat& format, int batch, int s_q, int num_heads) {
-  const DeviceShape shape = device_shape(format, batch, s_q, num_heads);
+PlanLayout capacity_layout(const DeviceShape& shape, int batch, int s_q, int num_heads) {
   const DecodeCapacity capacity =
       decode_capacity(batch, s_q, num_heads, shape.multiprocessors, shape.blocks_per_multiprocessor,
                       shape.max_row_tiles);
@@ -262,7 +261,7 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
   DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
                                         shape.blocks_per_multiprocessor, 0, shape.max_row_tiles);
   const PlanLayout layout =
-      fixed_grid ? capacity_layout(format, batch, s_q, num_heads) : exact_layout(schedule);
+      fixed_grid ? capacity_layout(shape, batch, s_q, num_heads) : exact_layout(schedule);
   if (workspace.device == nullptr || workspace.bytes < layout.bytes ||
       reinterpret_cast<uintptr_t>(workspace.device) % 256 != 0) {
     throw InvalidArgument("GPU decode plan: workspace of " + std::to_string(workspace.bytes) +
@@ -286,7 +285,7 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format, int batch, int s_q,
                                       int num_heads) {
-  return capacity_layout(format, batch, s_q, num_heads).bytes;
+  return capacity_layout(device_shape(format, batch, s_q, num_heads), batch, s_q, num_heads).bytes;
 }
 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format,
