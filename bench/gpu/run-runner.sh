@@ -96,17 +96,28 @@ if has ppl; then
   done
   compare mla-tiny-ctx1024="$out/ppl.jsonl" || status=1
 fi
+# INT4/INT4 calibration of model $1 (empty: the bundled one) into $2, its log in $out/$3.
+calibrate_int4() {
+  local start
+  start=$(date +%s)
+  $build/quantmla calibrate ${1:+--model $1} --cache content=int4:g64,rope=int4:g64 --out "$2" \
+    --threads "${CALIB_THREADS:-$nproc_}" >"$out/$3" 2>&1 || { tail -5 "$out/$3"; status=1; }
+  echo "calibrated in $(($(date +%s) - start)) s"
+}
+# A calibrated model $2 on both devices, into $out/$1.jsonl and compared as $3: its sha256,
+# eval-ppl at ctx $4 over $5 windows, pass-key (with any further arguments).
+evaluate_calibrated() {
+  local file=$1 model=$2 label=$3 ctx=$4 windows=$5
+  shift 5
+  sha256sum "$model"/*.safetensors | tee -a "$out/calibrated.sha256"
+  both $file eval-ppl --model "$model" $corpus --ctx $ctx --max-windows $windows
+  have_prompts && both $file eval-passkey --model "$model" --prompts $prompts "$@"
+  compare $label="$out/$file.jsonl" || status=1
+}
 if has calib; then
   echo "== calibrated INT4/INT4 mla-tiny: eval-ppl and pass-key, cpu vs cuda"
-  start=$(date +%s)
-  $build/quantmla calibrate --cache content=int4:g64,rope=int4:g64 --out /tmp/mla-tiny-q4 \
-    --threads "${CALIB_THREADS:-$nproc_}" >"$out/calibrate.txt" 2>&1 ||
-    { tail -5 "$out/calibrate.txt"; status=1; }
-  echo "calibrated in $(($(date +%s) - start)) s"
-  sha256sum /tmp/mla-tiny-q4/*.safetensors | tee -a "$out/calibrated.sha256"
-  both calib eval-ppl --model /tmp/mla-tiny-q4 $corpus --ctx 1024 --max-windows $PPL_WINDOWS
-  have_prompts && both calib eval-passkey --model /tmp/mla-tiny-q4 --prompts $prompts --per-cell ${PER_CELL:=2}
-  compare mla-tiny-q4="$out/calib.jsonl" || status=1
+  calibrate_int4 "" /tmp/mla-tiny-q4 calibrate.txt
+  evaluate_calibrated calib /tmp/mla-tiny-q4 mla-tiny-q4 1024 ${PPL_WINDOWS:=100} --per-cell ${PER_CELL:=2}
 fi
 if has passkey; then
   echo "== pass-key, cpu vs cuda (mla-tiny, ${PER_CELL:=2} prompts per cell)"
@@ -131,15 +142,8 @@ if has long; then
 fi
 if has longcalib; then
   echo "== calibrated INT4/INT4 mla-tiny-v2-4k: eval-ppl ctx 4096, all pass-key prompts"
-  start=$(date +%s)
-  $build/quantmla calibrate --model $long --cache content=int4:g64,rope=int4:g64 \
-    --out /tmp/v2-4k-q4 --threads "${CALIB_THREADS:-$nproc_}" >"$out/calibrate-long.txt" 2>&1 ||
-    { tail -5 "$out/calibrate-long.txt"; status=1; }
-  echo "calibrated in $(($(date +%s) - start)) s"
-  sha256sum /tmp/v2-4k-q4/*.safetensors | tee -a "$out/calibrated.sha256"
-  both longcalib eval-ppl --model /tmp/v2-4k-q4 $corpus --ctx 4096 --max-windows ${LONG_WINDOWS:=20}
-  have_prompts && both longcalib eval-passkey --model /tmp/v2-4k-q4 --prompts $prompts
-  compare mla-tiny-v2-4k-q4="$out/longcalib.jsonl" || status=1
+  calibrate_int4 $long /tmp/v2-4k-q4 calibrate-long.txt
+  evaluate_calibrated longcalib /tmp/v2-4k-q4 mla-tiny-v2-4k-q4 4096 ${LONG_WINDOWS:=20}
 fi
 if has calibrated; then
   echo "== a model calibrated elsewhere: eval-ppl ctx ${CALIBRATED_CTX:=4096}, pass-key"
@@ -147,11 +151,7 @@ if has calibrated; then
   rm -rf $calibrated && mkdir -p $calibrated
   xz -dc .carry/shared/models/calibrated.tar.xz | tar -C $calibrated -xf - --strip-components=1 ||
     status=1
-  sha256sum $calibrated/*.safetensors | tee -a "$out/calibrated.sha256"
-  both calibrated eval-ppl --model $calibrated $corpus --ctx $CALIBRATED_CTX \
-    --max-windows ${LONG_WINDOWS:=20}
-  have_prompts && both calibrated eval-passkey --model $calibrated --prompts $prompts
-  compare calibrated="$out/calibrated.jsonl" || status=1
+  evaluate_calibrated calibrated $calibrated calibrated $CALIBRATED_CTX ${LONG_WINDOWS:=20}
 fi
 if has bench; then
   echo "== runner benchmark (random V2-Lite)"
