@@ -1,9 +1,11 @@
 // The CUDA runner on a production-shape model (make-random-model): decode step time at several
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
-//   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P]
+//   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
+//   [--no-fusion] [--quick]
 //   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
-//   prefill of P 2K-token prompts)
+//   prefill of P 2K-token prompts; --no-fusion: CudaRunnerOptions::fused_decode off; --quick:
+//   decode of 1, 4 and 16 sequences at 1K, no prefill)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -138,9 +140,13 @@ int main(int argc, char** argv) {
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
   bool programmatic = true;  // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;         // --no-fusion: the separate kernels of decode steps
+  bool quick = false;        // --quick: decode of 1, 4 and 16 sequences at 1K only
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
+    if (flag == "--no-fusion") fused = false;
+    if (flag == "--quick") quick = true;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -157,7 +163,7 @@ int main(int argc, char** argv) {
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P] [--no-pdl]\n");
+                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick]\n");
     return 2;
   }
   try {
@@ -172,7 +178,9 @@ int main(int argc, char** argv) {
     options.max_batch_tokens = 8192;
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
+    options.fused_decode = fused;
     if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
+    if (!fused) std::printf("decode steps launch the separate kernels (no fusion)\n");
     const auto load_start = std::chrono::steady_clock::now();
     auto runner = make_cuda_runner(model_dir, options);
     const double load_s = seconds_since(load_start);
@@ -199,8 +207,12 @@ int main(int argc, char** argv) {
     for (const std::string& spec : specs) {
       if (only && spec != "bf16") continue;
       const CacheFormat format = CacheFormat::parse(spec);
-      for (int64_t context : {int64_t{1024}, int64_t{16384}}) {
-        for (int64_t batch : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{256}}) {
+      const std::vector<int64_t> contexts =
+          quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};
+      const std::vector<int64_t> batches =
+          quick ? std::vector<int64_t>{1, 4, 16} : std::vector<int64_t>{1, 16, 64, 256};
+      for (int64_t context : contexts) {
+        for (int64_t batch : batches) {
           if (only && (only_kind != "decode" || context != 1024 || batch != only_size)) continue;
           DecodeRow row{batch, context, spec};
           const int64_t extra = repeats + 4;
@@ -248,7 +260,10 @@ int main(int argc, char** argv) {
     }
 
     std::vector<PrefillRow> prefill;
-    for (int64_t prompts : only ? std::vector<int64_t>{only_size} : std::vector<int64_t>{1, 4}) {
+    const std::vector<int64_t> prompt_counts = only    ? std::vector<int64_t>{only_size}
+                                               : quick ? std::vector<int64_t>{}
+                                                       : std::vector<int64_t>{1, 4};
+    for (int64_t prompts : prompt_counts) {
       if (only && (only_kind != "prefill" || prompts != only_size)) continue;
       const int64_t len = 2048;
       const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
@@ -294,6 +309,7 @@ int main(int argc, char** argv) {
       out << "{\n  \"device\": \"" << prop.name << "\",\n  \"model\": \"" << model_dir
           << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"gemm_tflops\": " << gemm_tflops
           << ",\n  \"programmatic_launch\": " << (programmatic ? "true" : "false")
+          << ",\n  \"fused_decode\": " << (fused ? "true" : "false")
           << ",\n  \"device_memory_in_use_bytes\": " << weights_bytes
           << ",\n  \"load_s\": " << load_s << ",\n  \"decode\": [\n";
       for (size_t i = 0; i < decode.size(); ++i) {

@@ -4,9 +4,10 @@
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
-#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,nopdl
+#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,nopdl,fusion
 #   (default build,ops,runner,ppl,bench); nopdl: the runner benchmark again with the kernels
-#   launched without programmatic dependent launch (bench_runner --no-pdl), beside bench's
+#   launched without programmatic dependent launch (bench_runner --no-pdl), beside bench's;
+#   fusion: decode at batch 1, 4, 16 with and without the fused decode launches
 #   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
 #   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k; longcalib:
@@ -44,8 +45,9 @@ export OMP_NUM_THREADS=$nproc_
 
 if has build; then
   start=$(date +%s)
-  bash bench/gpu/device-build.sh quantmla test_model_ops test_cuda_runner test_gpu_mla \
-    test_decode_schedule bench_runner bench_skinny bench_prefill_attention bench_gpu_decode || exit 1
+  bash bench/gpu/device-build.sh quantmla test_model_ops test_fused_ops test_cuda_runner \
+    test_gpu_mla test_decode_schedule bench_runner bench_skinny bench_prefill_attention \
+    bench_gpu_decode || exit 1
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -55,6 +57,8 @@ if has ops; then
   $build/tests/gpu/test_decode_schedule 2>&1 | tail -1 || status=1
   $build/tests/gpu/test_gpu_mla 2>&1 | tee "$out/test-gpu-mla.txt" | tail -3 || status=1
   $build/tests/gpu/test_model_ops 2>&1 | tee "$out/test-model-ops.txt" | tail -25 || status=1
+  $build/tests/gpu/test_fused_ops 2>&1 | tee "$out/test-fused-ops.txt" | grep -v " equal$" ||
+    status=1
   $build/bench/gpu/bench_skinny --json "$out/skinny.json" 2>&1 | tee "$out/bench-skinny.txt" ||
     status=1
 fi
@@ -164,14 +168,21 @@ if has bench; then
     python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1
   fi
 fi
-# One variant of the runner: bench_runner again with its flag, beside bench's default.
+# One variant of the runner: bench_runner again with its flags, beside bench's default.
 variant() {
-  local name=$1 flag=$2
-  echo "== runner benchmark, $flag"
+  local name=$1
+  shift
+  echo "== runner benchmark, $*"
   [[ -f /tmp/v2-lite/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
-  $build/bench/gpu/bench_runner --model /tmp/v2-lite $flag --json "$out/runner-$name.json" \
+  $build/bench/gpu/bench_runner --model /tmp/v2-lite "$@" --json "$out/runner-$name.json" \
     2>&1 | tee "$out/bench-runner-$name.txt" || status=1
 }
 has nopdl && variant nopdl --no-pdl
+# fusion: decode at batch 1, 4 and 16 with the decode step's fused launches and without, one
+# after the other (bench_runner --quick, --no-fusion).
+if has fusion; then
+  variant fused --quick
+  variant unfused --quick --no-fusion
+fi
 exit $status

@@ -105,6 +105,11 @@ struct CudaRunnerOptions {
   // it. Measured on an H200: 3.49 -> 3.15 ms a V2-Lite decode step at batch 1 (bench_runner
   // --no-pdl times the other way).
   bool programmatic_launch = true;
+  // Steps of few tokens (decode) launch fewer kernels: each RMSNorm inside the product that reads
+  // it, the cache write and the queries' RoPE as one launch, the shared experts as groups of the
+  // routed experts' products with the mixture's combine in the down product's tail. false: the
+  // separate kernels (bench_runner --no-fusion times them side by side).
+  bool fused_decode = true;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

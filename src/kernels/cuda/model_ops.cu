@@ -12,6 +12,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/rotary.cuh"
+#include "kernels/cuda/row_norm.cuh"
 #include "quantmla/error.h"
 
 namespace quantmla::gpu {
@@ -68,50 +70,22 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[i] = from_bf16_bits(row[i]);
 }
 
-// Sum over the block in double; every thread gets the total.
-__device__ double block_sum(double value, double* shared /* [kRowThreads / 32] */) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) shared[warp] = value;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kRowThreads / 32; ++w) total += shared[w];
-  return total;
-}
-
 __global__ void __launch_bounds__(kRowThreads)
     rms_norm_kernel(const float* x, int64_t ldx, const float* weight, void* out, int64_t ldo,
                     bool bf16, int64_t width, float eps) {
+  static_assert(kRowThreads == kNormPartials, "one warp per total of row_norm.cuh");
   wait_for_previous_kernel();
-  __shared__ double partial[kRowThreads / 32];
+  __shared__ double totals[kNormTotals];
   const float* in = x + static_cast<int64_t>(blockIdx.x) * ldx;
-  double sum_squares = 0.0;
-  for (int64_t i = threadIdx.x; i < width; i += kRowThreads) {
-    const double v = in[i];
-    sum_squares += v * v;  // exact: a product of two floats fits a double
-  }
-  sum_squares = block_sum(sum_squares, partial);
-  const float inv_rms =
-      static_cast<float>(1.0 / sqrt(sum_squares / static_cast<double>(width) + eps));
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const double total = row_squares_total(in, width, warp);
+  if (threadIdx.x % 32 == 0) totals[warp] = total;
+  __syncthreads();
+  const float inv_rms = inv_rms_from_totals(totals, width, eps);
   const int64_t row_out = static_cast<int64_t>(blockIdx.x) * ldo;
   for (int64_t i = threadIdx.x; i < width; i += kRowThreads) {
-    store(out, row_out + i, bf16, __fmul_rn(weight[i], __fmul_rn(in[i], inv_rms)));
+    store(out, row_out + i, bf16, normalized(in[i], weight[i], inv_rms));
   }
-}
-
-// One pair (e, o) rotated by angle = position * inv_freq, as Rope::apply rounds.
-__device__ __forceinline__ float2 rotate_pair(float even, float odd, int32_t position,
-                                              float inv_freq, float attention_factor) {
-  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
-  float sin_value = 0.0f;
-  float cos_value = 0.0f;
-  sincosf(angle, &sin_value, &cos_value);  // the accurate one: angles reach 1e5 and more
-  cos_value = __fmul_rn(cos_value, attention_factor);
-  sin_value = __fmul_rn(sin_value, attention_factor);
-  return make_float2(__fsub_rn(__fmul_rn(even, cos_value), __fmul_rn(odd, sin_value)),
-                     __fadd_rn(__fmul_rn(odd, cos_value), __fmul_rn(even, sin_value)));
 }
 
 __global__ void rope_kernel(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
@@ -168,40 +142,14 @@ __global__ void __launch_bounds__(kRowThreads)
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-constexpr int kQueryDim = 576;
-constexpr int kQueryContent = 512;
 constexpr int kQueryThreads = 64;
 
 // One block per (token, head); heads past p.heads (decode_q's padding) only write zeros.
 __global__ void __launch_bounds__(kQueryThreads)
     rope_queries_kernel(const __grid_constant__ RopeQueriesParams p) {
   wait_for_previous_kernel();
-  const int64_t t = blockIdx.x;
-  const int h = blockIdx.y;
-  if (h >= p.heads) {
-    uint16_t* dec = p.decode_q + (t * p.heads_padded + h) * kQueryDim;
-    for (int c = threadIdx.x; c < kQueryDim; c += kQueryThreads) dec[c] = 0;
-    return;
-  }
-  const int qk = p.nope + p.rope;
-  const float* in = p.q + t * p.q_token_stride + static_cast<int64_t>(h) * qk;
-  uint16_t* out = p.q_bf16 + (t * p.heads + h) * qk;
-  for (int c = threadIdx.x; c < p.nope; c += kQueryThreads) out[c] = to_bf16_bits(in[c]);
-  uint16_t* dec = p.decode_q == nullptr
-                      ? nullptr
-                      : p.decode_q + (t * p.heads_padded + h) * kQueryDim + kQueryContent;
-  const int32_t position = p.positions[t];
-  for (int i = threadIdx.x; i < p.rope / 2; i += kQueryThreads) {
-    const float* pair = in + p.nope + 2 * i;
-    const float2 r = rotate_pair(pair[0], pair[1], position, p.inv_freq[i], p.attention_factor);
-    const uint16_t even = to_bf16_bits(r.x), odd = to_bf16_bits(r.y);
-    out[p.nope + 2 * i] = even;
-    out[p.nope + 2 * i + 1] = odd;
-    if (dec != nullptr) {
-      dec[2 * i] = even;
-      dec[2 * i + 1] = odd;
-    }
-  }
+  rope_query_head(p, blockIdx.x, static_cast<int>(blockIdx.y), static_cast<int>(threadIdx.x),
+                  kQueryThreads);
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -313,7 +261,7 @@ void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t l
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-void rope_queries(const RopeQueriesParams& p, cudaStream_t stream) {
+void check_rope_queries(const RopeQueriesParams& p) {
   check_rows("rope_queries", p.tokens);
   const int64_t qk = static_cast<int64_t>(p.nope) + p.rope;
   if (p.heads < 1 || p.heads > 65535 || p.nope < 0 || p.rope < 2 || p.rope > 512 ||
@@ -330,11 +278,16 @@ void rope_queries(const RopeQueriesParams& p, cudaStream_t stream) {
                      std::to_string(p.heads) + ", heads_padded " + std::to_string(p.heads_padded) +
                      " (need rope 64 and heads_padded >= heads a multiple of 16)");
   }
-  if (p.tokens == 0) return;
-  if (p.q == nullptr || p.q_bf16 == nullptr || p.positions == nullptr || p.inv_freq == nullptr) {
+  if (p.tokens > 0 &&
+      (p.q == nullptr || p.q_bf16 == nullptr || p.positions == nullptr || p.inv_freq == nullptr)) {
     throw InvalidArgument(
         "rope_queries: q, q_bf16, positions and inv_freq must be device pointers, got null");
   }
+}
+
+void rope_queries(const RopeQueriesParams& p, cudaStream_t stream) {
+  check_rope_queries(p);
+  if (p.tokens == 0) return;
   const int heads = p.decode_q != nullptr ? p.heads_padded : p.heads;
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(heads));
   launch_kernel(rope_queries_kernel, grid, kQueryThreads, 0, stream, p);

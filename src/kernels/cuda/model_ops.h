@@ -78,6 +78,9 @@ struct RopeQueriesParams {
   int rope = 0;  // even, 2..512
 };
 void rope_queries(const RopeQueriesParams& params, cudaStream_t stream);
+// rope_queries' argument checks alone (its ShapeError and InvalidArgument cases), for a launcher
+// that runs its work inside another kernel (write_cache_and_queries, write_queries.h).
+void check_rope_queries(const RopeQueriesParams& params);
 
 // heads rounded up to the decode kernel's multiple of 16.
 constexpr int padded_heads(int heads) { return (heads + 15) / 16 * 16; }

@@ -244,12 +244,28 @@ __device__ void exclusive_prefix_sum(int32_t* counts, int n) {
   counts[n] = running;
 }
 
+// MoeSortBuffers::shared_groups: the shared groups' offsets and rows, ahead of the routed ones
+// (n tokens each). The whole block calls it.
+__device__ void write_shared_rows(int32_t* offsets, int32_t* token_of_slot, int shared_groups,
+                                  int64_t n) {
+  for (int i = threadIdx.x; i < shared_groups; i += blockDim.x) {
+    offsets[i] = static_cast<int32_t>(i * n);
+  }
+  for (int64_t r = threadIdx.x; r < shared_groups * n; r += blockDim.x) {
+    token_of_slot[r] = static_cast<int32_t>(r % n);
+  }
+}
+
 // One block: counts, offsets, and chunk_counts[c, e] rewritten as the first slot of chunk c's
-// entries of expert e.
+// entries of expert e (routed slots, before the shared groups' base).
 __global__ void __launch_bounds__(kScanThreads)
-    sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries,
-                     int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
+    sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries, int k,
+                     int shared_groups, int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
   wait_for_previous_kernel();
+  const int64_t base = shared_groups * (entries / k);
+  write_shared_rows(offsets, token_of_slot, shared_groups, entries / k);
+  offsets += shared_groups;
+  token_of_slot += base;
   extern __shared__ int32_t first_slot[];  // [num_experts + 1]
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
     int32_t total = 0;
@@ -265,7 +281,9 @@ __global__ void __launch_bounds__(kScanThreads)
   __syncthreads();
   if (threadIdx.x == 0) exclusive_prefix_sum(first_slot, num_experts);
   __syncthreads();
-  for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) offsets[e] = first_slot[e];
+  for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) {
+    offsets[e] = static_cast<int32_t>(base + first_slot[e]);
+  }
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
     for (int64_t c = 0; c < chunks; ++c) chunk_counts[c * num_experts + e] += first_slot[e];
   }
@@ -276,8 +294,10 @@ __global__ void __launch_bounds__(kScanThreads)
 
 __global__ void __launch_bounds__(kSortChunk)
     sort_scatter_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
-                        const int32_t* chunk_first_slot, int32_t* slot_of, int32_t* token_of_slot) {
+                        int shared_groups, const int32_t* chunk_first_slot, int32_t* slot_of,
+                        int32_t* token_of_slot) {
   wait_for_previous_kernel();
+  const int64_t base = shared_groups * (entries / k);
   __shared__ int32_t chunk_experts[kSortChunk];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kSortChunk + threadIdx.x;
   const int32_t e = i < entries ? experts[i] : -1;
@@ -290,8 +310,9 @@ __global__ void __launch_bounds__(kSortChunk)
   }
   int32_t rank = 0;  // earlier entries of this chunk with the same expert: the stable order
   for (int j = 0; j < static_cast<int>(threadIdx.x); ++j) rank += chunk_experts[j] == e;
-  const int32_t slot = chunk_first_slot[static_cast<int64_t>(blockIdx.x) * num_experts + e] + rank;
-  slot_of[i] = slot;
+  const int64_t slot =
+      base + chunk_first_slot[static_cast<int64_t>(blockIdx.x) * num_experts + e] + rank;
+  slot_of[i] = static_cast<int32_t>(slot);
   token_of_slot[slot] = static_cast<int32_t>(i / k);
 }
 
@@ -299,9 +320,13 @@ __global__ void __launch_bounds__(kSortChunk)
 // (decode steps: one launch instead of three): the same counts, offsets and stable slots.
 // first_slot: [num_experts + 1] shared memory.
 __device__ void sort_one_chunk(const int32_t* experts, int64_t entries, int k, int num_experts,
-                               int32_t* counts, int32_t* offsets, int32_t* slot_of,
-                               int32_t* token_of_slot, int32_t* first_slot) {
+                               int shared_groups, int32_t* counts, int32_t* offsets,
+                               int32_t* slot_of, int32_t* token_of_slot, int32_t* first_slot) {
   __shared__ int32_t chunk_experts[kSortChunk];
+  const int base = static_cast<int>(shared_groups * (entries / k));
+  write_shared_rows(offsets, token_of_slot, shared_groups, entries / k);
+  offsets += shared_groups;
+  token_of_slot += base;
   for (int e = threadIdx.x; e < num_experts; e += kSortChunk) first_slot[e] = 0;
   const int i = static_cast<int>(threadIdx.x);
   const int32_t e = i < entries ? experts[i] : -1;
@@ -314,7 +339,7 @@ __device__ void sort_one_chunk(const int32_t* experts, int64_t entries, int k, i
   __syncthreads();
   if (threadIdx.x == 0) exclusive_prefix_sum(first_slot, num_experts);
   __syncthreads();
-  for (int x = threadIdx.x; x <= num_experts; x += kSortChunk) offsets[x] = first_slot[x];
+  for (int x = threadIdx.x; x <= num_experts; x += kSortChunk) offsets[x] = base + first_slot[x];
   // Slots past the valid ones (entries without an expert) name no token.
   for (int64_t slot = first_slot[num_experts] + threadIdx.x; slot < entries; slot += kSortChunk) {
     token_of_slot[slot] = -1;
@@ -327,18 +352,18 @@ __device__ void sort_one_chunk(const int32_t* experts, int64_t entries, int k, i
   int32_t rank = 0;  // earlier entries with the same expert: the stable order
   for (int j = 0; j < i; ++j) rank += chunk_experts[j] == e;
   const int32_t slot = first_slot[e] + rank;
-  slot_of[i] = slot;
+  slot_of[i] = base + slot;
   token_of_slot[slot] = i / k;
 }
 
 __global__ void __launch_bounds__(kSortChunk)
     sort_one_chunk_kernel(const int32_t* experts, int64_t entries, int k, int num_experts,
-                          int32_t* counts, int32_t* offsets, int32_t* slot_of,
+                          int shared_groups, int32_t* counts, int32_t* offsets, int32_t* slot_of,
                           int32_t* token_of_slot) {
   wait_for_previous_kernel();
   extern __shared__ int32_t first_slot[];  // [num_experts + 1]
-  sort_one_chunk(experts, entries, k, num_experts, counts, offsets, slot_of, token_of_slot,
-                 first_slot);
+  sort_one_chunk(experts, entries, k, num_experts, shared_groups, counts, offsets, slot_of,
+                 token_of_slot, first_slot);
 }
 
 // moe_route then the one-chunk sort in one block (decode steps: one launch instead of two): its
@@ -346,8 +371,8 @@ __global__ void __launch_bounds__(kSortChunk)
 constexpr int kRouteSortWarps = kSortChunk / 32;
 
 __global__ void __launch_bounds__(kSortChunk)
-    route_sort_kernel(const __grid_constant__ RouteKernelParams p, int32_t* counts,
-                      int32_t* offsets, int32_t* slot_of, int32_t* token_of_slot) {
+    route_sort_kernel(const __grid_constant__ RouteKernelParams p, int shared_groups,
+                      int32_t* counts, int32_t* offsets, int32_t* slot_of, int32_t* token_of_slot) {
   wait_for_previous_kernel();
   __shared__ float scores_of_warp[kRouteSortWarps][kMaxRoutedExperts];
   __shared__ float group_score_of_warp[kRouteSortWarps][kMaxExpertGroups];
@@ -357,8 +382,8 @@ __global__ void __launch_bounds__(kSortChunk)
     route_token(p, t, scores_of_warp[warp], group_score_of_warp[warp]);
   }
   __syncthreads();  // the choices in global memory, visible to the whole block
-  sort_one_chunk(p.experts, p.n * p.config.top_k, p.config.top_k, p.config.num_experts, counts,
-                 offsets, slot_of, token_of_slot, first_slot);
+  sort_one_chunk(p.experts, p.n * p.config.top_k, p.config.top_k, p.config.num_experts,
+                 shared_groups, counts, offsets, slot_of, token_of_slot, first_slot);
 }
 
 // ---- gather / combine ----
@@ -412,7 +437,8 @@ __global__ void __launch_bounds__(kCopyThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kCopyThreads)
     moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
-                       const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d) {
+                       const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+                       int shared_groups) {
   wait_for_previous_kernel();
   using Vec = std::conditional_t<kVec == 4, float4, float>;
   const int64_t vectors = d / kVec;
@@ -428,6 +454,11 @@ __global__ void __launch_bounds__(kCopyThreads)
         const Vec e = reinterpret_cast<const Vec*>(expert_out + slot * ld_expert_out)[v];
         const float* ev = reinterpret_cast<const float*>(&e);
         for (int i = 0; i < kVec; ++i) sum[i] = __fmaf_rn(w, ev[i], sum[i]);
+      }
+      for (int g = 0; g < shared_groups; ++g) {  // mixture_sum's order (moe_combine.cuh)
+        const Vec e = reinterpret_cast<const Vec*>(expert_out + (g * n + t) * ld_expert_out)[v];
+        const float* ev = reinterpret_cast<const float*>(&e);
+        for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(sum[i], ev[i]);
       }
       Vec& target = reinterpret_cast<Vec*>(x + t * ld_x)[v];
       Vec result = target;
@@ -512,8 +543,10 @@ void check_sort(const int32_t* experts, int64_t n, int k, int num_experts,
                           std::to_string(kMaxSortExperts) + ", k >= 1, n >= 0)");
   }
   const int64_t entries = n * k;
-  if (entries > INT_MAX) {
-    throw ShapeError("moe_sort: " + str(entries) + " entries do not fit int32 slots");
+  if (buffers.shared_groups < 0 || entries + buffers.shared_groups * n > INT_MAX) {
+    throw ShapeError("moe_sort: " + str(entries) + " entries and " +
+                     std::to_string(buffers.shared_groups) + " shared groups of " + str(n) +
+                     " rows (need shared_groups >= 0, all rows within int32 slots)");
   }
   if (buffers.counts == nullptr || buffers.offsets == nullptr ||
       (entries > 0 && (buffers.slot_of == nullptr || buffers.token_of_slot == nullptr ||
@@ -558,8 +591,8 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
   const size_t histogram_bytes = static_cast<size_t>(num_experts) * sizeof(int32_t);
   if (chunks == 1) {
     launch_kernel(sort_one_chunk_kernel, 1, kSortChunk, histogram_bytes + sizeof(int32_t), stream,
-                  experts, entries, k, num_experts, buffers.counts, buffers.offsets,
-                  buffers.slot_of, buffers.token_of_slot);
+                  experts, entries, k, num_experts, buffers.shared_groups, buffers.counts,
+                  buffers.offsets, buffers.slot_of, buffers.token_of_slot);
     QUANTMLA_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -570,13 +603,13 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
   }
   // With no entries this still writes zero counts and offsets.
   launch_kernel(sort_scan_kernel, 1, kScanThreads, histogram_bytes + sizeof(int32_t), stream,
-                chunk_counts, chunks, num_experts, entries, buffers.counts, buffers.offsets,
-                buffers.token_of_slot);
+                chunk_counts, chunks, num_experts, entries, k, buffers.shared_groups,
+                buffers.counts, buffers.offsets, buffers.token_of_slot);
   QUANTMLA_CUDA_CHECK_LAUNCH();
   if (chunks > 0) {
     launch_kernel(sort_scatter_kernel, static_cast<unsigned>(chunks), kSortChunk, 0, stream,
-                  experts, entries, k, num_experts, chunk_counts, buffers.slot_of,
-                  buffers.token_of_slot);
+                  experts, entries, k, num_experts, buffers.shared_groups, chunk_counts,
+                  buffers.slot_of, buffers.token_of_slot);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -598,7 +631,8 @@ void moe_route_sort(const float* router_logits, int64_t ld_logits, const float* 
                                  out_weights,   n,         params};
   launch_kernel(route_sort_kernel, 1, kSortChunk,
                 (static_cast<size_t>(params.num_experts) + 1) * sizeof(int32_t), stream, kernel,
-                buffers.counts, buffers.offsets, buffers.slot_of, buffers.token_of_slot);
+                buffers.shared_groups, buffers.counts, buffers.offsets, buffers.slot_of,
+                buffers.token_of_slot);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -673,11 +707,13 @@ void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* toke
 
 void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
-                 cudaStream_t stream) {
-  if (n < 0 || k < 1 || d < 1 || ld_expert_out < d || ld_x < d) {
+                 cudaStream_t stream, int shared_groups) {
+  if (n < 0 || k < 1 || d < 1 || ld_expert_out < d || ld_x < d || shared_groups < 0) {
     throw ShapeError("moe_combine: n " + str(n) + ", k " + std::to_string(k) + ", d " + str(d) +
                      ", ld_expert_out " + str(ld_expert_out) + ", ld_x " + str(ld_x) +
-                     " (need n >= 0, k >= 1, d >= 1, ld_expert_out >= d, ld_x >= d)");
+                     ", shared_groups " + std::to_string(shared_groups) +
+                     " (need n >= 0, k >= 1, d >= 1, ld_expert_out >= d, ld_x >= d, "
+                     "shared_groups >= 0)");
   }
   if (n == 0) return;
   if (expert_out == nullptr || slot_of == nullptr || weights == nullptr || x == nullptr) {
@@ -693,10 +729,10 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
   if (vector) {
     launch_kernel(moe_combine_kernel<4>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
-                  slot_of, weights, x, ld_x, n, k, d);
+                  slot_of, weights, x, ld_x, n, k, d, shared_groups);
   } else {
     launch_kernel(moe_combine_kernel<1>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
-                  slot_of, weights, x, ld_x, n, k, d);
+                  slot_of, weights, x, ld_x, n, k, d, shared_groups);
   }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }

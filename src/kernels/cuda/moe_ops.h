@@ -69,10 +69,15 @@ void moe_route(const float* router_logits, int64_t ld_logits, const float* corre
 // Outputs of moe_sort (all device, int32):
 struct MoeSortBuffers {
   int32_t* counts = nullptr;         // [E] slots of each expert
-  int32_t* offsets = nullptr;        // [E + 1] exclusive prefix sum of counts; offsets[E] = slots
-  int32_t* slot_of = nullptr;        // [n * k] slot of entry (t, j) = experts[t * k + j]
-  int32_t* token_of_slot = nullptr;  // [n * k] token of each slot
+  int32_t* offsets = nullptr;        // [S + E + 1] exclusive prefix sum; offsets[S + E] = rows
+  int32_t* slot_of = nullptr;        // [n * k] slot (row) of entry (t, j) = experts[t * k + j]
+  int32_t* token_of_slot = nullptr;  // [S * n + n * k] token of each row
   void* workspace = nullptr;         // moe_sort_workspace_bytes(n, k, E) bytes, 4-byte aligned
+  // S = shared_groups > 0 (decode steps, where one grouped product runs the shared and the routed
+  // experts): S groups of n rows each come first, one per shared expert's slice (group i owns
+  // rows [i n, (i + 1) n), row i n + t reads token t), and the routed slots follow from row S n,
+  // which offsets, slot_of and token_of_slot then count in. counts stay the routed experts'.
+  int shared_groups = 0;
 };
 
 // Bytes of MoeSortBuffers::workspace: 4 * E * ceil(n * k / 256).
@@ -102,13 +107,15 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
                 int64_t slots, uint16_t* sorted, int64_t ld_sorted, int64_t d, cudaStream_t stream);
 
 // x[t, :] += s, s = sum over j in [0, k), in j order, of weights[t, j] * expert_out[slot_of[t, j],
-// :] (s starts at 0, each term one fused multiply-add; entries with slot_of < 0 are skipped). One
-// thread per output element: deterministic, no atomics.
+// :] (s starts at 0, each term one fused multiply-add; entries with slot_of < 0 are skipped), then
+// plus expert_out[i * n + t, :] for each of the shared_groups shared experts' row blocks in order
+// (MoeSortBuffers::shared_groups). One thread per output element: deterministic, no atomics (the
+// arithmetic of moe_combine.cuh, which the skinny product's combining tail shares).
 //   expert_out: [slots, d] FP32 in slot order, row stride ld_expert_out; slot_of: [n, k] int32;
 //   weights: [n, k] FP32; x: [n, d] FP32, row stride ld_x.
 void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int shared_groups = 0);
 
 // The layout of the routed experts as one strided-batched GEMM, on the host: the reference of
 // moe_pad_layout (the runner's, on the device) in the tests: expert x's slots [offsets[x],

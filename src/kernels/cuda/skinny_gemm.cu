@@ -61,6 +61,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/moe_combine.cuh"
+#include "kernels/cuda/row_norm.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 #include "quantmla/error.h"
 
@@ -81,13 +83,15 @@ static_assert(kSegmentsPerRow == 8, "the XOR swizzle permutes the 8 segments of 
 static_assert(std::is_trivially_copyable_v<SkinnyGemmParams>, "passed to the kernel by value");
 static_assert(sizeof(SkinnyGemmParams) <= 4096, "kernel parameters are limited to 4 KB");
 
-// The shared-memory layout of one kernel variant: kMTiles x 16 rows of x per CTA.
-template <int kTileN, bool kSilu, int kMTiles>
+// The shared-memory layout of one kernel variant: kMTiles x 16 rows of x per CTA; with kNormX
+// the x rows are not in the stages but in one normalized block after them (NormLayout).
+template <int kTileN, bool kSilu, int kMTiles, bool kNormX>
 struct TileLayout {
   static constexpr int kRows = kMTiles * kMmaRows;                 // x rows of a CTA
   static constexpr int kWeightRows = kSilu ? 2 * kTileN : kTileN;  // gate, then up rows
+  static constexpr int kStagedXRows = kNormX ? 0 : kRows;
   // One warp's stage: the rows of x, then the weight rows, 128 bytes each.
-  static constexpr int kStageBytes = (kRows + kWeightRows) * kChunkBytes;
+  static constexpr int kStageBytes = (kStagedXRows + kWeightRows) * kChunkBytes;
   // The warps' partial sums at the end, [warp][x rows][weight rows + 4] FP32, in the same
   // memory (the 4 floats of padding keep float4 rows 16-byte aligned and shift rows by 4 banks).
   static constexpr int kReduceStride = kWeightRows + 4;
@@ -97,6 +101,30 @@ struct TileLayout {
     return static_cast<size_t>(warps) * kStages * kStageBytes;
   }
 };
+
+// The normalized x of a CTA (x_f32), after the stages: `rows` rows of k rounded up to whole
+// 64-element chunks (zeros past k), each chunk's 16-byte segments XOR-swizzled by the row as in the
+// stages; then one zero segment (the mma rows past the tile's rows read it), the rows' partial
+// totals of the squares and their inv_rms. Host and device compute it alike.
+struct NormLayout {
+  int64_t row_bytes = 0;
+  int64_t zero_offset = 0;
+  int64_t totals_offset = 0;
+  int64_t inv_rms_offset = 0;
+  int64_t bytes = 0;
+  __host__ __device__ NormLayout(int64_t rows, int64_t k) {
+    row_bytes = (k + kChunk - 1) / kChunk * kChunkBytes;
+    zero_offset = rows * row_bytes;
+    totals_offset = zero_offset + 16;
+    inv_rms_offset = totals_offset + rows * kNormTotals * 8;
+    bytes = inv_rms_offset + rows * 4;
+  }
+};
+
+// Rows of normalized x a CTA of m_tiles keeps: its tile's rows, at most max_rows.
+__host__ __device__ inline int64_t norm_rows(int m_tiles, int64_t max_rows) {
+  return max_rows < m_tiles * kMmaRows ? max_rows : m_tiles * kMmaRows;
+}
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
@@ -188,17 +216,117 @@ __device__ __forceinline__ void prefetch_l2(const uint16_t* row, int64_t skip, i
 #endif
 }
 
+// Tiles of the static groups (SkinnyGemmParams::static_groups): the first ones of the tile space.
+__device__ __forceinline__ int static_tiles(const SkinnyGemmParams& p, int tile_rows) {
+  if (p.offsets == nullptr || p.static_groups <= 0) return 0;
+  return p.static_groups * static_cast<int>((p.static_rows + tile_rows - 1) / tile_rows);
+}
+
+// Tile `tile` (< static_tiles) of a static group, found without reading the offsets.
+template <bool kSilu>
+__device__ RowTile static_tile(const SkinnyGemmParams& p, int tile, int tile_rows) {
+  const int per_group = static_cast<int>((p.static_rows + tile_rows - 1) / tile_rows);
+  const int g = tile / per_group;
+  const int64_t first_row =
+      g * p.static_rows + static_cast<int64_t>(tile - g * per_group) * tile_rows;
+  const int64_t rows = min(static_cast<int64_t>(tile_rows), (g + 1) * p.static_rows - first_row);
+  const uint16_t* up = nullptr;
+  if constexpr (kSilu) up = p.w2[g];
+  return {g, static_cast<int>(first_row), static_cast<int>(rows), p.w[g], up};
+}
+
+// x_f32: the tile's rows normalized as rms_norm normalizes them (row_norm.cuh), rounded to BF16,
+// into the CTA's normalized block (NormLayout, at `block`) and, for the first column tile, into
+// normed_out. The whole block calls it.
+__device__ void normalize_tile_rows(const SkinnyGemmParams& p, const RowTile& tile, uint8_t* block,
+                                    const NormLayout& layout, bool write_out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  auto* totals = reinterpret_cast<double*>(block + layout.totals_offset);
+  auto* inv_rms = reinterpret_cast<float*>(block + layout.inv_rms_offset);
+  if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(block + layout.zero_offset)[threadIdx.x] = 0u;
+  for (int u = warp; u < tile.rows * kNormTotals; u += warps) {
+    const float* row = p.x_f32 + static_cast<int64_t>(tile.first_row + u / kNormTotals) * p.ldx;
+    const double total = row_squares_total(row, p.k, u % kNormTotals);
+    if (lane == 0) totals[u] = total;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < tile.rows) {
+    inv_rms[threadIdx.x] = inv_rms_from_totals(totals + threadIdx.x * kNormTotals, p.k, p.norm_eps);
+  }
+  __syncthreads();
+  // 8 elements (one 16-byte segment) per step; k is a multiple of 8, so a segment is all in or
+  // all out of the row.
+  const int segments = static_cast<int>(layout.row_bytes / 16);
+  for (int e = threadIdx.x; e < tile.rows * segments; e += blockDim.x) {
+    const int r = e / segments, segment = e - r * segments;
+    const int64_t i0 = static_cast<int64_t>(segment) * 8;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (i0 < p.k) {
+      const float* x = p.x_f32 + static_cast<int64_t>(tile.first_row + r) * p.ldx + i0;
+      const float4 x0 = reinterpret_cast<const float4*>(x)[0];
+      const float4 x1 = reinterpret_cast<const float4*>(x)[1];
+      const float4 w0 = reinterpret_cast<const float4*>(p.norm_weight + i0)[0];
+      const float4 w1 = reinterpret_cast<const float4*>(p.norm_weight + i0)[1];
+      const float s = inv_rms[r];
+      const auto pair = [s](float a, float wa, float b, float wb) {
+        return static_cast<uint32_t>(to_bf16_bits(normalized(a, wa, s))) |
+               (static_cast<uint32_t>(to_bf16_bits(normalized(b, wb, s))) << 16);
+      };
+      packed = make_uint4(pair(x0.x, w0.x, x0.y, w0.y), pair(x0.z, w0.z, x0.w, w0.w),
+                          pair(x1.x, w1.x, x1.y, w1.y), pair(x1.z, w1.z, x1.w, w1.w));
+      if (write_out) {
+        uint16_t* out = p.normed_out + static_cast<int64_t>(tile.first_row + r) * p.ld_normed + i0;
+        if (aligned16(out)) {
+          *reinterpret_cast<uint4*>(out) = packed;
+        } else {
+          const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+          for (int q = 0; q < 4; ++q) {
+            out[2 * q] = static_cast<uint16_t>(words[q] & 0xffffu);
+            out[2 * q + 1] = static_cast<uint16_t>(words[q] >> 16);
+          }
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(block + r * layout.row_bytes + (segment / 8) * kChunkBytes +
+                              (((segment % 8) ^ (r & 7)) << 4)) = packed;
+  }
+  __syncthreads();
+}
+
+// SkinnyGemmParams::combine: every CTA of column tile blockIdx.x (tile or not) counts itself in;
+// the last one adds the mixture's sums over the tile's columns into x and resets the count.
+template <int kTileN>
+__device__ void combine_tail(const SkinnyGemmParams& p) {
+  __shared__ int last;
+  wait_for_previous_kernel();  // a CTA without a tile may not have waited: the sums read x
+  __threadfence();             // this CTA's y stores, before its count
+  __syncthreads();
+  const SkinnyGemmParams::Combine& c = p.combine;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(c.counters + blockIdx.x, 1) == static_cast<int>(gridDim.y) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other CTAs' y stores, before reading them
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  for (int64_t e = threadIdx.x; e < c.tokens * kTileN; e += blockDim.x) {
+    const int64_t t = e / kTileN, col = n0 + e % kTileN;
+    if (col >= p.n) continue;
+    const float sum = mixture_sum(static_cast<const float*>(p.y) + col, p.ldy, c.slot_of + t * c.k,
+                                  c.weights + t * c.k, c.k, c.shared_groups, c.tokens, t);
+    float* x = c.x + t * c.ldx + col;
+    *x = __fadd_rn(*x, sum);
+  }
+  if (threadIdx.x == 0) c.counters[blockIdx.x] = 0;
+}
+
 // prefetch: request the rest of the CTA's weight slice (past the first pipeline stages) into L2
 // at the start (the host's choice: when the product's weights fit in L2 with room to spare).
-template <int kTileN, bool kSilu, int kMTiles>
+template <int kTileN, bool kSilu, int kMTiles, bool kNormX>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     skinny_gemm_kernel(const SkinnyGemmParams p, bool prefetch) {
-  // The weights (and, for routed experts, the routing: SkinnyGemmParams::routing_ready) never
-  // depend on the previous kernel, so they are requested before waiting for it: under a
-  // programmatic launch their transfer overlaps that kernel's tail.
-  const bool early = p.offsets == nullptr || p.routing_ready;
-  if (!early) wait_for_previous_kernel();
-  using Layout = TileLayout<kTileN, kSilu, kMTiles>;
+  using Layout = TileLayout<kTileN, kSilu, kMTiles, kNormX>;
   constexpr int kXRows = Layout::kRows;
   constexpr int kRows = Layout::kWeightRows;  // weight rows in a stage
   constexpr int kBlocks = kRows / 8;          // n8 blocks of the mma
@@ -213,14 +341,25 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   // for m > 16 they run together and all but one find the weights in L2. Grouped: the row tiles
   // come second, so that the empty ones at the end of the tile space are scheduled last.
   const bool dense = p.offsets == nullptr;
-  const RowTile tile =
-      locate_tile<kSilu>(p, static_cast<int>(dense ? blockIdx.x : blockIdx.y), kXRows);
-  if (tile.group < 0 || tile.rows <= 0) return;
+  const int tile_index = static_cast<int>(dense ? blockIdx.x : blockIdx.y);
+  const bool is_static = tile_index < static_tiles(p, kXRows);
+  // The weights (and, for routed experts, the routing: SkinnyGemmParams::routing_ready, or a
+  // static group's rows) never depend on the previous kernel, so they are requested before
+  // waiting for it: under a programmatic launch their transfer overlaps that kernel's tail.
+  const bool early = dense || p.routing_ready || is_static;
+  if (!early) wait_for_previous_kernel();
+  const RowTile tile = is_static ? static_tile<kSilu>(p, tile_index, kXRows)
+                                 : locate_tile<kSilu>(p, tile_index, kXRows);
+  if (tile.group < 0 || tile.rows <= 0) {
+    if (p.combine.counters != nullptr) combine_tail<kTileN>(p);
+    return;
+  }
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int64_t n0 = static_cast<int64_t>(dense ? blockIdx.y : blockIdx.x) * kTileN;
   const int64_t k = p.k;
+  const int64_t ldw = is_static && p.static_ldw > 0 ? p.static_ldw : k;
 
   const uint16_t* gate = tile.gate;
   const uint16_t* up = tile.up;
@@ -233,8 +372,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   // Weight row lane / 8 + 4 j of the stage: gate row n0 + that (or up row n0 + that - kTileN).
   // Rows < n for j below this lane's count.
   const int64_t columns_left = p.n - n0 - row_in_four;  // > 0 for j with 4 j < columns_left
-  const uint16_t* gate_row = gate + (n0 + row_in_four) * k + segment * 8;
-  const uint16_t* up_row = kSilu ? up + (n0 + row_in_four) * k + segment * 8 : nullptr;
+  const uint16_t* gate_row = gate + (n0 + row_in_four) * ldw + segment * 8;
+  const uint16_t* up_row = kSilu ? up + (n0 + row_in_four) * ldw + segment * 8 : nullptr;
 
   const int total_chunks = static_cast<int>((k + kChunk - 1) / kChunk);
   const int my_chunks = weights_ok ? (total_chunks - warp + warps - 1) / warps : 0;
@@ -253,8 +392,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       const int jj = j < kGateLoads ? j : j - kGateLoads;
       const bool ok = in_k && 4 * jj < columns_left;
       const uint16_t* row = j < kGateLoads ? gate_row : up_row;
-      cp_async_16(stage + swizzled(kXRows + r, segment),
-                  ok ? row + static_cast<int64_t>(4 * jj) * k + k0 : gate, ok ? 16 : 0);
+      cp_async_16(stage + swizzled(Layout::kStagedXRows + r, segment),
+                  ok ? row + static_cast<int64_t>(4 * jj) * ldw + k0 : gate, ok ? 16 : 0);
     }
   };
   // Rows without x data (past the tile's rows, or a row_index outside x) are zeros in every
@@ -296,24 +435,45 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
       const int column = r < kTileN ? r : r - kTileN;
       if (n0 + column >= p.n) continue;
-      prefetch_l2((r < kTileN ? gate : up) + (n0 + column) * k, skip, k);
+      prefetch_l2((r < kTileN ? gate : up) + (n0 + column) * ldw, skip, k);
     }
   }
   if (early) wait_for_previous_kernel();  // x (and y, for beta 1) come from earlier kernels
   const uint16_t* x_rows[kXLoads];
+  // kNormX: the lane's A-fragment row of each mma tile in the normalized block, or the zero
+  // segment (rows past the tile's) with a zero mask, so that every lane reads zeros there.
+  [[maybe_unused]] uint32_t a_row_base[kMTiles];
+  [[maybe_unused]] uint32_t a_row_mask[kMTiles];
+  if constexpr (kNormX) {
+    const NormLayout layout(norm_rows(kMTiles, p.max_rows), k);
+    uint8_t* block = smem + static_cast<size_t>(warps) * kStages * kStage;
+    normalize_tile_rows(p, tile, block, layout, p.normed_out != nullptr && n0 == 0);
+    const int fragment_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // a_row below
 #pragma unroll
-  for (int j = 0; j < kXLoads; ++j) {
-    const int r = row_in_four + 4 * j;
-    x_rows[j] = nullptr;
-    if (r < tile.rows) {
-      const int out_row = tile.first_row + r;
-      const int64_t source = p.row_index != nullptr ? p.row_index[out_row] : out_row;
-      if (source >= 0 && source < p.x_rows) x_rows[j] = p.x + source * p.ldx + segment * 8;
+    for (int m = 0; m < kMTiles; ++m) {
+      const int row = kMmaRows * m + fragment_row;
+      const bool valid = row < tile.rows;
+      a_row_base[m] = shared_address(block) +
+                      static_cast<uint32_t>(valid ? row * layout.row_bytes : layout.zero_offset);
+      a_row_mask[m] = valid ? 0xffffffffu : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kXLoads; ++j) x_rows[j] = nullptr;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kXLoads; ++j) {
+      const int r = row_in_four + 4 * j;
+      x_rows[j] = nullptr;
+      if (r < tile.rows) {
+        const int out_row = tile.first_row + r;
+        const int64_t source = p.row_index != nullptr ? p.row_index[out_row] : out_row;
+        if (source >= 0 && source < p.x_rows) x_rows[j] = p.x + source * p.ldx + segment * 8;
+      }
     }
   }
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    load_x(s, x_rows);
+    if constexpr (!kNormX) load_x(s, x_rows);
     cp_async_commit();
   }
 
@@ -327,13 +487,20 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     cp_async_wait<kStages - 1>();  // groups 0..i complete: chunk i landed
     __syncwarp();                  // ... for every lane's copies
     const uint32_t x_tile = warp_base + static_cast<uint32_t>((i % kStages) * kStage);
-    const uint32_t w_tile = x_tile + kXRows * kChunkBytes;
+    const uint32_t w_tile = x_tile + Layout::kStagedXRows * kChunkBytes;
+    [[maybe_unused]] const uint32_t chunk_offset =
+        static_cast<uint32_t>(warp + i * warps) * kChunkBytes;
 #pragma unroll
     for (int s = 0; s < kStepsPerChunk; ++s) {
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
-        ldmatrix_x4(a[m], x_tile + swizzled(kMmaRows * m + a_row, 2 * s + a_half));
+        if constexpr (kNormX) {
+          const uint32_t within = chunk_offset + (((2 * s + a_half) ^ (lane & 7)) << 4);
+          ldmatrix_x4(a[m], a_row_base[m] + (within & a_row_mask[m]));
+        } else {
+          ldmatrix_x4(a[m], x_tile + swizzled(kMmaRows * m + a_row, 2 * s + a_half));
+        }
       }
 #pragma unroll
       for (int pair = 0; pair < kBlocks / 2; ++pair) {
@@ -354,7 +521,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
     __syncwarp();  // every lane is done reading stage i % kStages: chunk i + kStages goes there
     load_weights(i + kStages);
-    load_x(i + kStages, x_rows);
+    if constexpr (!kNormX) load_x(i + kStages, x_rows);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -439,6 +606,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       }
     }
   }
+  if (p.combine.counters != nullptr) combine_tail<kTileN>(p);
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -489,45 +657,104 @@ void validate(const SkinnyGemmParams& p) {
   const bool one = p.groups == 1;
   const bool have_gate = one && p.weight != nullptr ? true : p.w != nullptr;
   const bool have_up = !silu || (one && p.weight2 != nullptr ? true : p.w2 != nullptr);
-  if (p.x == nullptr || p.y == nullptr || !have_gate || !have_up ||
+  const bool have_x = p.x != nullptr || p.x_f32 != nullptr;
+  if (!have_x || p.y == nullptr || !have_gate || !have_up ||
       (p.groups > 1 && p.offsets == nullptr)) {
     throw InvalidArgument(
-        std::string("skinny_gemm: null pointer:") + (p.x == nullptr ? " x" : "") +
+        std::string("skinny_gemm: null pointer:") + (!have_x ? " x (and x_f32)" : "") +
         (p.y == nullptr ? " y" : "") + (!have_gate ? (one ? " weight and w" : " w") : "") +
         (!have_up ? (one ? " weight2 and w2" : " w2") : "") +
         (p.groups > 1 && p.offsets == nullptr ? " offsets (needed for groups > 1)" : ""));
   }
   const size_t y_alignment = p.out_dtype == DType::kF32 ? 4 : 2;
-  if (misaligned16(p.x) || (one && misaligned16(p.weight)) || (one && misaligned16(p.weight2)) ||
+  if (misaligned16(p.x) || misaligned16(p.x_f32) || misaligned16(p.norm_weight) ||
+      (one && misaligned16(p.weight)) || (one && misaligned16(p.weight2)) ||
       reinterpret_cast<uintptr_t>(p.y) % y_alignment != 0) {
-    throw InvalidArgument("skinny_gemm: x " + str(reinterpret_cast<intptr_t>(p.x)) + ", weight " +
+    throw InvalidArgument("skinny_gemm: x " + str(reinterpret_cast<intptr_t>(p.x)) + ", x_f32 " +
+                          str(reinterpret_cast<intptr_t>(p.x_f32)) + ", norm_weight " +
+                          str(reinterpret_cast<intptr_t>(p.norm_weight)) + ", weight " +
                           str(reinterpret_cast<intptr_t>(p.weight)) + ", weight2 " +
                           str(reinterpret_cast<intptr_t>(p.weight2)) +
                           " must be 16-byte aligned, y " + str(reinterpret_cast<intptr_t>(p.y)) +
                           " " + str(y_alignment) + "-byte aligned");
   }
+  if (p.static_ldw != 0 && (p.static_ldw < p.k || p.static_ldw % 8 != 0)) {
+    throw ShapeError("skinny_gemm: static_ldw " + str(p.static_ldw) + " for k " + str(p.k) +
+                     " (need 0, or >= k and a multiple of 8)");
+  }
+  if (p.static_groups < 0 ||
+      (p.static_groups > 0 &&
+       (p.offsets == nullptr || p.static_groups > p.groups || p.static_rows < 1 ||
+        p.static_rows > INT_MAX / 2 || p.static_groups * p.static_rows > p.max_rows))) {
+    throw ShapeError("skinny_gemm: " + str(p.static_groups) + " static groups of " +
+                     str(p.static_rows) + " rows with " + str(p.groups) + " groups, max_rows " +
+                     str(p.max_rows) + (p.offsets == nullptr ? ", no offsets" : "") +
+                     " (need a grouped product, static groups <= groups, rows >= 1 and all of "
+                     "them within max_rows)");
+  }
+  if (p.x_f32 != nullptr) {
+    if (p.x != nullptr || p.offsets != nullptr || p.row_index != nullptr ||
+        p.norm_weight == nullptr || p.ldx % 4 != 0) {
+      throw InvalidArgument(
+          std::string("skinny_gemm: x_f32 with") + (p.x != nullptr ? " x" : "") +
+          (p.offsets != nullptr ? " offsets (grouped)" : "") +
+          (p.row_index != nullptr ? " row_index" : "") +
+          (p.norm_weight == nullptr ? " no norm_weight" : "") +
+          (p.ldx % 4 != 0 ? " ldx " + str(p.ldx) + " (not a multiple of 4)" : "") +
+          " (the normalizing prologue takes dense rows of FP32 x)");
+    }
+    if (p.normed_out != nullptr && p.ld_normed < p.k) {
+      throw ShapeError("skinny_gemm: ld_normed " + str(p.ld_normed) + " below k " + str(p.k));
+    }
+  }
+  const SkinnyGemmParams::Combine& c = p.combine;
+  if (c.counters != nullptr &&
+      (p.offsets == nullptr || silu || p.out_dtype != DType::kF32 || p.beta != 0.0f ||
+       c.slot_of == nullptr || c.weights == nullptr || c.x == nullptr || c.k < 1 || c.tokens < 0 ||
+       c.shared_groups < 0 || c.ldx < p.n)) {
+    throw InvalidArgument(
+        "skinny_gemm: combine with " +
+        std::string(p.offsets == nullptr ? "a dense product, " : "") + (silu ? "kSiluMul, " : "") +
+        "out_dtype " + std::string(dtype_name(p.out_dtype)) + ", beta " + std::to_string(p.beta) +
+        ", k " + std::to_string(c.k) + ", tokens " + str(c.tokens) + ", shared_groups " +
+        std::to_string(c.shared_groups) + ", ldx " + str(c.ldx) +
+        (c.slot_of == nullptr || c.weights == nullptr || c.x == nullptr
+             ? ", a null slot_of, weights or x"
+             : "") +
+        " (needs a grouped kStore F32 product, beta 0, k >= 1, ldx >= n)");
+  }
 }
 
 // A kernel variant as a type, for the one dispatch point below.
-template <int kTileN, bool kSilu, int kMTiles>
+template <int kTileN, bool kSilu, int kMTiles, bool kNormX>
 struct Variant {
   static constexpr int tile_n = kTileN;
   static constexpr bool silu = kSilu;
   static constexpr int m_tiles = kMTiles;
-  using Layout = TileLayout<kTileN, kSilu, kMTiles>;
+  static constexpr bool norm_x = kNormX;
+  using Layout = TileLayout<kTileN, kSilu, kMTiles, kNormX>;
 };
 
-// f(Variant<...>{}) for the tiling's tile_n and m_tiles and the epilogue; InvalidArgument for a
-// combination without a kernel.
+// f(Variant<...>{}) for the tiling's tile_n and m_tiles, the epilogue and the normalizing
+// prologue; InvalidArgument for a combination without a kernel.
 template <class F>
-decltype(auto) dispatch(SkinnyTiling tiling, bool silu, F&& f) {
+decltype(auto) dispatch(SkinnyTiling tiling, bool silu, bool norm_x, F&& f) {
   const auto with_rows = [&](auto tile_n) -> decltype(auto) {
     constexpr int kTileN = decltype(tile_n)::value;
+    const auto with_prologue = [&](auto m_tiles) -> decltype(auto) {
+      constexpr int kMTiles = decltype(m_tiles)::value;
+      if (norm_x) {
+        return silu ? f(Variant<kTileN, true, kMTiles, true>{})
+                    : f(Variant<kTileN, false, kMTiles, true>{});
+      }
+      return silu ? f(Variant<kTileN, true, kMTiles, false>{})
+                  : f(Variant<kTileN, false, kMTiles, false>{});
+    };
     switch (tiling.m_tiles) {
       case 1:
-        return silu ? f(Variant<kTileN, true, 1>{}) : f(Variant<kTileN, false, 1>{});
+        return with_prologue(std::integral_constant<int, 1>{});
       case 2:
-        return silu ? f(Variant<kTileN, true, 2>{}) : f(Variant<kTileN, false, 2>{});
+        return with_prologue(std::integral_constant<int, 2>{});
       default:
         throw InvalidArgument("skinny_gemm: m_tiles " + str(tiling.m_tiles) +
                               " has no kernel (1 or 2)");
@@ -587,28 +814,35 @@ DeviceLimits device_limits() {
   return {count, static_cast<size_t>(block) - kStaticSmemReserve, static_cast<size_t>(sm)};
 }
 
-// The most warps a CTA of the tiling's variant may have (its warps are ignored).
-size_t max_warps(SkinnyTiling tiling, bool silu, size_t smem_limit) {
-  return dispatch(tiling, silu, [&](auto variant) {
+// Shared memory a CTA keeps past its warps' stages: the normalized block of x_f32 (NormLayout).
+size_t norm_bytes(const SkinnyGemmParams& p, int m_tiles) {
+  if (p.x_f32 == nullptr) return 0;
+  return static_cast<size_t>(NormLayout(norm_rows(m_tiles, p.max_rows), p.k).bytes);
+}
+
+// The most warps a CTA of the tiling's variant may have (its warps are ignored) when `extra`
+// bytes of its shared memory are not the stages'.
+size_t max_warps(SkinnyTiling tiling, bool silu, bool norm_x, size_t smem_limit, size_t extra) {
+  if (extra >= smem_limit) return 0;
+  return dispatch(tiling, silu, norm_x, [&](auto variant) {
     using Layout = typename decltype(variant)::Layout;
-    return std::min<size_t>(kMaxWarps, smem_limit / Layout::smem_bytes(1));
+    return std::min<size_t>(kMaxWarps, (smem_limit - extra) / Layout::smem_bytes(1));
   });
 }
 
 template <class V>
 void launch(const SkinnyGemmParams& p, int warps, cudaStream_t stream) {
-  constexpr auto kernel = skinny_gemm_kernel<V::tile_n, V::silu, V::m_tiles>;
-  const size_t smem = V::Layout::smem_bytes(warps);
-  // The opt-in above 48 KB, once per device for the largest amount the variant may use.
+  constexpr auto kernel = skinny_gemm_kernel<V::tile_n, V::silu, V::m_tiles, V::norm_x>;
+  const size_t smem = V::Layout::smem_bytes(warps) + norm_bytes(p, V::m_tiles);
+  // The opt-in above 48 KB, once per device, for all a block may have (the launch asks for its
+  // own amount, which sets the occupancy).
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
-    const size_t most = V::Layout::smem_bytes(static_cast<int>(
-        max_warps({V::tile_n, 1, V::m_tiles}, V::silu, device_limits().smem_per_block)));
     QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(most)));
+                                             static_cast<int>(device_limits().smem_per_block)));
     configured_devices.fetch_or(bit, std::memory_order_acq_rel);
   }
   const auto column_tiles = static_cast<unsigned>((p.n + V::tile_n - 1) / V::tile_n);
@@ -630,15 +864,23 @@ void launch(const SkinnyGemmParams& p, int warps, cudaStream_t stream) {
 // The tiling's checks and the launch; params already validated.
 void run(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {
   const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
-  const size_t most = max_warps(tiling, silu, device_limits().smem_per_block);
+  const bool norm_x = params.x_f32 != nullptr;
+  const size_t extra = norm_bytes(params, tiling.m_tiles);
+  if (norm_x && static_cast<int64_t>(extra) > kSkinnyNormMaxBytes) {
+    throw InvalidArgument("skinny_gemm: x_f32 of " +
+                          str(norm_rows(tiling.m_tiles, params.max_rows)) + " rows of k " +
+                          str(params.k) + " needs " + str(static_cast<int64_t>(extra)) +
+                          " bytes of shared memory (at most " + str(kSkinnyNormMaxBytes) + ")");
+  }
+  const size_t most = max_warps(tiling, silu, norm_x, device_limits().smem_per_block, extra);
   if (tiling.warps < 1 || static_cast<size_t>(tiling.warps) > most) {
     throw InvalidArgument("skinny_gemm: " + str(tiling.warps) + " warps for tile_n " +
                           str(tiling.tile_n) + ", m_tiles " + str(tiling.m_tiles) +
-                          (silu ? " kSiluMul" : " kStore") + " (1 to " +
+                          (silu ? " kSiluMul" : " kStore") + (norm_x ? " x_f32" : "") + " (1 to " +
                           str(static_cast<int64_t>(most)) + " fit the shared memory)");
   }
   if (params.max_rows == 0) return;
-  dispatch(tiling, silu,
+  dispatch(tiling, silu, norm_x,
            [&](auto variant) { launch<decltype(variant)>(params, tiling.warps, stream); });
 }
 
@@ -670,6 +912,9 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   const int64_t warps_by_k = std::max<int64_t>(1, chunks / 2);  // >= 2 chunks a warp
   const int64_t sms = limits.sms;
   const int64_t weight_bytes = params.n * params.k * 2 * gated * row_tiles;
+  const bool norm_x = params.x_f32 != nullptr;
+  const auto extra = static_cast<int64_t>(norm_bytes(params, m_tiles));
+  const int64_t staged_x_rows = norm_x ? 0 : tile_rows;
   constexpr int64_t kLatencyBytes = int64_t{4} << 20;  // ~4.3 TB/s x ~1 us
   constexpr int64_t kMaxWarpsPerSm = 64, kMaxBlocksPerSm = 32;
 
@@ -678,11 +923,11 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   for (const int tile_n : {8, 16, 32}) {
     const int64_t weight_rows = int64_t{tile_n} * gated;
     const int64_t ctas = (params.n + tile_n - 1) / tile_n * row_tiles;
-    const auto most =
-        static_cast<int64_t>(max_warps({tile_n, 1, m_tiles}, silu, limits.smem_per_block));
+    const auto most = static_cast<int64_t>(
+        max_warps({tile_n, 1, m_tiles}, silu, norm_x, limits.smem_per_block, extra));
     for (const int64_t warps : {8, 6, 4, 3, 2, 1}) {
       if (warps > most || warps > warps_by_k || (warps == 1 && warps_by_k > 1)) continue;
-      const int64_t smem = warps * kStages * (tile_rows + weight_rows) * kChunkBytes;
+      const int64_t smem = warps * kStages * (staged_x_rows + weight_rows) * kChunkBytes + extra;
       const int64_t per_sm = std::min({static_cast<int64_t>(limits.smem_per_sm) / (smem + 1024),
                                        kMaxWarpsPerSm / warps, kMaxBlocksPerSm});
       if (ctas > per_sm * sms) continue;  // more than one wave
@@ -699,6 +944,11 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   }
   if (best.tile_n != 0) return best;
   return {silu ? 16 : 32, static_cast<int>(std::min<int64_t>(2, warps_by_k)), m_tiles};
+}
+
+bool skinny_norm_fits(int64_t rows, int64_t k) {
+  const int64_t tile_rows = rows > kMmaRows ? 2 * kMmaRows : kMmaRows;
+  return rows >= 1 && NormLayout(std::min(rows, tile_rows), k).bytes <= kSkinnyNormMaxBytes;
 }
 
 void skinny_gemm(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t stream) {

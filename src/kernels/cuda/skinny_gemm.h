@@ -57,6 +57,47 @@ struct SkinnyGemmParams {
   // a programmatic dependent launch (launch.cuh) the weights can be requested while that kernel
   // still runs. Dense products always do so (their weights are constants).
   bool routing_ready = false;
+  // Grouped products: the first static_groups groups own static_rows rows each (group g rows
+  // [g * static_rows, (g + 1) * static_rows); offsets must say the same), so their tiles are
+  // found without reading offsets and their weights requested before the previous kernel ends
+  // even when the rest of the routing comes from it (the shared experts ahead of the routed ones).
+  int static_groups = 0;
+  int64_t static_rows = 0;
+  // Row stride of the static groups' weight matrices in elements (>= k, a multiple of 8); 0: k
+  // (the routed groups' always). A static group's matrix may be a column slice of a wider one:
+  // the shared experts' down projection [d, S * inner] split into S groups of [d, inner].
+  int64_t static_ldw = 0;
+
+  // Dense products only (offsets and row_index null): x is RMS-normalized in the prologue, so that
+  // the norm costs no launch of its own. x_f32: [x_rows, k] FP32, row stride ldx (x must be null);
+  // each CTA computes its rows' bf16(norm_weight * (x * inv_rms)) with rms_norm's arithmetic (the
+  // same sums in the same order: bit for bit its output) into shared memory and multiplies those.
+  // normed_out: optional [max_rows, k] BF16, row stride ld_normed, written by the CTAs of the first
+  // column tile, for later kernels that read the same normalized rows.
+  const float* x_f32 = nullptr;
+  const float* norm_weight = nullptr;  // [k] FP32
+  float norm_eps = 0.0f;
+  uint16_t* normed_out = nullptr;
+  int64_t ld_normed = 0;
+
+  // Grouped kStore products with F32 output only: the mixture-of-experts combine in the product's
+  // tail (the routed experts' down projection, y = expert_out in slot order). The last CTA of
+  // each column tile to finish (an atomic count over the grid's row tiles in counters[column
+  // tile], reset to 0 by that CTA) adds moe_combine's sum over those columns into x:
+  //   x[t, c] += sum_j weights[t, j] * y[slot_of[t, j], c]  (j order, fma from 0; slots < 0
+  //   skipped)
+  //              + sum_{i < shared_groups} y[i * tokens + t, c]
+  // counters: [column tiles] int32, zero before the first launch (each launch leaves them zero).
+  struct Combine {
+    int32_t* counters = nullptr;
+    const int32_t* slot_of = nullptr;  // [tokens, k]
+    const float* weights = nullptr;    // [tokens, k]
+    int k = 0;
+    int shared_groups = 0;
+    float* x = nullptr;  // [tokens, n] FP32, row stride ldx
+    int64_t ldx = 0;
+    int64_t tokens = 0;
+  } combine;
 };
 
 // Most rows a group may have for the skinny kernel to be the right choice; more rows re-read the
@@ -70,8 +111,17 @@ inline constexpr int64_t kSkinnyRowsPerGroup = 64;
 // or, for one group without offsets, more than 65535 column tiles; InvalidArgument for a null
 // pointer that the call needs (x, y, the weights, offsets for groups > 1), an out_dtype or beta
 // the epilogue does not allow, or pointers not 16-byte aligned (x, `weight`, `weight2`; y must
-// be aligned to its element); CudaError for a failed launch.
+// be aligned to its element), static_ldw below k or not a multiple of 8, static groups past the
+// groups or rows, x_f32 with x, a grouped product or row_index, without norm_weight, with ldx not a
+// multiple of 4 or rows that do not fit (skinny_norm_fits), a combine on a dense product, another
+// epilogue or output type, or missing its buffers; CudaError for a failed launch.
 void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream);
+
+// The most bytes of normalized x (a CTA's rows x k, BF16) that a CTA keeps in shared memory with
+// x_f32; skinny_norm_fits says whether a product of `rows` rows and depth k fits (the runner
+// fuses the norm only then, and keeps the rms_norm kernel otherwise).
+inline constexpr int64_t kSkinnyNormMaxBytes = int64_t{64} << 10;
+bool skinny_norm_fits(int64_t rows, int64_t k);
 
 // The launch shape: output columns per CTA (tile_n: 8, 16, 32 or 64), warps per CTA (each
 // warp sums its own share of K; 1 to 8, fewer where the shared memory of a wide tile runs out)

@@ -1,11 +1,15 @@
-// Quantize-on-write: one warp encodes one token's (c, k_pe) into its record in the paged pool.
+// Quantize-on-write: one warp encodes one token's (c, k_pe) into its record in the paged pool;
+// write_cache_and_queries runs rope_queries' work in the same launch (decode steps).
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/rotary.cuh"
+#include "kernels/cuda/write_queries.h"
 #include "quantmla/gpu_mla.h"
 
 namespace quantmla::gpu {
@@ -34,13 +38,9 @@ struct WriteKernelParams {
 
 constexpr int kWarpsPerBlock = 4;
 
+// One token's record, by one whole warp.
 template <class Content, class Rope>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    mla_write_kernel(const __grid_constant__ WriteKernelParams p) {
-  wait_for_previous_kernel();
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (token >= p.num_tokens) return;  // whole warps: the shuffles below see full warps
+__device__ __forceinline__ void write_token(const WriteKernelParams& p, int64_t token, int lane) {
   const int64_t pos = p.positions[token];
   const int32_t page = p.block_table[p.seq_ids[token] * p.block_table_stride + pos / kPageTokens];
   uint8_t* rec =
@@ -79,9 +79,38 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   Rope::encode(rec + Content::kBytes, k0, k1, lane, p.rope_clip, p.kept);
 }
 
-}  // namespace
+template <class Content, class Rope>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    mla_write_kernel(const __grid_constant__ WriteKernelParams p) {
+  wait_for_previous_kernel();
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (token >= p.num_tokens) return;  // whole warps: the shuffles see full warps
+  write_token<Content, Rope>(p, token, static_cast<int>(threadIdx.x % 32));
+}
 
-void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* stream_handle) {
+// The cache write's blocks first, then rope_queries' (token, head) pairs, two to a block.
+constexpr int kQueryPairThreads = 32 * kWarpsPerBlock / 2;
+
+template <class Content, class Rope>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    write_and_queries_kernel(const __grid_constant__ WriteKernelParams p,
+                             const __grid_constant__ RopeQueriesParams q, int write_blocks,
+                             int query_heads) {
+  wait_for_previous_kernel();
+  if (static_cast<int>(blockIdx.x) < write_blocks) {
+    const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+    if (token < p.num_tokens)
+      write_token<Content, Rope>(p, token, static_cast<int>(threadIdx.x % 32));
+    return;
+  }
+  const int64_t pair =
+      (static_cast<int64_t>(blockIdx.x) - write_blocks) * 2 + threadIdx.x / kQueryPairThreads;
+  if (pair >= q.tokens * query_heads) return;
+  rope_query_head(q, pair / query_heads, static_cast<int>(pair % query_heads),
+                  static_cast<int>(threadIdx.x % kQueryPairThreads), kQueryPairThreads);
+}
+
+void check_write(const MlaWriteParams& params) {
   if (params.num_tokens < 0) {
     throw InvalidArgument("GPU write: num_tokens " + std::to_string(params.num_tokens));
   }
@@ -98,30 +127,68 @@ void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* st
                           " must be at least the rows' widths " + std::to_string(kLatentDim) +
                           " and " + std::to_string(kRopeDim));
   }
-  WriteKernelParams kernel{params.c,
-                           params.k_pe,
-                           params.c_stride,
-                           params.k_pe_stride,
-                           params.norm_weight,
-                           params.norm_eps,
-                           params.inv_freq,
-                           params.attention_factor,
-                           params.seq_ids,
-                           params.positions,
-                           params.pool,
-                           params.block_table,
-                           params.block_table_stride,
-                           params.num_tokens,
-                           static_cast<int>(format.record_bytes(kLatentDim, kRopeDim)),
-                           format.content.clip,
-                           format.rope.clip,
-                           kept_pairs_of(format.rope)};
+}
+
+WriteKernelParams kernel_params(const CacheFormat& format, const MlaWriteParams& params) {
+  return {params.c,
+          params.k_pe,
+          params.c_stride,
+          params.k_pe_stride,
+          params.norm_weight,
+          params.norm_eps,
+          params.inv_freq,
+          params.attention_factor,
+          params.seq_ids,
+          params.positions,
+          params.pool,
+          params.block_table,
+          params.block_table_stride,
+          params.num_tokens,
+          static_cast<int>(format.record_bytes(kLatentDim, kRopeDim)),
+          format.content.clip,
+          format.rope.clip,
+          kept_pairs_of(format.rope)};
+}
+
+unsigned write_blocks(int64_t tokens) {
+  return static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void mla_write(const CacheFormat& format, const MlaWriteParams& params, void* stream_handle) {
+  check_write(params);
+  if (params.num_tokens == 0) return;
+  const WriteKernelParams kernel = kernel_params(format, params);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
-  const auto blocks =
-      static_cast<unsigned>((params.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   visit_gpu_format(format, [&](auto content, auto rope) {
-    launch_kernel(mla_write_kernel<decltype(content), decltype(rope)>, blocks, 32 * kWarpsPerBlock,
-                  0, stream, kernel);
+    launch_kernel(mla_write_kernel<decltype(content), decltype(rope)>,
+                  write_blocks(params.num_tokens), 32 * kWarpsPerBlock, 0, stream, kernel);
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void write_cache_and_queries(const CacheFormat& format, const MlaWriteParams& params,
+                             const RopeQueriesParams& queries, cudaStream_t stream) {
+  check_write(params);
+  check_rope_queries(queries);
+  if (params.num_tokens != queries.tokens) {
+    throw InvalidArgument("write_cache_and_queries: " + std::to_string(params.num_tokens) +
+                          " tokens to write, " + std::to_string(queries.tokens) + " queries");
+  }
+  if (params.num_tokens == 0) return;
+  const WriteKernelParams kernel = kernel_params(format, params);
+  const int heads = queries.decode_q != nullptr ? queries.heads_padded : queries.heads;
+  const unsigned writes = write_blocks(params.num_tokens);
+  const int64_t blocks = writes + (queries.tokens * heads + 1) / 2;
+  if (blocks > INT_MAX) {
+    throw ShapeError("write_cache_and_queries: " + std::to_string(queries.tokens) + " tokens of " +
+                     std::to_string(heads) + " heads are too many blocks");
+  }
+  visit_gpu_format(format, [&](auto content, auto rope) {
+    launch_kernel(write_and_queries_kernel<decltype(content), decltype(rope)>,
+                  static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream, kernel, queries,
+                  static_cast<int>(writes), heads);
     QUANTMLA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -22,6 +22,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/write_queries.h"
 #include "model/rope.h"
 #include "quantmla/dtype.h"
 #include "quantmla/error.h"
@@ -45,6 +46,12 @@ bool skinny_shape(int64_t k, int64_t ldx) { return k % 8 == 0 && ldx % 8 == 0; }
 constexpr int64_t kExpandedMinChunk = 128;
 // The routed experts run as grouped skinny products while they average at most this many rows.
 constexpr int64_t kGroupedRowsPerExpert = 32;
+// Steps of at most this many tokens normalize inside the product that reads the norm (the skinny
+// kernel's prologue: each CTA normalizes its rows itself, which costs more than a launch once
+// every CTA re-reads many rows), and run the shared experts as the first groups of the routed
+// experts' products with the mixture's combine in the down product's tail.
+constexpr int64_t kFusedNormMaxRows = 4;
+constexpr int64_t kMixedExpertsMaxRows = kSkinnyMaxRows;
 
 // One cudaMalloc for many buffers, each aligned to 256 bytes: the weights, and the step's
 // activations (sized once for the largest step).
@@ -129,6 +136,14 @@ struct DeviceLayer {
   int64_t expert_stride = 0;
   bool has_shared = false;
   DeviceMlp shared;
+  // Decode steps run the shared experts as the first groups of the routed experts' grouped
+  // products (MoeSortBuffers::shared_groups): the shared MLP [S * inner] as S slices of inner
+  // (the down slices are column slices, row stride S * inner: SkinnyGemmParams::static_ldw),
+  // then the routed experts. Device arrays of S + E pointers.
+  int shared_groups = 0;
+  const uint16_t* const* mixed_gate = nullptr;
+  const uint16_t* const* mixed_up = nullptr;
+  const uint16_t* const* mixed_down = nullptr;
 };
 
 // Uploads the checkpoint's tensors: matrices as BF16, vectors (norms, biases) as FP32.
@@ -298,8 +313,22 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
       layer.device_down = up.pointers(layer.expert_down);
       if (c.n_shared_experts > 0) {
         layer.has_shared = true;
-        layer.shared = up.mlp(m + "shared_experts", c.hidden_size,
-                              c.n_shared_experts * c.moe_intermediate_size);
+        const int64_t inner = c.moe_intermediate_size, d = c.hidden_size;
+        layer.shared = up.mlp(m + "shared_experts", d, c.n_shared_experts * inner);
+        layer.shared_groups = static_cast<int>(c.n_shared_experts);
+        std::vector<const uint16_t*> gate, up_, down;
+        for (int64_t i = 0; i < c.n_shared_experts; ++i) {
+          const bool counting_pass = layer.shared.gate.w == nullptr;
+          gate.push_back(counting_pass ? nullptr : layer.shared.gate.w + i * inner * d);
+          up_.push_back(counting_pass ? nullptr : layer.shared.up.w + i * inner * d);
+          down.push_back(counting_pass ? nullptr : layer.shared.down.w + i * inner);
+        }
+        gate.insert(gate.end(), layer.expert_gate.begin(), layer.expert_gate.end());
+        up_.insert(up_.end(), layer.expert_up.begin(), layer.expert_up.end());
+        down.insert(down.end(), layer.expert_down.begin(), layer.expert_down.end());
+        layer.mixed_gate = up.pointers(gate);
+        layer.mixed_up = up.pointers(up_);
+        layer.mixed_down = up.pointers(down);
       }
     } else {
       layer.mlp = up.mlp(p + "mlp", c.hidden_size, c.intermediate_size);
@@ -386,6 +415,10 @@ class CudaRunner final : public Runner {
     size_activations();
     activations_.allocate();
     size_activations();
+    if (buf_.combine_counters != nullptr) {  // each combining launch leaves them zero again
+      QUANTMLA_CUDA_CHECK(
+          cudaMemset(buf_.combine_counters, 0, sizeof(int32_t) * sz(combine_counter_count())));
+    }
     QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     QUANTMLA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_copied_, cudaEventDisableTiming));
     if (config_.n_routed_experts > 0) {
@@ -571,18 +604,22 @@ class CudaRunner final : public Runner {
     buf_.sampled = a.take<int32_t>(t);
     if (c.n_routed_experts > 0) {
       const int64_t e = c.n_routed_experts, slots = t * k;
+      // The shared experts' rows ahead of the routed ones (steps of few tokens).
+      const int64_t shared_rows = c.n_shared_experts * std::min(t, kMixedExpertsMaxRows);
       buf_.router_logits = a.take<float>(t * e);
       buf_.experts = a.take<int32_t>(slots);
       buf_.expert_weights = a.take<float>(slots);
       buf_.layer_expert_counts = a.take<int32_t>(c.num_layers * e);
-      buf_.sort.offsets = a.take<int32_t>(e + 1);
+      buf_.sort.offsets = a.take<int32_t>(c.n_shared_experts + e + 1);
       buf_.sort.slot_of = a.take<int32_t>(slots);
-      buf_.sort.token_of_slot = a.take<int32_t>(slots);
+      buf_.sort.token_of_slot = a.take<int32_t>(shared_rows + slots);
       buf_.sort.workspace = a.take<uint8_t>(static_cast<int64_t>(
           gpu::moe_sort_workspace_bytes(t, static_cast<int>(k), static_cast<int>(e))));
+      buf_.combine_counters = a.take<int32_t>(combine_counter_count());
       // Room for the padded layout of the batched experts (each expert's rows padded to the
-      // busiest expert's count) while the imbalance stays under 1.5x.
-      expert_rows_ = slots + slots / 2;
+      // busiest expert's count) while the imbalance stays under 1.5x, and for the shared
+      // experts' rows.
+      expert_rows_ = slots + std::max(slots / 2, shared_rows);
       buf_.padded_slot_of = a.take<int32_t>(slots);
       buf_.token_of_row = a.take<int32_t>(expert_rows_);
       buf_.sorted = a.take<uint16_t>(expert_rows_ * c.hidden_size);
@@ -591,6 +628,9 @@ class CudaRunner final : public Runner {
       buf_.expert_out = a.take<float>(expert_rows_ * c.hidden_size);
     }
   }
+
+  // The combining tail's counters: one per column tile of the down product (tile_n >= 8).
+  int64_t combine_counter_count() const { return (config_.hidden_size + 7) / 8; }
 
   int64_t max_pages_per_sequence() const {
     return PagePool::pages_for_tokens(config_.max_position_embeddings);
@@ -804,18 +844,28 @@ class CudaRunner final : public Runner {
                             int64_t ldy, DType out,
                             float beta) { gemm(n, w.out, w.in, x, ldx, w.w, y, ldy, out, beta); };
 
-    if (runs("input_norm")) {
+    // [q | kv] = h [W_q ; W_kv_a]^T in one product (with a q LoRA, q_a in place of q), h the
+    // normalized x (normalized inside the product for a few tokens).
+    const int64_t proj = layer.q_kv_a.out, width = c.cache_row_width();
+    const bool fuse_input_norm = fuse_norm(d, d);
+    if (runs("input_norm") && !fuse_input_norm) {
       gpu::rms_norm(buf_.x, d, layer.input_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     }
-    // [q | kv] = h [W_q ; W_kv_a]^T in one product (with a q LoRA, q_a in place of q).
-    const int64_t proj = layer.q_kv_a.out, width = c.cache_row_width();
-    if (runs("q_kv_a")) linear(layer.q_kv_a, buf_.h, d, buf_.proj, proj, DType::kF32, 0.0f);
+    if (runs("q_kv_a") && fuse_input_norm) {
+      normed_gemm(layer.q_kv_a, buf_.x, d, layer.input_norm, buf_.proj, proj, nullptr);
+    } else if (runs("q_kv_a")) {
+      linear(layer.q_kv_a, buf_.h, d, buf_.proj, proj, DType::kF32, 0.0f);
+    }
     const float* q = buf_.proj;
     int64_t ldq = proj;
     if (c.q_lora_rank > 0) {
-      gpu::rms_norm(buf_.proj, proj, layer.q_a_norm, buf_.q_low_bf16, c.q_lora_rank, DType::kBF16,
-                    n, c.q_lora_rank, eps, stream_);
-      linear(layer.q_b, buf_.q_low_bf16, c.q_lora_rank, buf_.q, heads * qk, DType::kF32, 0.0f);
+      if (fuse_norm(c.q_lora_rank, proj)) {
+        normed_gemm(layer.q_b, buf_.proj, proj, layer.q_a_norm, buf_.q, heads * qk, nullptr);
+      } else {
+        gpu::rms_norm(buf_.proj, proj, layer.q_a_norm, buf_.q_low_bf16, c.q_lora_rank, DType::kBF16,
+                      n, c.q_lora_rank, eps, stream_);
+        linear(layer.q_b, buf_.q_low_bf16, c.q_lora_rank, buf_.q, heads * qk, DType::kF32, 0.0f);
+      }
       q = buf_.q;
       ldq = heads * qk;
     }
@@ -838,10 +888,9 @@ class CudaRunner final : public Runner {
     write.block_table = buf_.block_table;
     write.block_table_stride = block_stride_;
     write.num_tokens = n;
-    if (runs("write")) gpu::mla_write(pool.format(), write, stream_);
 
     // The queries in BF16, RoPE applied; for the decode kernel's groups also its query's RoPE
-    // columns (the absorption GEMM writes the content columns).
+    // columns (the absorption GEMM writes the content columns). One launch with the write.
     gpu::RopeQueriesParams rq;
     rq.q = q;
     rq.q_token_stride = ldq;
@@ -855,7 +904,12 @@ class CudaRunner final : public Runner {
     rq.heads = static_cast<int>(heads);
     rq.nope = static_cast<int>(nope);
     rq.rope = static_cast<int>(c.qk_rope_head_dim);
-    if (runs("rope_queries")) gpu::rope_queries(rq, stream_);
+    if (options_.fused_decode && runs("write") && runs("rope_queries")) {
+      gpu::write_cache_and_queries(pool.format(), write, rq, stream_);
+    } else {
+      if (runs("write")) gpu::mla_write(pool.format(), write, stream_);
+      if (runs("rope_queries")) gpu::rope_queries(rq, stream_);
+    }
 
     for (const Group& group : groups_) {
       if (group.expanded) {
@@ -866,14 +920,46 @@ class CudaRunner final : public Runner {
     }
     if (runs("o_proj")) linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
 
-    if (runs("post_norm")) {
+    // h = the normalized x, made by the first product that reads it for a few tokens (the
+    // router, which writes h for the experts, or the dense MLP's gate and up).
+    const float* post_norm = fuse_norm(d, d) ? layer.post_norm : nullptr;
+    if (runs("post_norm") && post_norm == nullptr) {
       gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     }
     if (layer.is_moe) {
-      run_moe(l, layer);
+      run_moe(l, layer, post_norm);
     } else if (runs("mlp")) {
-      run_mlp(layer.mlp);
+      run_mlp(layer.mlp, post_norm);
     }
+  }
+
+  // Whether this step normalizes an FP32 input of width k (row stride ldx) inside the product
+  // that reads it (SkinnyGemmParams::x_f32).
+  bool fuse_norm(int64_t k, int64_t ldx) const {
+    return options_.fused_decode && n_ <= kFusedNormMaxRows && skinny_shape(k, ldx) &&
+           ldx % 4 == 0 && gpu::skinny_norm_fits(n_, k);
+  }
+
+  // y = rms_norm(x) W^T by the skinny kernel's normalizing prologue (fuse_norm's steps);
+  // normed_out: the normalized rows also written there (BF16, row stride w.in) for later kernels.
+  void normed_gemm(const DeviceLinear& w, const float* x, int64_t ldx, const float* norm, float* y,
+                   int64_t ldy, uint16_t* normed_out) {
+    gpu::SkinnyGemmParams p;
+    p.x_f32 = x;
+    p.ldx = ldx;
+    p.x_rows = n_;
+    p.max_rows = n_;
+    p.norm_weight = norm;
+    p.norm_eps = static_cast<float>(config_.rms_norm_eps);
+    p.normed_out = normed_out;
+    p.ld_normed = w.in;
+    p.weight = w.w;
+    p.n = w.out;
+    p.k = w.in;
+    p.y = y;
+    p.ldy = ldy;
+    gpu::skinny_gemm(p, stream_);
+    count(w.out * w.in, n_ * w.out * w.in);
   }
 
   // The decode kernel over the pool, in the absorbed form: q_dec[t, h] = [bf16(q_nope_h W_UK_h) ;
@@ -1031,12 +1117,25 @@ class CudaRunner final : public Runner {
     stats_.gemm_flops += 2 * multiply_adds;
   }
 
-  // x += down(silu(gate h) * up h)
-  void run_mlp(const DeviceMlp& mlp) {
+  // x += down(silu(gate h) * up h); norm set (fuse_norm's steps): h = rms_norm(x) with that
+  // weight inside the gate and up product.
+  void run_mlp(const DeviceMlp& mlp, const float* norm = nullptr) {
     const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
-    if (n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner)) {
+    const bool skinny = n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner);
+    if (norm != nullptr && !skinny) {
+      gpu::rms_norm(buf_.x, d, norm, buf_.h, d, DType::kBF16, n, d,
+                    static_cast<float>(config_.rms_norm_eps), stream_);
+      norm = nullptr;
+    }
+    if (skinny) {
       gpu::SkinnyGemmParams p;
-      p.x = buf_.h;
+      if (norm != nullptr) {
+        p.x_f32 = buf_.x;
+        p.norm_weight = norm;
+        p.norm_eps = static_cast<float>(config_.rms_norm_eps);
+      } else {
+        p.x = buf_.h;
+      }
       p.ldx = d;
       p.x_rows = n;
       p.max_rows = n;
@@ -1059,22 +1158,31 @@ class CudaRunner final : public Runner {
   }
 
   // The routed experts. Their weight reads and FLOPs are counted in finish from the per-layer
-  // expert counts, which the sort writes into that layer's row.
-  void run_moe(int64_t l, const DeviceLayer& layer) {
+  // expert counts, which the sort writes into that layer's row. post_norm set (fuse_norm's
+  // steps): h = rms_norm(x) is made by the router's product, which also writes it for the
+  // experts. Steps of at most kMixedExpertsMaxRows tokens run the shared experts as the first
+  // groups of the routed experts' grouped products and combine in the down product's tail.
+  void run_moe(int64_t l, const DeviceLayer& layer, const float* post_norm) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
-    if (runs("router")) {
+    if (runs("router") && post_norm != nullptr) {
+      normed_gemm(layer.router, buf_.x, d, post_norm, buf_.router_logits, e, buf_.h);
+    } else if (runs("router")) {
       gemm(n, e, d, buf_.h, d, layer.router.w, buf_.router_logits, e, DType::kF32, 0.0f);
     }
+    const bool grouped = moe_grouped(n);
+    const bool few = options_.fused_decode && grouped && n <= kMixedExpertsMaxRows;
+    // Shared experts as groups of the routed products (their slices of inner each).
+    const int shared = few && layer.has_shared && runs("shared") ? layer.shared_groups : 0;
     gpu::MoeSortBuffers sort = buf_.sort;
     sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
+    sort.shared_groups = shared;
     if (runs("route_sort")) {
       gpu::moe_route_sort(buf_.router_logits, e, layer.correction_bias, buf_.experts,
                           buf_.expert_weights, n, route_, sort, stream_);
     }
-    const bool grouped = moe_grouped(n);
     if (!grouped) {
       // The host sizes the routed products from the expert offsets: their copy is queued before
       // the shared experts and waited for on its own, so the GPU runs the shared experts while
@@ -1083,44 +1191,71 @@ class CudaRunner final : public Runner {
                                           cudaMemcpyDeviceToHost, stream_));
       QUANTMLA_CUDA_CHECK(cudaEventRecord(offsets_copied_, stream_));
     }
-    // The shared experts between the sort and the routed ones: the routed products then find
-    // their routing settled and request their weights before the previous kernel ends
+    // Otherwise the shared experts between the sort and the routed ones: the routed products
+    // then find their routing settled and request their weights before the previous kernel ends
     // (SkinnyGemmParams::routing_ready).
-    if (layer.has_shared && runs("shared")) run_mlp(layer.shared);
+    const bool separate_shared = layer.has_shared && !few && runs("shared");
+    if (separate_shared) run_mlp(layer.shared);
+    if (shared > 0) {
+      count(3 * shared * inner * d, 3 * n * shared * inner * d);
+    }
+    bool tail = few && runs("combine");
     if (grouped && runs("experts")) {
+      const int groups = shared + static_cast<int>(e);
+      const int64_t rows = n * k + shared * n;
       gpu::SkinnyGemmParams gate_up;
       gate_up.x = buf_.h;
       gate_up.ldx = d;
       gate_up.x_rows = n;
       gate_up.row_index = buf_.sort.token_of_slot;
       gate_up.offsets = buf_.sort.offsets;
-      gate_up.groups = static_cast<int>(e);
-      gate_up.max_rows = n * k;
-      gate_up.w = layer.device_gate;
-      gate_up.w2 = layer.device_up;
+      gate_up.groups = groups;
+      gate_up.max_rows = rows;
+      gate_up.w = shared > 0 ? layer.mixed_gate : layer.device_gate;
+      gate_up.w2 = shared > 0 ? layer.mixed_up : layer.device_up;
       gate_up.n = inner;
       gate_up.k = d;
       gate_up.y = buf_.expert_act;
       gate_up.ldy = inner;
       gate_up.out_dtype = DType::kBF16;
       gate_up.epilogue = gpu::SkinnyEpilogue::kSiluMul;
-      gate_up.routing_ready = layer.has_shared;
+      gate_up.routing_ready = separate_shared;
+      gate_up.static_groups = shared;
+      gate_up.static_rows = n;
       gpu::skinny_gemm(gate_up, stream_);
       gpu::SkinnyGemmParams down;
       down.x = buf_.expert_act;
       down.ldx = inner;
-      down.x_rows = n * k;
+      down.x_rows = rows;
       down.offsets = buf_.sort.offsets;
-      down.groups = static_cast<int>(e);
-      down.max_rows = n * k;
-      down.w = layer.device_down;
+      down.groups = groups;
+      down.max_rows = rows;
+      down.w = shared > 0 ? layer.mixed_down : layer.device_down;
       down.n = d;
       down.k = inner;
       down.y = buf_.expert_out;
       down.ldy = d;
       down.out_dtype = DType::kF32;
       down.routing_ready = true;  // the sort ran before gate_up
-      gpu::skinny_gemm(down, stream_);
+      down.static_groups = shared;
+      down.static_rows = n;
+      down.static_ldw = shared > 0 ? shared * inner : 0;
+      // The tail's last CTA of a column tile combines tokens x tile_n elements alone: only worth
+      // it while that is at most one element per thread (measured: at 16 tokens, 32-column tiles
+      // of 2 warps, the tail made a V2-Lite step 9% slower than the separate combine).
+      const gpu::SkinnyTiling down_tiling = gpu::skinny_gemm_tiling(down);
+      tail = tail && n * down_tiling.tile_n <= 32 * down_tiling.warps;
+      if (tail) {
+        down.combine.counters = buf_.combine_counters;
+        down.combine.slot_of = buf_.sort.slot_of;
+        down.combine.weights = buf_.expert_weights;
+        down.combine.k = k;
+        down.combine.shared_groups = shared;
+        down.combine.x = buf_.x;
+        down.combine.ldx = d;
+        down.combine.tokens = n;
+      }
+      gpu::skinny_gemm(down, down_tiling, stream_);
     } else if (runs("experts")) {
       QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
       int64_t busiest = 0;
@@ -1141,9 +1276,9 @@ class CudaRunner final : public Runner {
                            inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
                            stream_);
     }
-    if (runs("combine")) {
+    if (runs("combine") && !(tail && runs("experts"))) {
       gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
-                       d, stream_);
+                       d, stream_, shared);
     }
   }
 
@@ -1241,8 +1376,9 @@ class CudaRunner final : public Runner {
     float* expert_gate_up = nullptr;
     uint16_t* expert_act = nullptr;
     float* expert_out = nullptr;
-    int32_t* token_of_row = nullptr;    // [expert_rows_] the padded layout's gather (-1: padding)
-    int32_t* padded_slot_of = nullptr;  // [n * k] slot_of in the padded layout
+    int32_t* token_of_row = nullptr;      // [expert_rows_] the padded layout's gather (-1: padding)
+    int32_t* padded_slot_of = nullptr;    // [n * k] slot_of in the padded layout
+    int32_t* combine_counters = nullptr;  // [combine_counter_count()] SkinnyGemmParams::combine
   };
 
   CudaRunnerOptions options_;
