@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/launch.h"
@@ -40,32 +41,9 @@ namespace {
 using namespace quantmla;
 using gpu::DeviceArray;
 
-int failures = 0;
-int checks = 0;
-std::mt19937_64 rng;
-
-void expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
-
-template <class E, class F>
-void expect_throws(const std::string& what, F&& f) {
-  std::string message;
-  bool thrown = false;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    message = e.what();
-  } catch (const std::exception& e) {
-    message = std::string("wrong exception type: ") + e.what();
-  }
-  expect(thrown, what + " throws (" + message + ")");
-}
+using gpu_checks::expect;
+using gpu_checks::expect_throws;
+using gpu_checks::rng;
 
 void sync() { QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize()); }
 
@@ -529,23 +507,7 @@ void run_write_queries_case(const std::string& spec, int64_t tokens, int heads, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  uint64_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      seed = std::stoull(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed S]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!gpu::device_available()) {
-    std::printf("no CUDA device: GPU tests skipped\n");
-    return 77;
-  }
-  rng.seed(seed);
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  try {
+  return gpu_checks::run(argc, argv, [] {
     run_norm_cases();
     // V2-Lite's experts at batch 1 and 16, V3's (one shared expert), a sort of several chunks.
     run_mixed_experts_case(1, 6, 64, 2, 2048, 1408);
@@ -559,10 +521,5 @@ int main(int argc, char** argv) {
     run_write_queries_case("content=int4:g64,rope=int4:g64", 37, 16, 128);
     run_write_queries_case("content=int2:g64,rope=int4:g64", 5, 8, 64);
     run_write_queries_case("content=fp8,rope=bf16", 2, 128, 128);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: %s\n", e.what());
-    return 1;
-  }
-  std::printf("%d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

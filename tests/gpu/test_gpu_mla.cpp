@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "decode_reference.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/model_ops.h"
@@ -40,8 +41,9 @@ using testing::FaithfulComparison;
 using testing::kFaithfulRms;
 using testing::Mutation;
 
-int failures = 0;
-int checks = 0;
+using gpu_checks::expect;
+using gpu_checks::expect_throws;
+using gpu_checks::rng;
 
 // The decode kernel a plan picks (QUANTMLA_DECODE_KERNEL, read when a plan is made).
 std::string decode_kernel_name() {
@@ -63,16 +65,6 @@ void for_each_decode_kernel(const std::string& spec, const std::function<void()>
   }
   unsetenv("QUANTMLA_DECODE_KERNEL");
 }
-
-void expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
-
-std::mt19937_64 rng;
 
 // A paged pool as the CPU cache writes it (random_paged_records) and the values written.
 struct HostCache : testing::PagedRecords {
@@ -517,21 +509,6 @@ void run_fused_write_case(const std::string& spec, int num_tokens) {
   expect(mismatches == 0, line);
 }
 
-template <class Error, class F>
-void expect_throws(const std::string& what, F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::printf("refused as expected: %s\n", e.what());
-    ++checks;
-    return;
-  } catch (const std::exception& e) {
-    expect(false, what + ": threw the wrong error: " + e.what());
-    return;
-  }
-  expect(false, what + ": did not throw");
-}
-
 void run_error_cases() {
   expect_throws<InvalidArgument>(
       "q4_0 content", [] { gpu::check_gpu_format(CacheFormat::parse("content=q4_0,rope=bf16")); });
@@ -632,57 +609,38 @@ const std::vector<std::string> kFormats = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  uint64_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      seed = std::stoull(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--seed S]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!gpu::device_available()) {
-    std::printf("no CUDA device: GPU tests skipped\n");
-    return 77;
-  }
-  rng.seed(seed);
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  try {
-    run_error_cases();
-    for_each_decode_kernel("content=int4:g64,rope=int4:g64",
-                           [] { run_mutation_checks("content=int4:g64,rope=int4:g64"); });
-    run_mutation_checks("content=fp8,rope=bf16");
-    run_mutation_checks("content=bf16,rope=bf16");
-    for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
-    for (const std::string& spec : kFormats) run_gather_case(spec);
-    for (const std::string& spec : kFormats) run_fused_write_case(spec, 500);
-    const int heads[] = {16, 32, 64, 128};
-    int n = 0;
-    for (const std::string& spec : kFormats) {
-      // Lengths 1, around a page, and not multiples of the page size, in one batch.
-      const int h = heads[n++ % 4];
-      for_each_decode_kernel(spec, [&] {
-        run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
-        if (quick) return;
-        run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
-        run_decode_case({spec, 16, 1, {5000, 37}, 3});  // split into runs of 3 pages + combine
-      });
-    }
-    if (!quick) {
-      for_each_decode_kernel("content=int4:g64,rope=int4:g64", [] {
-        run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
-        run_decode_case({"content=int4:g64,rope=bf16", 16, 1, {20000, 3, 64}, 0});
-      });
-      run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
-      run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: %s\n", e.what());
-    return 1;
-  }
-  std::printf("%d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  bool quick = false;  // --quick: a smaller set of cases, for compute-sanitizer
+  return gpu_checks::run(
+      argc, argv,
+      [&quick] {
+        run_error_cases();
+        for_each_decode_kernel("content=int4:g64,rope=int4:g64",
+                               [] { run_mutation_checks("content=int4:g64,rope=int4:g64"); });
+        run_mutation_checks("content=fp8,rope=bf16");
+        run_mutation_checks("content=bf16,rope=bf16");
+        for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
+        for (const std::string& spec : kFormats) run_gather_case(spec);
+        for (const std::string& spec : kFormats) run_fused_write_case(spec, 500);
+        const int heads[] = {16, 32, 64, 128};
+        int n = 0;
+        for (const std::string& spec : kFormats) {
+          // Lengths 1, around a page, and not multiples of the page size, in one batch.
+          const int h = heads[n++ % 4];
+          for_each_decode_kernel(spec, [&] {
+            run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
+            if (quick) return;
+            run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
+            run_decode_case({spec, 16, 1, {5000, 37}, 3});  // split into runs of 3 pages + combine
+          });
+        }
+        if (!quick) {
+          for_each_decode_kernel("content=int4:g64,rope=int4:g64", [] {
+            run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
+            run_decode_case({"content=int4:g64,rope=bf16", 16, 1, {20000, 3, 64}, 0});
+          });
+          run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
+          run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
+        }
+      },
+      {{"--quick", &quick}});
 }

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/gemm.h"
@@ -39,39 +40,15 @@ namespace {
 using namespace quantmla;
 using gpu::DeviceArray;
 
-int failures = 0;
-int checks = 0;
-std::mt19937_64 rng;
+using gpu_checks::expect;
+using gpu_checks::expect_throws;
+using gpu_checks::rng;
 const cudaStream_t kStream = nullptr;
 
 constexpr double kF32Unit = 0x1.0p-24;  // unit roundoff of FP32 (half an ulp, relative)
 constexpr double kBf16Unit = 0x1.0p-8;  // unit roundoff of BF16
 // Tensor cores may truncate the FP32 accumulation instead of rounding it: one ulp per addition.
 constexpr double kAccumulateUnit = 0x1.0p-23;
-
-void expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
-
-template <class E, class F>
-void expect_throws(const std::string& what, F&& f) {
-  bool thrown = false;
-  std::string message;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    message = e.what();
-  } catch (const std::exception& e) {
-    message = std::string("wrong exception type: ") + e.what();
-  }
-  expect(thrown,
-         what + " throws the expected error" + (message.empty() ? "" : " (" + message + ")"));
-}
 
 void sync() { QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize()); }
 
@@ -1967,23 +1944,7 @@ void run_prefill_attention_errors(gpu::GemmRunner& gemm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps every line printed before it
-  uint64_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      seed = std::stoull(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--seed S]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!gpu::device_available()) {
-    std::printf("no CUDA device: GPU tests skipped\n");
-    return 77;
-  }
-  rng.seed(seed);
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  try {
+  return gpu_checks::run(argc, argv, [] {
     gpu::GemmRunner gemm;
     const LinearCase linear_cases[] = {
         {1, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
@@ -2058,10 +2019,5 @@ int main(int argc, char** argv) {
     run_prefill_attention_case(gemm, 8, 200, 263, 300, 64);
     run_prefill_attention_case(gemm, 8, 64, 64, 64, 64);
     run_prefill_attention_errors(gemm);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: %s\n", e.what());
-    return 1;
-  }
-  std::printf("%d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  });
 }
