@@ -2,11 +2,13 @@
 # What the GPU machine needs from outside the checkout, in .carry/ (ignored; the device tool's
 # `carry`): the Debian dependencies (scripts/device-deps.sh: deps.tar.xz, and deps-server.tar.xz
 # for `quantmla serve`) and a slice of ../shared. The device takes at most 64 MiB of tree and
-# carry together (the tree is 55 MiB, models/mla-tiny 50 of it), so each call carries what it
-# needs:
+# carry together (the tree is 58 MiB: models/mla-tiny 50, data/ 3.4), so each call carries what
+# it needs:
 #   bash scripts/device-carry.sh          carry [".carry/deps.tar.xz", ".carry/shared"] for
-#     bench/gpu/run-runner.sh's stages; [".carry/deps.tar.xz", ".carry/deps-server.tar.xz"] for
-#     run-serve.sh and run-online.sh.
+#     bench/gpu/run-runner.sh's stages, with data/ moved out of the checkout for the call (the
+#     tree, the dependencies and the slice pass 64 MiB by a little; only FULL=1 and calibration
+#     read data/); [".carry/deps.tar.xz", ".carry/deps-server.tar.xz"] for run-serve.sh and
+#     run-online.sh.
 #   LONG=1 bash scripts/device-carry.sh   for run-runner.sh's long and longcalib stages:
 #     mla-tiny-v2-4k (packed) and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
 #     for that call and carry [".carry/deps.tar.xz", ".carry/shared"].

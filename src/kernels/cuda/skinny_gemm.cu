@@ -43,6 +43,12 @@
 //   rest of the CTA's slice prefetched into L2 (cp.async.bulk.prefetch) when the product's
 //   weights take at most 24 MB, before griddepcontrol.wait: under a programmatic dependent launch
 //   their transfer overlaps the previous kernel. x (the previous kernel's output) after it.
+// - Fused work of a decode step (each to save a launch in the step's chain): x_f32 normalizes
+//   the CTA's rows in the prologue into one swizzled block after the stages (NormLayout; the A
+//   fragments read it, rows past the tile read one zero segment), with rms_norm's sums in its
+//   order (row_norm.cuh); static groups are located and their weights requested before the wait;
+//   combine adds the mixture's sums in the last CTA of each column tile (an atomic count over the
+//   grid's row tiles, reset by that CTA; the sums' order fixed, so deterministic).
 // Measured (H200, bench_skinny, event-timed single launches after an L2 flush, 2.9 us of which
 // an empty kernel also takes): the LM head (420 MB) and the routed experts at m = 16 read at the
 // copy rate (4.2-4.3 TB/s); 2048 x 2048 at m = 1 takes 7.2 us, ~2 us of it the weights' transfer
