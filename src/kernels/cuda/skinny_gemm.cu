@@ -700,14 +700,12 @@ void validate(const SkinnyGemmParams& p) {
   }
   if (p.x_f32 != nullptr) {
     if (p.x != nullptr || p.offsets != nullptr || p.row_index != nullptr ||
-        p.norm_weight == nullptr || p.ldx % 4 != 0) {
-      throw InvalidArgument(
-          std::string("skinny_gemm: x_f32 with") + (p.x != nullptr ? " x" : "") +
-          (p.offsets != nullptr ? " offsets (grouped)" : "") +
-          (p.row_index != nullptr ? " row_index" : "") +
-          (p.norm_weight == nullptr ? " no norm_weight" : "") +
-          (p.ldx % 4 != 0 ? " ldx " + str(p.ldx) + " (not a multiple of 4)" : "") +
-          " (the normalizing prologue takes dense rows of FP32 x)");
+        p.norm_weight == nullptr) {
+      throw InvalidArgument(std::string("skinny_gemm: x_f32 with") + (p.x != nullptr ? " x" : "") +
+                            (p.offsets != nullptr ? " offsets (grouped)" : "") +
+                            (p.row_index != nullptr ? " row_index" : "") +
+                            (p.norm_weight == nullptr ? " no norm_weight" : "") +
+                            " (the normalizing prologue takes dense rows of FP32 x)");
     }
     if (p.normed_out != nullptr && p.ld_normed < p.k) {
       throw ShapeError("skinny_gemm: ld_normed " + str(p.ld_normed) + " below k " + str(p.k));

@@ -112,8 +112,8 @@ inline constexpr int64_t kSkinnyRowsPerGroup = 64;
 // pointer that the call needs (x, y, the weights, offsets for groups > 1), an out_dtype or beta
 // the epilogue does not allow, or pointers not 16-byte aligned (x, `weight`, `weight2`; y must
 // be aligned to its element), static_ldw below k or not a multiple of 8, static groups past the
-// groups or rows, x_f32 with x, a grouped product or row_index, without norm_weight, with ldx not a
-// multiple of 4 or rows that do not fit (skinny_norm_fits), a combine on a dense product, another
+// groups or rows, x_f32 with x, a grouped product or row_index, without norm_weight or with rows
+// that do not fit (skinny_norm_fits), a combine on a dense product, another
 // epilogue or output type, or missing its buffers; CudaError for a failed launch.
 void skinny_gemm(const SkinnyGemmParams& params, cudaStream_t stream);
 

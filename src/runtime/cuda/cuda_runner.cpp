@@ -137,10 +137,9 @@ struct DeviceLayer {
   bool has_shared = false;
   DeviceMlp shared;
   // Decode steps run the shared experts as the first groups of the routed experts' grouped
-  // products (MoeSortBuffers::shared_groups): the shared MLP [S * inner] as S slices of inner
-  // (the down slices are column slices, row stride S * inner: SkinnyGemmParams::static_ldw),
-  // then the routed experts. Device arrays of S + E pointers.
-  int shared_groups = 0;
+  // products (MoeSortBuffers::shared_groups): the shared MLP [S * inner] as S slices of inner,
+  // S = n_shared_experts (the down slices are column slices, row stride S * inner:
+  // SkinnyGemmParams::static_ldw), then the routed experts. Device arrays of S + E pointers.
   const uint16_t* const* mixed_gate = nullptr;
   const uint16_t* const* mixed_up = nullptr;
   const uint16_t* const* mixed_down = nullptr;
@@ -315,10 +314,9 @@ DeviceModel upload_model(const ModelConfig& c, const TensorStore& store, DeviceA
         layer.has_shared = true;
         const int64_t inner = c.moe_intermediate_size, d = c.hidden_size;
         layer.shared = up.mlp(m + "shared_experts", d, c.n_shared_experts * inner);
-        layer.shared_groups = static_cast<int>(c.n_shared_experts);
         std::vector<const uint16_t*> gate, up_, down;
+        const bool counting_pass = layer.shared.gate.w == nullptr;
         for (int64_t i = 0; i < c.n_shared_experts; ++i) {
-          const bool counting_pass = layer.shared.gate.w == nullptr;
           gate.push_back(counting_pass ? nullptr : layer.shared.gate.w + i * inner * d);
           up_.push_back(counting_pass ? nullptr : layer.shared.up.w + i * inner * d);
           down.push_back(counting_pass ? nullptr : layer.shared.down.w + i * inner);
@@ -921,8 +919,10 @@ class CudaRunner final : public Runner {
     if (runs("o_proj")) linear(layer.o, buf_.head_out, heads * v_dim, buf_.x, d, DType::kF32, 1.0f);
 
     // h = the normalized x, made by the first product that reads it for a few tokens (the
-    // router, which writes h for the experts, or the dense MLP's gate and up).
-    const float* post_norm = fuse_norm(d, d) ? layer.post_norm : nullptr;
+    // router, which writes h for the experts, or the dense MLP's gate and up when they run as one
+    // skinny product).
+    const bool mlp_skinny = layer.is_moe || skinny_shape(layer.mlp.gate.out, layer.mlp.gate.out);
+    const float* post_norm = fuse_norm(d, d) && mlp_skinny ? layer.post_norm : nullptr;
     if (runs("post_norm") && post_norm == nullptr) {
       gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
     }
@@ -937,7 +937,7 @@ class CudaRunner final : public Runner {
   // that reads it (SkinnyGemmParams::x_f32).
   bool fuse_norm(int64_t k, int64_t ldx) const {
     return options_.fused_decode && n_ <= kFusedNormMaxRows && skinny_shape(k, ldx) &&
-           ldx % 4 == 0 && gpu::skinny_norm_fits(n_, k);
+           gpu::skinny_norm_fits(n_, k);
   }
 
   // y = rms_norm(x) W^T by the skinny kernel's normalizing prologue (fuse_norm's steps);
@@ -1117,17 +1117,11 @@ class CudaRunner final : public Runner {
     stats_.gemm_flops += 2 * multiply_adds;
   }
 
-  // x += down(silu(gate h) * up h); norm set (fuse_norm's steps): h = rms_norm(x) with that
-  // weight inside the gate and up product.
+  // x += down(silu(gate h) * up h); norm set (fuse_norm's steps, whose shapes take the skinny
+  // product): h = rms_norm(x) with that weight inside the gate and up product.
   void run_mlp(const DeviceMlp& mlp, const float* norm = nullptr) {
     const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
-    const bool skinny = n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner);
-    if (norm != nullptr && !skinny) {
-      gpu::rms_norm(buf_.x, d, norm, buf_.h, d, DType::kBF16, n, d,
-                    static_cast<float>(config_.rms_norm_eps), stream_);
-      norm = nullptr;
-    }
-    if (skinny) {
+    if (n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner)) {
       gpu::SkinnyGemmParams p;
       if (norm != nullptr) {
         p.x_f32 = buf_.x;
@@ -1175,7 +1169,8 @@ class CudaRunner final : public Runner {
     const bool grouped = moe_grouped(n);
     const bool few = options_.fused_decode && grouped && n <= kMixedExpertsMaxRows;
     // Shared experts as groups of the routed products (their slices of inner each).
-    const int shared = few && layer.has_shared && runs("shared") ? layer.shared_groups : 0;
+    const int shared =
+        few && layer.has_shared && runs("shared") ? static_cast<int>(c.n_shared_experts) : 0;
     gpu::MoeSortBuffers sort = buf_.sort;
     sort.counts = buf_.layer_expert_counts + l * e;  // this layer's row, read back in finish
     sort.shared_groups = shared;
