@@ -1,9 +1,8 @@
 // prefill_attention (the expanded-form flash kernel, prefill_attention.h) on DeepSeek-V2-Lite's
 // attention shape (16 heads, nope = v = 128, rope 64, rank 512): chunks of 512-4096 queries after
-// cached prefixes. Per shape: the whole call (the
-// kv_b up-projection plus the attention kernel), the up-projection alone (the same
-// GemmRunner::linear), and the attention kernel's share with its causal FLOP rate (2 (nope + rope +
-// v) per visible query-key pair and head).
+// cached prefixes. Per shape: the whole call (the kv_b up-projection plus the attention kernel),
+// the up-projection alone (prefill_attention_projection), and the attention kernel's share with its
+// causal FLOP rate (2 (nope + rope + v) per visible query-key pair and head).
 //
 // Timing: CUDA events around one call, median of the repeats after 3 warm-ups. The inputs
 // (a few hundred MB at most) are rewritten by nothing between repeats: the kernel is bound by
@@ -84,13 +83,6 @@ int main(int argc, char** argv) {
     const int64_t shapes[][2] = {{512, 512}, {2048, 2048}, {2048, 8192}, {4096, 4096}};
     for (const auto& shape : shapes) {
       const int64_t tokens = shape[0], context = shape[1];
-      const double projection = time_us(
-          [&] {
-            gemm.linear(context, kHeads * (kNope + kV), kRank, keys.data(), kRow, kv_b.data(),
-                        kRank, reinterpret_cast<uint16_t*>(workspace.data()), kHeads * (kNope + kV),
-                        DType::kBF16, 0.0f, nullptr);
-          },
-          repeats);
       gpu::PrefillAttentionParams p;
       p.q = q.data();
       p.keys = keys.data();
@@ -104,6 +96,8 @@ int main(int argc, char** argv) {
       p.nope = kNope, p.rope = kRope, p.v = kV, p.rank = kRank;
       p.softmax_scale = 0.0723f;
       const gpu::PrefillAttentionWorkspace w{workspace.data(), bytes, max_context};
+      const double projection =
+          time_us([&] { gpu::prefill_attention_projection(gemm, p, w, nullptr); }, repeats);
       const double total = time_us([&] { gpu::prefill_attention(gemm, p, w, nullptr); }, repeats);
       // Visible pairs: query t (at position context - tokens + t) sees that many + 1 keys.
       const double pairs = static_cast<double>(tokens) * (context - tokens) +

@@ -4,9 +4,11 @@
 # make_gpu_fixtures.py and the runner's test against transformers and the CPU runner, eval-ppl on
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
-#   STAGES: any of build,ops,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,nopdl,fusion
-#   (default build,ops,runner,ppl,bench); nopdl: the runner benchmark again with the kernels
-#   launched without programmatic dependent launch (bench_runner --no-pdl), beside bench's;
+#   STAGES: any of build,ops,memcheck,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,
+#   nopdl,fusion (default build,ops,runner,ppl,bench); memcheck: compute-sanitizer over the GPU
+#   checks' kernels (test_gpu_mla --quick, test_model_ops --prefill-attention, test_fused_ops);
+#   nopdl: the runner benchmark again with the kernels launched without programmatic dependent
+#   launch (bench_runner --no-pdl), beside bench's;
 #   fusion: decode at batch 1, 4, 16 with and without the fused decode launches
 #   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
@@ -61,6 +63,17 @@ if has ops; then
     status=1
   $build/bench/gpu/bench_skinny --json "$out/skinny.json" 2>&1 | tee "$out/bench-skinny.txt" ||
     status=1
+fi
+# memcheck: compute-sanitizer over the decode kernels' quick cases (with the cache read-back), the
+# prefill attention cases and the fused decode launches.
+if has memcheck; then
+  echo "== compute-sanitizer memcheck"
+  for check in "test_gpu_mla --quick" "test_model_ops --prefill-attention" "test_fused_ops"; do
+    name=${check%% *}
+    compute-sanitizer --tool memcheck --error-exitcode 3 $build/tests/gpu/$check \
+      >"$out/memcheck-$name.txt" 2>&1 || status=1
+    echo "$check: $(tail -1 "$out/memcheck-$name.txt")"
+  done
 fi
 if has runner; then
   echo "== runner vs transformers and the CPU runner"

@@ -153,7 +153,9 @@ struct MlaGatherParams {
   const int32_t* block_table = nullptr;  // [pages of the sequence]: its row of the block table
   int64_t first = 0;                     // first position gathered
   int64_t num_tokens = 0;
-  uint16_t* out = nullptr;  // [num_tokens, kKeyDim] BF16 bits, row stride out_stride >= kKeyDim
+  // [num_tokens, kKeyDim] BF16 bits, 16-byte aligned, row stride out_stride >= kKeyDim (a
+  // multiple of 8).
+  uint16_t* out = nullptr;
   int64_t out_stride = kKeyDim;
 };
 void mla_gather(const CacheFormat& format, const MlaGatherParams& params, void* stream = nullptr);

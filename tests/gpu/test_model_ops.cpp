@@ -1941,83 +1941,99 @@ void run_prefill_attention_errors(gpu::GemmRunner& gemm) {
   });
 }
 
+// Query tiles of 128 and key tiles of 128: partial last tiles, prefixes that are and are not tile
+// multiples, contexts that are not multiples of the values' 8-key chunks, a single query,
+// mla-tiny's heads and head dimensions; then the refusals.
+void run_prefill_attention_cases(gpu::GemmRunner& gemm) {
+  run_prefill_attention_case(gemm, 16, 520, 700, 1024, 128);
+  run_prefill_attention_case(gemm, 4, 300, 428, 512, 128);
+  run_prefill_attention_case(gemm, 16, 256, 320, 320, 128);
+  run_prefill_attention_case(gemm, 8, 130, 130, 16384, 128);
+  run_prefill_attention_case(gemm, 2, 1, 77, 100, 128);
+  run_prefill_attention_case(gemm, 8, 200, 263, 300, 64);
+  run_prefill_attention_case(gemm, 8, 64, 64, 64, 64);
+  run_prefill_attention_errors(gemm);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  return gpu_checks::run(argc, argv, [] {
-    gpu::GemmRunner gemm;
-    const LinearCase linear_cases[] = {
-        {1, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
-        {7, 576, 2048, 8, 0, 4, DType::kF32, 0.0f},
-        {300, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
-        {300, 576, 2048, 0, 8, 8, DType::kBF16, 0.0f},
-        {1, 7168, 512, 0, 0, 0, DType::kF32, 1.0f},
-        {300, 1000, 512, 0, 0, 0, DType::kF32, 1.0f},
-        {33, 1536, 7168, 0, 0, 0, DType::kBF16, 0.0f},
-        {7, 2048, 1536, 0, 0, 0, DType::kF32, 1.0f},
-        {5, 129, 100, 1, 3, 1, DType::kF32, 0.0f},
-        {64, 72, 40, 1, 1, 1, DType::kBF16, 0.0f},
-    };
-    for (const LinearCase& c : linear_cases) run_linear_case(gemm, c);
-    run_batched_cases(gemm, 5, 16);
-    run_batched_cases(gemm, 64, 20);
-    run_gemm_errors(gemm);
-    run_skinny_cases();
+  // --prefill-attention: those cases alone (compute-sanitizer runs them in seconds).
+  bool prefill_attention_only = false;
+  return gpu_checks::run(
+      argc, argv,
+      [&] {
+        gpu::GemmRunner gemm;
+        if (prefill_attention_only) {
+          run_prefill_attention_cases(gemm);
+          return;
+        }
+        const LinearCase linear_cases[] = {
+            {1, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
+            {7, 576, 2048, 8, 0, 4, DType::kF32, 0.0f},
+            {300, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
+            {300, 576, 2048, 0, 8, 8, DType::kBF16, 0.0f},
+            {1, 7168, 512, 0, 0, 0, DType::kF32, 1.0f},
+            {300, 1000, 512, 0, 0, 0, DType::kF32, 1.0f},
+            {33, 1536, 7168, 0, 0, 0, DType::kBF16, 0.0f},
+            {7, 2048, 1536, 0, 0, 0, DType::kF32, 1.0f},
+            {5, 129, 100, 1, 3, 1, DType::kF32, 0.0f},
+            {64, 72, 40, 1, 1, 1, DType::kBF16, 0.0f},
+        };
+        for (const LinearCase& c : linear_cases) run_linear_case(gemm, c);
+        run_batched_cases(gemm, 5, 16);
+        run_batched_cases(gemm, 64, 20);
+        run_gemm_errors(gemm);
+        run_skinny_cases();
 
-    run_embed_case();
-    run_rms_norm_case(9, 7168, 4, 0, DType::kF32, false);
-    run_rms_norm_case(33, 512, 64, 3, DType::kBF16, false);
-    run_rms_norm_case(5, 1536, 0, 0, DType::kF32, true);
-    run_rope_case("rope q_pe [50, 20 heads, 192] at 128, positions to 200000", 50, 20, 64, 128,
-                  20 * 192, 192, 50 * 20 * 192, false);
-    run_rope_case("rope k_pe [70, 576] at 512, YaRN-like, factor 1.2", 70, 1, 64, 512, 576, 64,
-                  70 * 576, true);
-    run_silu_mul_case(37, 1408, 3, 5);
-    run_silu_mul_case(37, 1408, 0, 4);
-    run_rope_queries_case(6, 20, 128, true);
-    run_rope_queries_case(3, 128, 128, true);
-    run_rope_queries_case(5, 8, 64, false);
-    run_gather_rows_case(DType::kF32);
-    run_gather_rows_case(DType::kBF16);
-    run_model_op_errors();
+        run_embed_case();
+        run_rms_norm_case(9, 7168, 4, 0, DType::kF32, false);
+        run_rms_norm_case(33, 512, 64, 3, DType::kBF16, false);
+        run_rms_norm_case(5, 1536, 0, 0, DType::kF32, true);
+        run_rope_case("rope q_pe [50, 20 heads, 192] at 128, positions to 200000", 50, 20, 64, 128,
+                      20 * 192, 192, 50 * 20 * 192, false);
+        run_rope_case("rope k_pe [70, 576] at 512, YaRN-like, factor 1.2", 70, 1, 64, 512, 576, 64,
+                      70 * 576, true);
+        run_silu_mul_case(37, 1408, 3, 5);
+        run_silu_mul_case(37, 1408, 0, 4);
+        run_rope_queries_case(6, 20, 128, true);
+        run_rope_queries_case(3, 128, 128, true);
+        run_rope_queries_case(5, 8, 64, false);
+        run_gather_rows_case(DType::kF32);
+        run_gather_rows_case(DType::kBF16);
+        run_model_op_errors();
 
-    run_route_cases();
-    run_sort_case("moe_sort n 300 k 8 E 64", random_choices(300, 8, 64, false), 300, 8, 64);
-    run_sort_case("moe_sort skewed n 1000 k 6 E 256", random_choices(1000, 6, 256, true), 1000, 6,
-                  256);
-    {
-      std::vector<int32_t> experts = random_choices(50, 2, 16, false);
-      experts[3] = -1, experts[40] = 16;  // not from moe_route: no slot
-      run_sort_case("moe_sort with invalid entries", experts, 50, 2, 16);
-    }
-    run_sort_case("moe_sort n 1 k 1 E 4", {2}, 1, 1, 4);
-    // One chunk of entries (decode steps): the single-block kernel.
-    run_sort_case("moe_sort one chunk n 42 k 6 E 64", random_choices(42, 6, 64, false), 42, 6, 64);
-    run_sort_case("moe_sort one chunk n 256 k 1 E 4096", random_choices(256, 1, 4096, true), 256, 1,
-                  4096);
-    run_gather_combine_case(300, 8, 64, 512);
-    run_pad_layout_case("moe_pad_layout n 2048 k 6 E 64", random_choices(2048, 6, 64, false), 2048,
-                        6, 64);
-    run_pad_layout_case("moe_pad_layout skewed n 500 k 8 E 256", random_choices(500, 8, 256, true),
-                        500, 8, 256);
-    {
-      std::vector<int32_t> experts = random_choices(50, 2, 16, false);
-      experts[3] = -1, experts[40] = 16;  // not from moe_route: no slot
-      run_pad_layout_case("moe_pad_layout with invalid entries", experts, 50, 2, 16);
-    }
-    run_pad_layout_errors();
-    run_expert_mlp_case(gemm);
+        run_route_cases();
+        run_sort_case("moe_sort n 300 k 8 E 64", random_choices(300, 8, 64, false), 300, 8, 64);
+        run_sort_case("moe_sort skewed n 1000 k 6 E 256", random_choices(1000, 6, 256, true), 1000,
+                      6, 256);
+        {
+          std::vector<int32_t> experts = random_choices(50, 2, 16, false);
+          experts[3] = -1, experts[40] = 16;  // not from moe_route: no slot
+          run_sort_case("moe_sort with invalid entries", experts, 50, 2, 16);
+        }
+        run_sort_case("moe_sort n 1 k 1 E 4", {2}, 1, 1, 4);
+        // One chunk of entries (decode steps): the single-block kernel.
+        run_sort_case("moe_sort one chunk n 42 k 6 E 64", random_choices(42, 6, 64, false), 42, 6,
+                      64);
+        run_sort_case("moe_sort one chunk n 256 k 1 E 4096", random_choices(256, 1, 4096, true),
+                      256, 1, 4096);
+        run_gather_combine_case(300, 8, 64, 512);
+        run_pad_layout_case("moe_pad_layout n 2048 k 6 E 64", random_choices(2048, 6, 64, false),
+                            2048, 6, 64);
+        run_pad_layout_case("moe_pad_layout skewed n 500 k 8 E 256",
+                            random_choices(500, 8, 256, true), 500, 8, 256);
+        {
+          std::vector<int32_t> experts = random_choices(50, 2, 16, false);
+          experts[3] = -1, experts[40] = 16;  // not from moe_route: no slot
+          run_pad_layout_case("moe_pad_layout with invalid entries", experts, 50, 2, 16);
+        }
+        run_pad_layout_errors();
+        run_expert_mlp_case(gemm);
 
-    run_sampling_cases();
+        run_sampling_cases();
 
-    // Query tiles of 64 and key tiles of 64: partial last tiles, prefixes that are and are not
-    // tile multiples, a single query, mla-tiny's heads and head dimensions.
-    run_prefill_attention_case(gemm, 16, 520, 700, 1024, 128);
-    run_prefill_attention_case(gemm, 16, 256, 320, 320, 128);
-    run_prefill_attention_case(gemm, 8, 130, 130, 16384, 128);
-    run_prefill_attention_case(gemm, 2, 1, 77, 100, 128);
-    run_prefill_attention_case(gemm, 8, 200, 263, 300, 64);
-    run_prefill_attention_case(gemm, 8, 64, 64, 64, 64);
-    run_prefill_attention_errors(gemm);
-  });
+        run_prefill_attention_cases(gemm);
+      },
+      {{"--prefill-attention", &prefill_attention_only}});
 }

@@ -1,42 +1,50 @@
 // Expanded-form prefill attention (prefill_attention.h): the up-projection on cuBLAS, then one
-// flash-attention kernel. A block takes 64 queries of one head (a warp 16 of them, the M of its
-// mma.m16n8k16 products) and walks the visible keys in tiles of 64: the keys [k_nope ; k_pe]
-// and the values of the next tile are copied into shared memory (cp.async, two stages) while this
-// one is multiplied; S = Q K^T stays in registers, the running maximum and sum are kept per query
-// row (in the log2 domain of the scaled scores), P is rounded to BF16 for O += P V, and O is
-// divided by the sum at the end. Query tiles are handed out longest first, which evens the causal
-// triangle.
+// flash-attention kernel on the warpgroup tensor-core instructions (wgmma.cuh). A block takes 128
+// queries of one head, two warpgroups of 64 (wgmma's M), and walks the visible keys in tiles of
+// 128, the keys [k_nope ; k_pe] and the transposed values copied into 128-byte-swizzled shared
+// memory (cp.async, two stages each). S = Q K^T takes both operands from shared memory and stays
+// in registers; the running maximum and sum are kept per query row (in the log2 domain of the
+// scaled scores); P is rounded to BF16 and fed to O += P V from registers (S's accumulator layout
+// is the A operand's), issued together with the next tile's S so that the softmax runs while a
+// product is in flight; O is divided by the sum at the end. Query tiles are handed out longest
+// first, which evens the causal triangle. The values are stored transposed by their
+// up-projection so that both products read K-major operands.
 #include <cuda_bf16.h>
 
 #include <string>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/wgmma.cuh"
 #include "quantmla/error.h"
 
 namespace quantmla::gpu {
 namespace {
 
 constexpr int kRope = 64;
-constexpr int kWarps = 4;  // 16 query rows each
-constexpr int kThreads = 32 * kWarps;
-constexpr int kQueryTile = 16 * kWarps;
-constexpr int kKeyTile = 64;
-// Shared rows padded by 16 bytes: the eight rows of an ldmatrix phase fall on distinct banks.
-constexpr int kRowPadding = 8;
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kQueryTile = 64 * kWarpgroups;
+constexpr int kKeyTile = 128;
+// A 128-byte-swizzled column block of 128 rows (wgmma.cuh): Q's, K's per 64 head dimensions.
+constexpr int kBlockBytes = 128 * 128;
+// The copies: each thread moves the 16-byte chunk threadIdx % 8 of rows threadIdx / 8 + 32 i.
+constexpr int kCopyRows = kThreads / 8;
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 std::string str(int64_t v) { return std::to_string(v); }
+int64_t values_stride(int64_t context) { return (context + 7) / 8 * 8; }
 
 struct FlashParams {
-  const uint16_t* q;         // [tokens, heads, nope + 64] BF16 bits, contiguous
-  const uint16_t* expanded;  // [context, heads, nope + v] BF16 bits, contiguous
-  const uint16_t* k_pe;      // [context, 64] BF16 bits, row stride k_pe_stride
+  const uint16_t* q;       // [tokens, heads, nope + 64] BF16 bits, contiguous
+  const uint16_t* k_nope;  // [context, heads, nope] BF16 bits, contiguous
+  const uint16_t* k_pe;    // [context, 64] BF16 bits, row stride k_pe_stride
   int64_t k_pe_stride;
-  uint16_t* out;  // [tokens, heads * v] BF16 bits, row stride out_stride
+  const uint16_t* v_t;  // [heads, v, v_t_stride] BF16 bits: head h's values, transposed
+  int64_t v_t_stride;   // a multiple of 8
+  uint16_t* out;        // [tokens, heads * v] BF16 bits, row stride out_stride
   int64_t out_stride;
   int64_t tokens, context;
   int heads;
@@ -46,13 +54,17 @@ struct FlashParams {
 template <int kNope, int kV>
 struct Tiles {
   static constexpr int kQk = kNope + kRope;
-  static constexpr int kKeyRow = kQk + kRowPadding;  // elements of a shared key row
-  static constexpr int kValueRow = kV + kRowPadding;
-  static constexpr int kStage = kKeyTile * (kKeyRow + kValueRow);  // elements of one stage
-  static constexpr size_t kSharedBytes = size_t{2} * kStage * sizeof(uint16_t);
-  static_assert(kQk % 16 == 0 && kV % 16 == 0, "whole mma k-steps and n-tile pairs");
-  static_assert((kKeyRow * 2) % 128 == 16 && (kValueRow * 2) % 128 == 16,
-                "ldmatrix rows on distinct banks");
+  static constexpr int kQBytes = kQk / 64 * kBlockBytes;
+  static constexpr int kKeyBytes = kQk / 64 * kBlockBytes;
+  static constexpr int kValueBlockBytes = kV * 128;  // kV rows of 64 keys
+  static constexpr int kValueBytes = kKeyTile / 64 * kValueBlockBytes;
+  static constexpr int kStageBytes = kKeyBytes + kValueBytes;
+  // + 1024: the swizzle needs 1024-byte-aligned blocks, the dynamic allocation only promises 16.
+  static constexpr size_t kSharedBytes = size_t{kQBytes} + 2 * kStageBytes + 1024;
+  static_assert(kNope % 64 == 0 && kV % kCopyRows == 0 && kValueBlockBytes % 1024 == 0,
+                "whole column blocks, whole copy passes, aligned value blocks");
+  static_assert(kQueryTile == kKeyTile && kQueryTile == 128, "one column block is 128 rows");
+  static_assert(kSharedBytes <= 227 * 1024, "fits an SM's shared memory");
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -61,108 +73,147 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 template <int kNope, int kV>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     flash_prefill_kernel(const __grid_constant__ FlashParams p) {
   using T = Tiles<kNope, kV>;
   constexpr int kQkSteps = T::kQk / 16;
   constexpr int kKeyTiles8 = kKeyTile / 8;
   constexpr int kValueTiles8 = kV / 8;
   wait_for_previous_kernel();
-  extern __shared__ __align__(16) uint16_t shared[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  // Q, then two stages of keys, then two stages of transposed values.
+  const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
+  const auto key_stage = [&](int64_t tile) {
+    return base + T::kQBytes + static_cast<uint32_t>(tile & 1) * T::kKeyBytes;
+  };
+  const auto value_stage = [&](int64_t tile) {
+    return base + T::kQBytes + 2 * T::kKeyBytes + static_cast<uint32_t>(tile & 1) * T::kValueBytes;
+  };
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int m = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's matrix and row
-  const int h = blockIdx.y;
-  const int64_t q0 = (static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x) * kQueryTile;
+  // Blocks in launch order take every head's longest query tile first, then the next longest.
+  const int h = blockIdx.x;
+  const int64_t q0 = (static_cast<int64_t>(gridDim.y) - 1 - blockIdx.y) * kQueryTile;
   const int64_t first_position = p.context - p.tokens;
-  const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this thread's two query rows
+  // This thread's two query rows (accumulator rows g and g + 8 of its warp's 16).
+  const int64_t row0 = q0 + warpgroup * 64 + warp * 16 + g, row1 = row0 + 8;
   const int64_t pos0 = first_position + row0, pos1 = first_position + row1;
 
-  // The warp's queries as A fragments, straight from global memory (read once).
-  uint32_t qf[kQkSteps][4];
-  const auto q_word = [&](int64_t row, int col) -> uint32_t {
-    if (row >= p.tokens) return 0u;
-    return *reinterpret_cast<const uint32_t*>(p.q + (row * p.heads + h) * T::kQk + col);
-  };
+  // Copies: chunk `chunk` of rows copy_row + kCopyRows i, at a swizzled offset that is the same
+  // for every i (kCopyRows is a multiple of 8). Rows past the tokens or the context are
+  // zero-filled (a value of garbage times a probability of 0 would still be NaN); the source of
+  // an empty copy is any valid address.
+  const int chunk = threadIdx.x % 8, copy_row = threadIdx.x / 8;
+  const uint32_t copy_offset = swizzled_chunk_offset(copy_row, chunk);
+  {
+    const int64_t qk_row = static_cast<int64_t>(p.heads) * T::kQk;
 #pragma unroll
-  for (int s = 0; s < kQkSteps; ++s) {
-    const int c = s * 16 + 2 * t4;
-    qf[s][0] = q_word(row0, c);
-    qf[s][1] = q_word(row1, c);
-    qf[s][2] = q_word(row0, c + 8);
-    qf[s][3] = q_word(row1, c + 8);
+    for (int i = 0; i < kQueryTile / kCopyRows; ++i) {
+      const int64_t row = q0 + copy_row + kCopyRows * i;
+      const bool valid = row < p.tokens;
+      const uint16_t* from = p.q + (valid ? row : 0) * qk_row + h * T::kQk + chunk * 8;
+#pragma unroll
+      for (int b = 0; b < T::kQk / 64; ++b) {
+        cp_async_16(base + b * kBlockBytes + copy_offset + i * kCopyRows * 128, from + b * 64,
+                    valid ? 16 : 0);
+      }
+    }
   }
-
-  // Keys up to the last query's position; rows past the context are zero-filled (a value of
-  // garbage times a probability of 0 would still be NaN).
+  const int64_t k_nope_row = static_cast<int64_t>(p.heads) * kNope;
+  const uint16_t* k_nope_head = p.k_nope + h * kNope + chunk * 8;
+  const uint16_t* k_pe_chunk = p.k_pe + chunk * 8;
+  const uint16_t* v_t_rows = p.v_t + (static_cast<int64_t>(h) * kV + copy_row) * p.v_t_stride;
+  // Keys up to the last query's position.
   const int64_t last_query = q0 + kQueryTile < p.tokens ? q0 + kQueryTile - 1 : p.tokens - 1;
   const int64_t last_key = first_position + last_query;
   const int64_t key_tiles = last_key / kKeyTile + 1;
-  // Each thread copies fixed 16-byte columns of every kThreads / columns-th row, so that a tile's
-  // copies differ from the previous tile's by constant offsets only.
-  const auto copy_rows = [&](auto columns_constant, uint16_t* to, int to_row, const uint16_t* from,
-                             int64_t from_row, int64_t j0) {
-    constexpr int columns = decltype(columns_constant)::value;
-    constexpr int rows_per_pass = kThreads / columns;
-    static_assert(kThreads % columns == 0 && (kKeyTile * columns) % kThreads == 0,
-                  "whole rows a pass, whole passes a tile");
-    const int c = threadIdx.x % columns, r = threadIdx.x / columns;
-    const uint16_t* source = from + (j0 + r) * from_row + c * 8;
-    uint32_t target = shared_address(to + r * to_row + c * 8);
-    const int64_t valid_rows = p.context - j0;
+  // One commit group each (empty past the last tile, so that the groups in flight count alike
+  // in every iteration).
+  const auto load_keys = [&](int64_t tile) {
+    if (tile < key_tiles) {
+      const uint32_t keys = key_stage(tile);
+      const int64_t j0 = tile * kKeyTile;
 #pragma unroll
-    for (int pass = 0; pass < kKeyTile * columns / kThreads; ++pass) {
-      const int row = r + pass * rows_per_pass;
-      // Rows past the context: zeros, read from the tile's first row (always valid).
-      cp_async_16(target, row < valid_rows ? source : from + j0 * from_row + c * 8,
-                  row < valid_rows ? 16 : 0);
-      source += rows_per_pass * from_row;
-      target += rows_per_pass * to_row * 2;
-    }
-  };
-  const int64_t expanded_row = static_cast<int64_t>(p.heads) * (kNope + kV);
-  const auto load_tile = [&](int64_t tile, int stage) {
-    uint16_t* keys = shared + stage * T::kStage;
-    uint16_t* values = keys + kKeyTile * T::kKeyRow;
-    const int64_t j0 = tile * kKeyTile;
-    const uint16_t* head = p.expanded + h * (kNope + kV);
-    copy_rows(std::integral_constant<int, kNope / 8>{}, keys, T::kKeyRow, head, expanded_row, j0);
-    copy_rows(std::integral_constant<int, kRope / 8>{}, keys + kNope, T::kKeyRow, p.k_pe,
-              p.k_pe_stride, j0);
-    copy_rows(std::integral_constant<int, kV / 8>{}, values, T::kValueRow, head + kNope,
-              expanded_row, j0);
-    cp_async_commit();
-  };
-
-  float o[kValueTiles8][4] = {};
-  float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
-  load_tile(0, 0);
-  for (int64_t tile = 0; tile < key_tiles; ++tile) {
-    const int stage = static_cast<int>(tile & 1);
-    if (tile + 1 < key_tiles) {
-      load_tile(tile + 1, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const uint16_t* keys = shared + stage * T::kStage;
-    const uint16_t* values = keys + kKeyTile * T::kKeyRow;
-
-    // S = Q K^T for 16 queries x 64 keys. ldmatrix matrices: keys n*8 + (m/2)*8 + row, dims
-    // s*16 + (m%2)*8: b0, b1 of key tiles n and n + 1.
-    float sc[kKeyTiles8][4] = {};
+      for (int i = 0; i < kKeyTile / kCopyRows; ++i) {
+        const int64_t key = j0 + copy_row + kCopyRows * i;
+        const bool valid = key < p.context;
+        const int64_t from_key = valid ? key : 0;
+        const uint32_t to = keys + copy_offset + i * kCopyRows * 128;
 #pragma unroll
-    for (int s = 0; s < kQkSteps; ++s) {
-#pragma unroll
-      for (int n = 0; n < kKeyTiles8; n += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, shared_address(keys + (n * 8 + (m / 2) * 8 + r8) * T::kKeyRow + s * 16 +
-                                      (m % 2) * 8));
-        mma_bf16_16x8x16(sc[n], qf[s], b[0], b[1]);
-        mma_bf16_16x8x16(sc[n + 1], qf[s], b[2], b[3]);
+        for (int b = 0; b < kNope / 64; ++b) {
+          cp_async_16(to + b * kBlockBytes, k_nope_head + from_key * k_nope_row + b * 64,
+                      valid ? 16 : 0);
+        }
+        cp_async_16(to + kNope / 64 * kBlockBytes, k_pe_chunk + from_key * p.k_pe_stride,
+                    valid ? 16 : 0);
       }
     }
+    cp_async_commit();
+  };
+  const auto load_values = [&](int64_t tile) {
+    if (tile < key_tiles) {
+      const uint32_t values = value_stage(tile);
+#pragma unroll
+      for (int b = 0; b < kKeyTile / 64; ++b) {
+        // Keys k0 .. k0 + 7 of this chunk: the part before the context is copied, the rest zeros.
+        const int64_t k0 = tile * kKeyTile + b * 64 + chunk * 8;
+        const int64_t left = p.context - k0;
+        const int bytes = left <= 0 ? 0 : (left >= 8 ? 16 : static_cast<int>(left) * 2);
+#pragma unroll
+        for (int i = 0; i < kV / kCopyRows; ++i) {
+          cp_async_16(values + b * T::kValueBlockBytes + copy_offset + i * kCopyRows * 128,
+                      v_t_rows + i * kCopyRows * p.v_t_stride + (bytes > 0 ? k0 : 0), bytes);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  const uint32_t q_rows = base + warpgroup * 64 * 128;  // this warpgroup's 64 rows of each block
+  // O += P V for the tile whose probabilities pa holds (16 keys a step, the transposed values'
+  // column blocks of 64 keys).
+  float o[kV / 2] = {};
+  uint32_t pa[kKeyTile / 16][4];  // P as A fragments: key tiles 2k and 2k + 1
+  const auto issue_pv = [&](int64_t tile) {
+    const uint32_t values = value_stage(tile);
+#pragma unroll
+    for (int k = 0; k < kKeyTile / 16; ++k) {
+      wgmma_m64k16_rs<kV>(
+          o, pa[k], wgmma_descriptor(values + (k / 4) * T::kValueBlockBytes + (k % 4) * 32), 1);
+    }
+    wgmma_commit();
+  };
+
+  // Software pipeline, per iteration t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued
+  // together, the softmax of S(t) runs while the second product is in flight, then O is rescaled
+  // and P(t) rounded for the next iteration. The keys of tile t + 1 are copied during iteration t
+  // (their stage was last read by S(t-1)), the values of t + 1 once P(t-1) V(t-1) is done with
+  // their stage.
+  float sc[kKeyTile / 2] = {};
+  float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
+  load_keys(0);  // one group with the queries
+  load_values(0);
+  for (int64_t tile = 0; tile < key_tiles; ++tile) {
+    cp_async_wait<1>();          // all but the last group, the values of `tile`: Q, K(t), V(t - 1)
+    fence_proxy_async_shared();  // the copies are read by the tensor cores' proxy
+    __syncthreads();
+    load_keys(tile + 1);
+
+    wgmma_fence();
+    const uint32_t keys = key_stage(tile);
+#pragma unroll
+    for (int s = 0; s < kQkSteps; ++s) {
+      const uint32_t column = (s / 4) * kBlockBytes + (s % 4) * 32;
+      wgmma_m64n128k16_ss(sc, wgmma_descriptor(q_rows + column), wgmma_descriptor(keys + column),
+                          s);
+    }
+    wgmma_commit();
+    if (tile > 0) {
+      issue_pv(tile - 1);
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+    wgmma_fence_registers(sc);
 
     // The causal mask where the tile reaches past the block's first query, the online softmax.
     const int64_t j0 = tile * kKeyTile;
@@ -179,9 +230,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         // Relative to the tile: the key's offset against each row's last visible offset.
-        float x = sc[n][e] * p.scale_log2;
+        float x = sc[n * 4 + e] * p.scale_log2;
         if (masked && n * 8 + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
-        sc[n][e] = x;
+        sc[n * 4 + e] = x;
         if (e < 2) {
           tile_max0 = fmaxf(tile_max0, x);
         } else {
@@ -202,36 +253,40 @@ __global__ void __launch_bounds__(kThreads)
     max0 = new_max0, max1 = new_max1;
     sum0 *= rescale0, sum1 *= rescale1;
 #pragma unroll
-    for (int n = 0; n < kValueTiles8; ++n) {
-      o[n][0] *= rescale0, o[n][1] *= rescale0;
-      o[n][2] *= rescale1, o[n][3] *= rescale1;
-    }
-    uint32_t pa[kKeyTile / 16][4];  // P as A fragments: key tiles 2k and 2k + 1
-#pragma unroll
     for (int n = 0; n < kKeyTiles8; ++n) {
-      const float p0 = exp2f(sc[n][0] - base0), p1 = exp2f(sc[n][1] - base0);
-      const float p2 = exp2f(sc[n][2] - base1), p3 = exp2f(sc[n][3] - base1);
-      sum0 += p0 + p1;
-      sum1 += p2 + p3;
-      pa[n / 2][(n % 2) * 2] = pack_bf16(p0, p1);
-      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(p2, p3);
+      sc[n * 4 + 0] = exp2f(sc[n * 4 + 0] - base0), sc[n * 4 + 1] = exp2f(sc[n * 4 + 1] - base0);
+      sc[n * 4 + 2] = exp2f(sc[n * 4 + 2] - base1), sc[n * 4 + 3] = exp2f(sc[n * 4 + 3] - base1);
+      sum0 += sc[n * 4 + 0] + sc[n * 4 + 1];
+      sum1 += sc[n * 4 + 2] + sc[n * 4 + 3];
     }
 
-    // O += P V. ldmatrix.trans matrices: keys k*16 + (m%2)*8 + row, dims n*8 + (m/2)*8: b0, b1
-    // of value tiles n and n + 1.
+    // P(t-1) V(t-1) done: its stage takes the values of t + 1, O is rescaled to this tile's
+    // maximum and P(t) rounded to BF16 as the A operand of the next product.
+    wgmma_wait<0>();
+    wgmma_fence_registers(o);
 #pragma unroll
-    for (int k = 0; k < kKeyTile / 16; ++k) {
+    for (int k = 0; k < kKeyTile / 16; ++k) wgmma_fence_registers(pa[k]);
+    __syncthreads();
+    load_values(tile + 1);
 #pragma unroll
-      for (int n = 0; n < kValueTiles8; n += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, shared_address(values + (k * 16 + (m % 2) * 8 + r8) * T::kValueRow +
-                                            n * 8 + (m / 2) * 8));
-        mma_bf16_16x8x16(o[n], pa[k], b[0], b[1]);
-        mma_bf16_16x8x16(o[n + 1], pa[k], b[2], b[3]);
-      }
+    for (int n = 0; n < kValueTiles8; ++n) {
+      o[n * 4 + 0] *= rescale0, o[n * 4 + 1] *= rescale0;
+      o[n * 4 + 2] *= rescale1, o[n * 4 + 3] *= rescale1;
     }
-    __syncthreads();  // every warp is done with this stage before it is loaded again
+#pragma unroll
+    for (int n = 0; n < kKeyTiles8; ++n) {
+      pa[n / 2][(n % 2) * 2] = pack_bf16(sc[n * 4 + 0], sc[n * 4 + 1]);
+      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16(sc[n * 4 + 2], sc[n * 4 + 3]);
+    }
   }
+  // The last tile's P V.
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();
+  wgmma_fence();
+  issue_pv(key_tiles - 1);
+  wgmma_wait<0>();
+  wgmma_fence_registers(o);
 
 #pragma unroll
   for (int offset = 1; offset < 4; offset *= 2) {
@@ -244,11 +299,11 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t column = static_cast<int64_t>(h) * kV + n * 8 + 2 * t4;
     if (row0 < p.tokens) {
       *reinterpret_cast<uint32_t*>(p.out + row0 * p.out_stride + column) =
-          pack_bf16(o[n][0] * inv0, o[n][1] * inv0);
+          pack_bf16(o[n * 4 + 0] * inv0, o[n * 4 + 1] * inv0);
     }
     if (row1 < p.tokens) {
       *reinterpret_cast<uint32_t*>(p.out + row1 * p.out_stride + column) =
-          pack_bf16(o[n][2] * inv1, o[n][3] * inv1);
+          pack_bf16(o[n * 4 + 2] * inv1, o[n * 4 + 3] * inv1);
     }
   }
 }
@@ -256,8 +311,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int kNope, int kV>
 void launch_flash(const FlashParams& p, cudaStream_t stream) {
   using T = Tiles<kNope, kV>;
-  const dim3 grid(static_cast<unsigned>((p.tokens + kQueryTile - 1) / kQueryTile),
-                  static_cast<unsigned>(p.heads));
+  const dim3 grid(static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>((p.tokens + kQueryTile - 1) / kQueryTile));
   launch_large_shared<flash_prefill_kernel<kNope, kV>>(grid, kThreads, T::kSharedBytes, stream, p);
 }
 
@@ -267,12 +322,17 @@ bool prefill_attention_supports(int nope, int rope, int v) {
   return rope == kRope && nope == v && (nope == 128 || nope == 64);
 }
 
+// The workspace: the keys [max_context, heads, nope], then the transposed values [heads, v,
+// values_stride(context)].
 size_t PrefillAttentionWorkspace::bytes_for(int heads, int nope, int v, int64_t max_context) {
-  return align256(static_cast<size_t>(max_context * heads * (nope + v)) * 2);
+  return align256(static_cast<size_t>(max_context * heads * nope) * 2) +
+         align256(static_cast<size_t>(heads * v * values_stride(max_context)) * 2);
 }
 
-void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& p,
-                       const PrefillAttentionWorkspace& workspace, cudaStream_t stream) {
+namespace {
+
+// Throws for what prefill_attention.h refuses (null pointers only where there is work).
+void check_params(const PrefillAttentionParams& p, const PrefillAttentionWorkspace& workspace) {
   if (p.heads < 1 || p.heads > 65535 || p.rank < 1 || p.tokens < 0 || p.context < p.tokens ||
       p.context > INT32_MAX || p.keys_stride < p.rank + p.rope || p.out_stride < p.heads * p.v) {
     throw ShapeError("prefill_attention: heads " + str(p.heads) + ", rank " + str(p.rank) +
@@ -301,21 +361,68 @@ void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& p,
                      str(static_cast<int64_t>(workspace.bytes)) + " bytes for contexts up to " +
                      str(workspace.max_context));
   }
-  if (p.tokens == 0) return;
-  if (p.q == nullptr || p.keys == nullptr || p.kv_b == nullptr || p.out == nullptr ||
-      workspace.device == nullptr) {
+  if (p.tokens > 0 && (p.q == nullptr || p.keys == nullptr || p.kv_b == nullptr ||
+                       p.out == nullptr || workspace.device == nullptr)) {
     throw InvalidArgument("prefill_attention: q, keys, kv_b, out and the workspace must be set");
   }
+}
+
+struct ExpandedLayout {
+  uint16_t* k_nope;  // [context, heads, nope]
+  uint16_t* v_t;     // [heads, v, v_t_stride]
+  int64_t v_t_stride;
+};
+
+// Per head (kv_b's rows are W_UK then W_UV of each head): k_nope[j, h] = W_UK,h c_j and
+// v_t[h] = W_UV,h [c_0 .. c_context-1], two strided-batched products.
+ExpandedLayout project_keys_values(GemmRunner& gemm, const PrefillAttentionParams& p,
+                                   const PrefillAttentionWorkspace& workspace,
+                                   cudaStream_t stream) {
   const int64_t kv = p.nope + p.v;
-  auto* expanded = static_cast<uint16_t*>(workspace.device);
-  // expanded[j, h] = [k_nope ; v] of key j for head h.
-  gemm.linear(p.context, p.heads * kv, p.rank, p.keys, p.keys_stride, p.kv_b, p.rank, expanded,
-              p.heads * kv, DType::kBF16, 0.0f, stream);
+  auto* k_nope = static_cast<uint16_t*>(workspace.device);
+  uint16_t* v_t =
+      k_nope + align256(static_cast<size_t>(workspace.max_context * p.heads * p.nope) * 2) / 2;
+  const int64_t v_t_stride = values_stride(p.context);
+  BatchedGemmParams keys;
+  keys.batch = p.heads;
+  keys.m = p.context, keys.n = p.nope, keys.k = p.rank;
+  keys.x = p.keys, keys.ldx = p.keys_stride, keys.stride_x = 0;
+  keys.w = p.kv_b, keys.ldw = p.rank, keys.stride_w = kv * p.rank, keys.op_w = GemmOp::kT;
+  keys.y = k_nope, keys.ldy = static_cast<int64_t>(p.heads) * p.nope, keys.stride_y = p.nope;
+  keys.out_dtype = DType::kBF16;
+  gemm.batched(keys, stream);
+  BatchedGemmParams values;
+  values.batch = p.heads;
+  values.m = p.v, values.n = p.context, values.k = p.rank;
+  values.x = p.kv_b + static_cast<int64_t>(p.nope) * p.rank, values.ldx = p.rank;
+  values.stride_x = kv * p.rank;
+  values.w = p.keys, values.ldw = p.keys_stride, values.stride_w = 0, values.op_w = GemmOp::kT;
+  values.y = v_t, values.ldy = v_t_stride, values.stride_y = p.v * v_t_stride;
+  values.out_dtype = DType::kBF16;
+  gemm.batched(values, stream);
+
+  return {k_nope, v_t, v_t_stride};
+}
+
+}  // namespace
+
+void prefill_attention_projection(GemmRunner& gemm, const PrefillAttentionParams& p,
+                                  const PrefillAttentionWorkspace& workspace, cudaStream_t stream) {
+  check_params(p, workspace);
+  if (p.tokens == 0) return;
+  project_keys_values(gemm, p, workspace, stream);
+}
+
+void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& p,
+                       const PrefillAttentionWorkspace& workspace, cudaStream_t stream) {
+  check_params(p, workspace);
+  if (p.tokens == 0) return;
+  const ExpandedLayout layout = project_keys_values(gemm, p, workspace, stream);
 
   constexpr float kLog2e = 1.4426950408889634f;
-  const FlashParams flash{
-      p.q,          expanded, p.keys + p.rank, p.keys_stride, p.out,
-      p.out_stride, p.tokens, p.context,       p.heads,       p.softmax_scale * kLog2e};
+  const FlashParams flash{p.q,        layout.k_nope,     p.keys + p.rank, p.keys_stride,
+                          layout.v_t, layout.v_t_stride, p.out,           p.out_stride,
+                          p.tokens,   p.context,         p.heads,         p.softmax_scale * kLog2e};
   switch (p.nope) {
     case 128:
       launch_flash<128, 128>(flash, stream);

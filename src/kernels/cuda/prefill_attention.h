@@ -1,8 +1,9 @@
 // Prefill attention in MLA's expanded form, for long chunks: the sequence's cache rows (dequantized
-// by mla_gather) are up-projected once per chunk into per-head keys and values (kv_b_proj, one
-// cuBLAS product), and the chunk's queries attend to them in one flash-style kernel (tiles of 64
-// queries of one head against tiles of 64 keys, the causal softmax online in registers, nothing
-// quadratic in memory). Per key and head that is 192 + 128 multiply-adds instead of the absorbed
+// by mla_gather) are up-projected once per chunk into per-head keys and transposed values
+// (kv_b_proj, two strided-batched cuBLAS products), and the chunk's queries attend to them in one
+// flash-style kernel on the warpgroup tensor-core instructions (tiles of 128 queries of one head
+// against tiles of 128 keys, the causal softmax online in registers, nothing quadratic in
+// memory). Per key and head that is 192 + 128 multiply-adds instead of the absorbed
 // form's 576 + 512 (the decode kernel's), paid for by the up-projection: 512 x 256 per key and
 // head, so it wins for chunks of more than about 200 queries.
 #pragma once
@@ -54,5 +55,9 @@ struct PrefillAttentionWorkspace {
 // workspace's max_context or a workspace smaller than bytes_for.
 void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& params,
                        const PrefillAttentionWorkspace& workspace, cudaStream_t stream);
+
+// The up-projection alone (the first part of prefill_attention; benchmarks time the two parts).
+void prefill_attention_projection(GemmRunner& gemm, const PrefillAttentionParams& params,
+                                  const PrefillAttentionWorkspace& workspace, cudaStream_t stream);
 
 }  // namespace quantmla::gpu

@@ -52,6 +52,11 @@ constexpr int64_t kGroupedRowsPerExpert = 32;
 // experts' products with the mixture's combine in the down product's tail.
 constexpr int64_t kFusedNormMaxRows = 4;
 constexpr int64_t kMixedExpertsMaxRows = kSkinnyMaxRows;
+// Steps of at most this many tokens write the cache and rotate the queries in one launch (every
+// decode batch of the runner benchmark, as measured with the fused launch); for a prefill the fused
+// kernel's (token, head) pairs two to a block are slower than rope_queries' own grid (a 2K chunk of
+// V2-Lite: 31 us a layer against 18 us for the two).
+constexpr int64_t kFusedWriteMaxRows = 256;
 
 // One cudaMalloc for many buffers, each aligned to 256 bytes: the weights, and the step's
 // activations (sized once for the largest step).
@@ -902,7 +907,7 @@ class CudaRunner final : public Runner {
     rq.heads = static_cast<int>(heads);
     rq.nope = static_cast<int>(nope);
     rq.rope = static_cast<int>(c.qk_rope_head_dim);
-    if (options_.fused_decode && runs("write") && runs("rope_queries")) {
+    if (options_.fused_decode && n <= kFusedWriteMaxRows && runs("write") && runs("rope_queries")) {
       gpu::write_cache_and_queries(pool.format(), write, rq, stream_);
     } else {
       if (runs("write")) gpu::mla_write(pool.format(), write, stream_);

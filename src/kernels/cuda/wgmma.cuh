@@ -1,0 +1,147 @@
+// Warpgroup matrix multiply-accumulate (wgmma, sm_90a) and the shared-memory descriptors it reads
+// its operands through. A warpgroup is 4 consecutive warps starting at a warp index divisible by
+// 4; every wgmma below is issued by all 128 of its threads.
+//
+// Operand tiles in shared memory use the 128-byte swizzle, K-major (the K dimension contiguous):
+// a tile of R rows x K columns of BF16 is stored as K / 64 column blocks of R x 64, each R rows of
+// 128 bytes; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row. Every column block
+// starts at a multiple of 1024 bytes (the swizzle repeats every 8 rows), so a descriptor for the
+// 16 columns of k-step s starts at block s / 4, byte (s % 4) * 32 of its first row.
+//
+// Accumulator fragments of an m64nN product (FP32, N / 2 registers a thread): thread t of the
+// warpgroup holds rows 16 * (t / 32) + (t % 32) / 4 (+ 8), and d[4 * j + e] is column
+// 8 * j + 2 * (t % 4) + (e % 2) of the first row (e < 2) or of the second (e >= 2): per warp,
+// the fragments of mma.m16n8 (mma.cuh). A from registers (m64k16) has mma.m16n8k16's A layout
+// per warp, over the warp's 16 rows.
+#pragma once
+
+#include <cstdint>
+
+namespace quantmla::gpu {
+
+// Byte offset of the 16-byte chunk `chunk` (0-7) of row `row` in a 128-byte-swizzled column block.
+__host__ __device__ constexpr uint32_t swizzled_chunk_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row % 8)) * 16));
+}
+
+// Within 8 rows: each row's chunks stay in the row and take its 8 positions once each, and each
+// logical chunk takes the 8 positions once each over the rows (8 rows reading one chunk hit
+// distinct banks).
+constexpr bool swizzle_is_a_permutation() {
+  for (int a = 0; a < 8; ++a) {
+    bool in_row[8] = {}, over_rows[8] = {};
+    for (int b = 0; b < 8; ++b) {
+      const uint32_t chunk_b_of_row_a = swizzled_chunk_offset(a, b);
+      const uint32_t chunk_a_of_row_b = swizzled_chunk_offset(b, a) % 128 / 16;
+      if (chunk_b_of_row_a / 128 != static_cast<uint32_t>(a)) return false;
+      if (in_row[chunk_b_of_row_a % 128 / 16] || over_rows[chunk_a_of_row_b]) return false;
+      in_row[chunk_b_of_row_a % 128 / 16] = over_rows[chunk_a_of_row_b] = true;
+    }
+  }
+  return true;
+}
+static_assert(swizzle_is_a_permutation(), "the 128-byte swizzle permutes chunks within a row");
+
+// Descriptor of a K-major, 128-byte-swizzled operand starting at shared `address`: the stride
+// between 8-row groups is 1024 bytes; the leading offset is unused by this layout (set to 1, as
+// the PTX ISA's canonical layouts have it).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// Orders register and shared-memory accesses before the wgmma that follow.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most kPending committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accesses to registers an asynchronous product reads or writes
+// (its accumulators, its A operand) across the wgmma_wait that ends it.
+template <int kCount>
+__device__ __forceinline__ void wgmma_fence_registers(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kCount>
+__device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// d (+)= A B^T over 64 x 128 x 16, A and B from shared memory (descriptors, K-major); accumulate
+// into d when accumulate != 0, overwrite it otherwise.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                    int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d (+)= A B^T over 64 x N x 16 (N = 64 or 128), A from registers (mma.m16n8k16's A fragments
+// of the warp's 16 rows), B from shared memory (descriptor, K-major).
+template <int kN>
+__device__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b,
+                                int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_m64k16_rs<64>(float (&d)[32], const uint32_t (&a)[4],
+                                                    uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64k16_rs<128>(float (&d)[64], const uint32_t (&a)[4],
+                                                     uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+}  // namespace quantmla::gpu
