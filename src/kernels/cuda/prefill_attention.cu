@@ -127,8 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t last_query = q0 + kQueryTile < p.tokens ? q0 + kQueryTile - 1 : p.tokens - 1;
   const int64_t last_key = first_position + last_query;
   const int64_t key_tiles = last_key / kKeyTile + 1;
-  // One commit group each (empty past the last tile, so that the groups in flight count alike
-  // in every iteration).
+  // Each a commit group (nothing past the last tile).
   const auto load_keys = [&](int64_t tile) {
     if (tile < key_tiles) {
       const uint32_t keys = key_stage(tile);
@@ -185,19 +184,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Software pipeline, per iteration t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued
   // together, the softmax of S(t) runs while the second product is in flight, then O is rescaled
-  // and P(t) rounded for the next iteration. The keys of tile t + 1 are copied during iteration t
-  // (their stage was last read by S(t-1)), the values of t + 1 once P(t-1) V(t-1) is done with
-  // their stage.
+  // and P(t) rounded for the next iteration. At its start (one barrier an iteration) iteration t
+  // copies the keys of t + 1 and the values of t, each into the stage whose last reader, S(t-1)
+  // or P(t-2) V(t-2), both warpgroups finished before the barrier; each copy has a whole
+  // iteration to land.
   float sc[kKeyTile / 2] = {};
   float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
-  load_keys(0);  // one group with the queries
-  load_values(0);
+  load_keys(0);  // with the queries
   for (int64_t tile = 0; tile < key_tiles; ++tile) {
-    cp_async_wait<1>();          // all but the last group, the values of `tile`: Q, K(t), V(t - 1)
+    cp_async_wait<0>();          // Q, K(t), V(t - 1)
     fence_proxy_async_shared();  // the copies are read by the tensor cores' proxy
     __syncthreads();
     load_keys(tile + 1);
+    load_values(tile);
 
+    // P(t-1) and O are final before the fence that hands them to the products.
+#pragma unroll
+    for (int k = 0; k < kKeyTile / 16; ++k) wgmma_fence_registers(pa[k]);
+    wgmma_fence_registers(o);
     wgmma_fence();
     const uint32_t keys = key_stage(tile);
 #pragma unroll
@@ -260,14 +264,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       sum1 += sc[n * 4 + 2] + sc[n * 4 + 3];
     }
 
-    // P(t-1) V(t-1) done: its stage takes the values of t + 1, O is rescaled to this tile's
-    // maximum and P(t) rounded to BF16 as the A operand of the next product.
+    // P(t-1) V(t-1) done: O is rescaled to this tile's maximum and P(t) rounded to BF16 as the
+    // A operand of the next product.
     wgmma_wait<0>();
     wgmma_fence_registers(o);
 #pragma unroll
     for (int k = 0; k < kKeyTile / 16; ++k) wgmma_fence_registers(pa[k]);
-    __syncthreads();
-    load_values(tile + 1);
 #pragma unroll
     for (int n = 0; n < kValueTiles8; ++n) {
       o[n * 4 + 0] *= rescale0, o[n * 4 + 1] *= rescale0;
