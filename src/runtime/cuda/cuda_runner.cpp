@@ -926,7 +926,7 @@ class CudaRunner final : public Runner {
     // h = the normalized x, made by the first product that reads it for a few tokens (the
     // router, which writes h for the experts, or the dense MLP's gate and up when they run as one
     // skinny product).
-    const bool mlp_skinny = layer.is_moe || skinny_shape(layer.mlp.gate.out, layer.mlp.gate.out);
+    const bool mlp_skinny = layer.is_moe || mlp_runs_skinny(layer.mlp.gate.out);
     const float* post_norm = fuse_norm(d, d) && mlp_skinny ? layer.post_norm : nullptr;
     if (runs("post_norm") && post_norm == nullptr) {
       gpu::rms_norm(buf_.x, d, layer.post_norm, buf_.h, d, DType::kBF16, n, d, eps, stream_);
@@ -936,6 +936,12 @@ class CudaRunner final : public Runner {
     } else if (runs("mlp")) {
       run_mlp(layer.mlp, post_norm);
     }
+  }
+
+  // Whether an MLP of this inner width runs its gate and up as one skinny product this step.
+  bool mlp_runs_skinny(int64_t inner) const {
+    const int64_t d = config_.hidden_size;
+    return n_ <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner);
   }
 
   // Whether this step normalizes an FP32 input of width k (row stride ldx) inside the product
@@ -1126,7 +1132,7 @@ class CudaRunner final : public Runner {
   // product): h = rms_norm(x) with that weight inside the gate and up product.
   void run_mlp(const DeviceMlp& mlp, const float* norm = nullptr) {
     const int64_t d = config_.hidden_size, inner = mlp.gate.out, n = n_;
-    if (n <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner)) {
+    if (mlp_runs_skinny(inner)) {
       gpu::SkinnyGemmParams p;
       if (norm != nullptr) {
         p.x_f32 = buf_.x;
