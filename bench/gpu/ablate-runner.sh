@@ -15,9 +15,7 @@ build=build-gpu-full
 mkdir -p "$out"
 batches=("$@")
 [[ ${#batches[@]} -gt 0 ]] || batches=(1)
-model=/tmp/v2-lite-3
-[[ -f $model/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
-  --layers 3 --out $model --seed 1 >/dev/null 2>&1 || { echo "make-random-model failed"; exit 1; }
+source bench/gpu/three-layer-model.sh
 ops=(none q_kv_a write,rope_queries uk decode uv o_proj router route_sort shared experts combine
   mlp)
 {

@@ -14,9 +14,7 @@ build=build-gpu-full
 mkdir -p "$out"
 shapes=("$@")
 [[ ${#shapes[@]} -gt 0 ]] || shapes=(decode:1 decode:16 prefill:1)
-model=/tmp/v2-lite-3
-[[ -f $model/config.json ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
-  --layers 3 --out $model --seed 1 >/dev/null 2>&1 || { echo "make-random-model failed"; exit 1; }
+source bench/gpu/three-layer-model.sh
 for shape in "${shapes[@]}"; do
   name=${shape/:/-}
   echo "== $shape"
