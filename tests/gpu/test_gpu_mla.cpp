@@ -565,6 +565,12 @@ void run_error_cases() {
     params.out_stride = kKeyDim - 1;
     gpu::mla_gather(bf16, params);
   });
+  expect_throws<InvalidArgument>("gather into rows not in 16-byte pieces", [&] {
+    gpu::MlaGatherParams params;
+    params.num_tokens = 1;
+    params.out_stride = kKeyDim + 4;
+    gpu::mla_gather(bf16, params);
+  });
   expect_throws<InvalidArgument>("gather without a pool", [&] {
     gpu::MlaGatherParams params;
     params.num_tokens = 1;
