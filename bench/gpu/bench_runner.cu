@@ -2,10 +2,10 @@
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
 //   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
-//   [--no-fusion] [--quick]
+//   [--no-fusion] [--quick] [--prefill]
 //   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
 //   prefill of P 2K-token prompts; --no-fusion: CudaRunnerOptions::fused_decode off; --quick:
-//   decode of 1, 4 and 16 sequences at 1K, no prefill)
+//   decode of 1, 4 and 16 sequences at 1K, no prefill; --prefill: the prefill rows only)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -139,14 +139,16 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = true;  // --no-pdl: the runner's kernels launched the plain way
-  bool fused = true;         // --no-fusion: the separate kernels of decode steps
-  bool quick = false;        // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool programmatic = true;   // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;          // --no-fusion: the separate kernels of decode steps
+  bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool prefill_only = false;  // --prefill: no decode rows
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
     if (flag == "--no-fusion") fused = false;
     if (flag == "--quick") quick = true;
+    if (flag == "--prefill") prefill_only = true;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -163,7 +165,7 @@ int main(int argc, char** argv) {
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick]\n");
+                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick] [--prefill]\n");
     return 2;
   }
   try {
@@ -205,7 +207,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> decode;
     std::mt19937 rng(7);
     for (const std::string& spec : specs) {
-      if (only && spec != "bf16") continue;
+      if ((only && spec != "bf16") || prefill_only) continue;
       const CacheFormat format = CacheFormat::parse(spec);
       const std::vector<int64_t> contexts =
           quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};

@@ -5,7 +5,10 @@
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
 #   STAGES: any of build,ops,memcheck,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,
-#   nopdl,fusion (default build,ops,runner,ppl,bench); memcheck: compute-sanitizer over the GPU
+#   nopdl,fusion,gemms,prefill (default build,ops,runner,ppl,bench); prefill: bench's prefill
+#   rows only (bench_runner --prefill); gemms: bench_prefill_gemms (a 2K
+#   prefill's products: cuBLASLt's first algorithm against its best, padded against grouped
+#   experts); memcheck: compute-sanitizer over the GPU
 #   checks' kernels (test_gpu_mla --quick, test_model_ops --prefill-attention, test_fused_ops);
 #   nopdl: the runner benchmark again with the kernels launched without programmatic dependent
 #   launch (bench_runner --no-pdl), beside bench's;
@@ -49,7 +52,7 @@ if has build; then
   start=$(date +%s)
   bash bench/gpu/device-build.sh quantmla test_model_ops test_fused_ops test_cuda_runner \
     test_gpu_mla test_decode_schedule bench_runner bench_skinny bench_prefill_attention \
-    bench_gpu_decode || exit 1
+    bench_gpu_decode bench_prefill_gemms || exit 1
   echo "== built in $(($(date +%s) - start)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -74,6 +77,11 @@ if has memcheck; then
       >"$out/memcheck-$name.txt" 2>&1 || status=1
     echo "$check: $(tail -1 "$out/memcheck-$name.txt")"
   done
+fi
+if has gemms; then
+  echo "== a 2K prefill's products on cuBLASLt"
+  $build/bench/gpu/bench_prefill_gemms --json "$out/prefill-gemms.json" 2>&1 |
+    tee "$out/prefill-gemms.txt" || status=1
 fi
 if has runner; then
   echo "== runner vs transformers and the CPU runner"
@@ -170,12 +178,12 @@ if has calibrated; then
     status=1
   evaluate_calibrated calibrated $calibrated calibrated $CALIBRATED_CTX ${LONG_WINDOWS:=20}
 fi
-if has bench; then
+if has bench || has prefill; then
   echo "== runner benchmark (random V2-Lite)"
   $build/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite --seed 1 \
     --tokenizer "$tokenizer" 2>/dev/null | tail -1
-  $build/bench/gpu/bench_runner --model /tmp/v2-lite --json "$out/runner.json" 2>&1 |
-    tee "$out/bench-runner.txt" || status=1
+  $build/bench/gpu/bench_runner --model /tmp/v2-lite --json "$out/runner.json" \
+    $(has bench || echo --prefill) 2>&1 | tee "$out/bench-runner.txt" || status=1
   # The fixture rows of the same call's runner test, when it ran (merge_fixtures.py).
   if [[ -f $out/test-cuda-runner.txt && -f $out/runner.json ]]; then
     python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1

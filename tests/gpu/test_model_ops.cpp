@@ -17,6 +17,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -333,12 +334,72 @@ void run_batched_cases(gpu::GemmRunner& gemm, int tokens, int heads) {
       }
     }
     check_close("batched op T (W_UV) BF16, padded heads read in place" + shape, got, ref, bound);
+
+    // The same product as pointer-array batches (the routed experts' form): each head's x, w and
+    // y from device arrays, the heads' order reversed in the arrays.
+    poison(y);
+    std::vector<uintptr_t> xs(heads), ws(heads), ys(heads);
+    for (int h = 0; h < heads; ++h) {
+      const int at = heads - 1 - h;
+      xs[at] = reinterpret_cast<uintptr_t>(dlat.data() + h * 512);
+      ws[at] = reinterpret_cast<uintptr_t>(dkv.data() + (static_cast<size_t>(h) * 256 + 128) * 512);
+      ys[at] = reinterpret_cast<uintptr_t>(y.data() + h * 128);
+    }
+    DeviceArray<uintptr_t> dxs(xs), dws(ws), dys(ys);
+    gpu::BatchedGemmParams a;
+    a.batch = heads, a.m = tokens, a.n = 128, a.k = 512;
+    a.ldx = hp * 512, a.ldw = 512, a.op_w = gpu::GemmOp::kT, a.ldy = heads * 128;
+    a.out_dtype = DType::kBF16;
+    a.x_array = reinterpret_cast<const uint16_t* const*>(dxs.data());
+    a.w_array = reinterpret_cast<const uint16_t* const*>(dws.data());
+    a.y_array = reinterpret_cast<void* const*>(dys.data());
+    a.array_alignment = 256;  // 512 and 128 BF16 columns past 256-byte aligned buffers
+    gemm.batched(a, kStream);
+    sync();
+    check_close("batched op T (W_UV) BF16 from pointer arrays" + shape, to_float(y.download()), ref,
+                bound);
+    a.array_alignment = 3;
+    expect_throws<InvalidArgument>("batched pointer arrays with alignment 3",
+                                   [&] { gemm.batched(a, kStream); });
+    a.array_alignment = 256, a.w_array = nullptr;
+    expect_throws<InvalidArgument>("batched pointer arrays without w_array",
+                                   [&] { gemm.batched(a, kStream); });
   }
+}
+
+// A tuned product (GemmRunner's tune_min_rows: the first call of a shape times the candidates
+// that sum in one pass) equals the heuristic's first choice bit for bit, for beta 0 and 1 and a
+// BF16 output, and leaves y as one call would (beta 1: the timed runs go to a scratch buffer).
+void run_tuned_gemm_case(int64_t m, int64_t n, int64_t k) {
+  gpu::GemmRunner tuned(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 512);
+  gpu::GemmRunner first(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 0);
+  DeviceArray<uint16_t> x(random_bf16(static_cast<size_t>(m * k), 1.0f));
+  DeviceArray<uint16_t> w(random_bf16(static_cast<size_t>(n * k), 0.05f));
+  const std::vector<float> y0 = random_f32(static_cast<size_t>(m * n), 1.0f);
+  for (const auto& [dtype, beta] : {std::pair{DType::kF32, 0.0f}, std::pair{DType::kF32, 1.0f},
+                                    std::pair{DType::kBF16, 0.0f}}) {
+    DeviceArray<float> a(y0), b(y0);  // BF16 outputs use the first half of each
+    tuned.linear(m, n, k, x.data(), k, w.data(), k, a.data(), n, dtype, beta, kStream);
+    first.linear(m, n, k, x.data(), k, w.data(), k, b.data(), n, dtype, beta, kStream);
+    sync();
+    const std::vector<float> ga = a.download(), gb = b.download();
+    const size_t words = dtype == DType::kF32 ? ga.size() : ga.size() / 2;
+    expect(std::memcmp(ga.data(), gb.data(), words * sizeof(float)) == 0,
+           "tuned linear m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+               std::to_string(k) + " " + std::string(dtype_name(dtype)) + " beta " +
+               std::to_string(beta) + ": the same bits as the heuristic's first choice");
+  }
+  std::printf("tuned products: %zu of %zu plans chosen by timing\n", tuned.tuned_plans(),
+              tuned.cached_plans());
+  expect(first.tuned_plans() == 0, "tune_min_rows 0 tunes nothing");
 }
 
 void run_gemm_errors(gpu::GemmRunner& gemm) {
   DeviceArray<uint16_t> a(64 * 64);
   DeviceArray<float> y(64 * 64);
+  expect_throws<InvalidArgument>("GemmRunner tune_min_rows -1", [] {
+    gpu::GemmRunner runner(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, -1);
+  });
   expect_throws<ShapeError>("linear ldx < k", [&] {
     gemm.linear(4, 4, 64, a.data(), 32, a.data(), 64, y.data(), 4, DType::kF32, 0.0f, kStream);
   });
@@ -1372,40 +1433,52 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
   }
 }
 
-// moe_pad_layout against pad_expert_layout (the host reference) on the same sort, rows the busiest
-// count rounded up to 16 as the runner sizes them; invalid entries (no slot) included.
+// moe_pad_layout against pad_expert_layout (the host reference) on the same sort, with the blocks
+// the runner plans (plan_expert_blocks, up to 4 groups) and with one block size for every expert
+// (the busiest count rounded up to 16); invalid entries (no slot) included.
 void run_pad_layout_case(const std::string& name, std::vector<int32_t> experts, int64_t n, int k,
                          int num_experts) {
   const HostSort ref = sort_reference(experts, n, k, num_experts);
   int64_t busiest = 0;
   for (int e = 0; e < num_experts; ++e) busiest = std::max<int64_t>(busiest, ref.counts[e]);
   const int64_t rows = std::max<int64_t>((busiest + 15) / 16 * 16, 1);
-  std::vector<int32_t> token_of_row_ref, slot_of_ref = ref.slot_of;
-  gpu::pad_expert_layout(ref.offsets.data(), num_experts, ref.token_of_slot.data(), rows,
-                         token_of_row_ref, slot_of_ref);
-  DeviceArray<int32_t> doffsets(ref.offsets), dtoken(ref.token_of_slot), dexperts(experts),
-      dslot(ref.slot_of);
-  DeviceArray<int32_t> token_of_row(static_cast<size_t>(num_experts * rows));
-  DeviceArray<int32_t> padded_slot_of(experts.size());
-  poison(token_of_row);
-  poison(padded_slot_of);
-  gpu::moe_pad_layout(doffsets.data(), num_experts, dtoken.data(), dexperts.data(), dslot.data(),
-                      n * k, rows, token_of_row.data(), padded_slot_of.data(), kStream);
-  sync();
-  check_equal(name + ": token_of_row", token_of_row.download(), token_of_row_ref);
-  check_equal(name + ": padded slot_of", padded_slot_of.download(), slot_of_ref);
+  std::vector<int32_t> uniform(static_cast<size_t>(num_experts) + 1);
+  for (int x = 0; x <= num_experts; ++x) uniform[x] = static_cast<int32_t>(x * rows);
+  const std::vector<int32_t> planned =
+      gpu::plan_expert_blocks(ref.offsets.data(), num_experts, 4).block_start;
+  for (const auto& [blocks, label] :
+       {std::pair{uniform, " (one block size)"}, std::pair{planned, " (planned groups)"}}) {
+    std::vector<int32_t> token_of_row_ref, slot_of_ref = ref.slot_of;
+    gpu::pad_expert_layout(ref.offsets.data(), num_experts, ref.token_of_slot.data(), blocks,
+                           token_of_row_ref, slot_of_ref);
+    DeviceArray<int32_t> doffsets(ref.offsets), dblocks(blocks), dtoken(ref.token_of_slot),
+        dexperts(experts), dslot(ref.slot_of);
+    DeviceArray<int32_t> token_of_row(static_cast<size_t>(blocks[num_experts]));
+    DeviceArray<int32_t> padded_slot_of(experts.size());
+    poison(token_of_row);
+    poison(padded_slot_of);
+    gpu::moe_pad_layout(doffsets.data(), dblocks.data(), num_experts, blocks[num_experts],
+                        dtoken.data(), dexperts.data(), dslot.data(), n * k, token_of_row.data(),
+                        padded_slot_of.data(), kStream);
+    sync();
+    check_equal(name + label + ": token_of_row", token_of_row.download(), token_of_row_ref);
+    check_equal(name + label + ": padded slot_of", padded_slot_of.download(), slot_of_ref);
+  }
 }
 
 void run_pad_layout_errors() {
   DeviceArray<int32_t> a(16);
   int32_t* p = a.data();
-  expect_throws<ShapeError>("moe_pad_layout rows 0",
-                            [&] { gpu::moe_pad_layout(p, 4, p, p, p, 8, 0, p, p, kStream); });
-  expect_throws<ShapeError>("moe_pad_layout E * rows past 2^31", [&] {
-    gpu::moe_pad_layout(p, 256, p, p, p, 8, int64_t{1} << 24, p, p, kStream);
+  expect_throws<ShapeError>("moe_pad_layout 0 experts",
+                            [&] { gpu::moe_pad_layout(p, p, 0, 8, p, p, p, 8, p, p, kStream); });
+  expect_throws<ShapeError>("moe_pad_layout rows past 2^31", [&] {
+    gpu::moe_pad_layout(p, p, 4, int64_t{1} << 31, p, p, p, 8, p, p, kStream);
   });
   expect_throws<InvalidArgument>("moe_pad_layout null experts", [&] {
-    gpu::moe_pad_layout(p, 4, p, nullptr, p, 8, 4, p, p, kStream);
+    gpu::moe_pad_layout(p, p, 4, 8, p, nullptr, p, 8, p, p, kStream);
+  });
+  expect_throws<InvalidArgument>("moe_pad_layout null block starts", [&] {
+    gpu::moe_pad_layout(p, nullptr, 4, 8, p, p, p, 8, p, p, kStream);
   });
 }
 
@@ -1984,6 +2057,8 @@ int main(int argc, char** argv) {
         run_batched_cases(gemm, 5, 16);
         run_batched_cases(gemm, 64, 20);
         run_gemm_errors(gemm);
+        run_tuned_gemm_case(2048, 2048, 2048);
+        run_tuned_gemm_case(1000, 3648, 2048);
         run_skinny_cases();
 
         run_embed_case();

@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_check.h"
 #include "quantmla/error.h"
@@ -47,6 +48,7 @@ struct PlanKey {
   int64_t batch, m, n, k, ldx, ldw, ldy, stride_x, stride_w, stride_y;
   int op_w, out_dtype;
   uint32_t align_x, align_w, align_y;
+  bool pointer_arrays;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -57,6 +59,9 @@ struct Plan {
   cublasLtMatrixLayout_t c = nullptr;  // y (C and D)
   cublasLtMatmulAlgo_t algo{};
   bool has_algo = false;  // false: cuBLASLt offered nothing for this shape; cuBLAS runs it
+  // The heuristic's candidates that keep the k sum in one pass (the first is algo), until tuned.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
 
   void destroy() {
     // Destructor path: statuses are ignored, nothing useful can be done with them.
@@ -68,13 +73,42 @@ struct Plan {
   }
 };
 
+// Whether an algorithm sums each output's k products in one pass (no split-K, no stream-K
+// reduction): then every such algorithm adds in the same order (see GemmRunner's tune_min_rows).
+bool single_pass(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                           sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
+}
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~EventPair() {
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (start != nullptr) cudaEventDestroy(start);
+  }
+};
+
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows, int64_t cols,
-                 int64_t ld, int64_t batch, int64_t stride) {
+                 int64_t ld, int64_t batch, int64_t stride, bool pointer_arrays) {
   QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, static_cast<uint64_t>(rows),
                                                    static_cast<uint64_t>(cols), ld));
-  if (batch > 1) {
+  if (pointer_arrays) {
+    const int32_t count = static_cast<int32_t>(batch);
+    const int32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  } else if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
@@ -91,6 +125,9 @@ struct GemmRunner::State {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool owns_workspace = false;
+  int64_t tune_min_rows = 0;
+  size_t tuned = 0;
+  EventPair events;
   std::map<PlanKey, Plan> plans;
 
   ~State() {
@@ -127,14 +164,15 @@ struct GemmRunner::State {
     QUANTMLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                          &op_b, sizeof(op_b)));
     make_layout(&plan.a, CUDA_R_16BF, transpose_w ? key.k : key.n, transpose_w ? key.n : key.k,
-                key.ldw, key.batch, key.stride_w);
-    make_layout(&plan.b, CUDA_R_16BF, key.k, key.m, key.ldx, key.batch, key.stride_x);
+                key.ldw, key.batch, key.stride_w, key.pointer_arrays);
+    make_layout(&plan.b, CUDA_R_16BF, key.k, key.m, key.ldx, key.batch, key.stride_x,
+                key.pointer_arrays);
     make_layout(&plan.c, cuda_type(static_cast<DType>(key.out_dtype)), key.n, key.m, key.ldy,
-                key.batch, key.stride_y);
+                key.batch, key.stride_y, key.pointer_arrays);
 
     cublasLtMatmulPreference_t preference = nullptr;
     QUANTMLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[GemmRunner::kTuneCandidates]{};
     int returned = 0;
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
@@ -150,10 +188,18 @@ struct GemmRunner::State {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
     if (status == CUBLAS_STATUS_SUCCESS) {
       // NOT_SUPPORTED here means no algorithm fits (odd alignments); cuBLAS takes those.
+      const bool tunes = tune_min_rows > 0 && key.m >= tune_min_rows;
       const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(
-          lt, plan.desc, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &returned);
+          lt, plan.desc, plan.a, plan.b, plan.c, plan.c, preference,
+          tunes ? GemmRunner::kTuneCandidates : 1, results, &returned);
       plan.has_algo = found == CUBLAS_STATUS_SUCCESS && returned > 0;
-      if (plan.has_algo) plan.algo = result.algo;
+      if (plan.has_algo) plan.algo = results[0].algo;
+      // The first choice is kept as it is; the others only where they sum alike.
+      const bool first_single = plan.has_algo && single_pass(results[0].algo);
+      for (int i = 0; first_single && i < returned; ++i) {
+        if (i == 0 || single_pass(results[i].algo)) plan.candidates.push_back(results[i].algo);
+      }
+      plan.tuned = plan.candidates.size() < 2;
     }
     cublasLtMatmulPreferenceDestroy(preference);
     QUANTMLA_CUBLAS_CHECK(status);
@@ -189,11 +235,25 @@ struct GemmRunner::State {
       throw ShapeError(name + ": negative batch stride (x " + str(p.stride_x) + ", w " +
                        str(p.stride_w) + ", y " + str(p.stride_y) + ")");
     }
-    if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
+    const bool arrays = p.x_array != nullptr || p.w_array != nullptr || p.y_array != nullptr;
+    if (arrays) {
+      const uint32_t a = p.array_alignment;
+      if (p.x_array == nullptr || p.w_array == nullptr || p.y_array == nullptr || a < 2 ||
+          (a & (a - 1)) != 0) {
+        throw InvalidArgument(name +
+                              ": pointer arrays need x_array, w_array and y_array and a "
+                              "power-of-two array_alignment >= 2, got alignment " +
+                              std::to_string(a));
+      }
+    } else if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
       throw InvalidArgument(name + ": x, w and y must be device pointers, got null");
     }
     const size_t y_bytes = p.out_dtype == DType::kF32 ? 4 : 2;
-    const bool batched = p.batch > 1;
+    const bool batched = p.batch > 1 && !arrays;
+    // Pointer arrays: every matrix starts at a multiple of array_alignment.
+    const auto start = [&](const void* ptr) {
+      return arrays ? reinterpret_cast<const void*>(uintptr_t{p.array_alignment}) : ptr;
+    };
     const PlanKey key{p.batch,
                       p.m,
                       p.n,
@@ -206,19 +266,95 @@ struct GemmRunner::State {
                       batched ? p.stride_y : 0,
                       static_cast<int>(p.op_w),
                       static_cast<int>(p.out_dtype),
-                      alignment_of(p.x, p.ldx, p.m > 1, p.stride_x, batched, 2),
-                      alignment_of(p.w, p.ldw, true, p.stride_w, batched, 2),
-                      alignment_of(p.y, p.ldy, p.m > 1, p.stride_y, batched, y_bytes)};
-    const Plan& plan = plan_for(key);
+                      alignment_of(start(p.x), p.ldx, p.m > 1, p.stride_x, batched, 2),
+                      alignment_of(start(p.w), p.ldw, true, p.stride_w, batched, 2),
+                      alignment_of(start(p.y), p.ldy, p.m > 1, p.stride_y, batched, y_bytes),
+                      arrays};
+    Plan& plan = plan_for(key);
     const float alpha = 1.0f;
     const float beta = p.beta;
+    if (!plan.tuned) tune(plan, p, y_bytes, stream);
+    const Operands o = operands(p);
     if (plan.has_algo) {
-      QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta,
-                                           p.y, plan.c, p.y, plan.c, &plan.algo, workspace,
+      QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta,
+                                           o.y, plan.c, o.y, plan.c, &plan.algo, workspace,
                                            workspace_bytes, stream));
       return;
     }
     run_cublas(p, name, alpha, beta, stream);
+  }
+
+  // Times plan's candidates on p's operands (GemmRunner's tune_min_rows) and keeps the fastest.
+  // Not while the stream is captured (no timing inside a graph): the plan stays untuned and a
+  // later call outside the capture tunes it.
+  void tune(Plan& plan, const BatchedGemmParams& p, size_t y_bytes, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    QUANTMLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return;
+    plan.tuned = true;
+    const Operands o = operands(p);
+    void* out = o.y;
+    void* scratch = nullptr;
+    if (p.beta != 0.0f && p.y_array != nullptr) {  // no scratch pointer array: keep the first
+      plan.candidates.clear();
+      return;
+    }
+    if (p.beta != 0.0f) {
+      // y's extent, from its last batch's last row.
+      const size_t elements =
+          static_cast<size_t>((p.batch - 1) * p.stride_y + (p.m - 1) * p.ldy + p.n);
+      if (cudaMalloc(&scratch, elements * y_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();  // no room: keep the first choice
+        plan.candidates.clear();
+        return;
+      }
+      out = scratch;
+    }
+    if (events.start == nullptr) {
+      QUANTMLA_CUDA_CHECK(cudaEventCreate(&events.start));
+      QUANTMLA_CUDA_CHECK(cudaEventCreate(&events.stop));
+    }
+    const float alpha = 1.0f, beta = p.beta;
+    float best_ms = 0.0f;
+    bool found = false;
+    try {
+      for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+        const auto call = [&] {
+          return cublasLtMatmul(lt, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.y, plan.c,
+                                out, plan.c, &algo, workspace, workspace_bytes, stream);
+        };
+        if (call() != CUBLAS_STATUS_SUCCESS) continue;  // the first run also loads its kernel
+        QUANTMLA_CUDA_CHECK(cudaEventRecord(events.start, stream));
+        bool ran = true;
+        for (int r = 0; r < 3 && ran; ++r) ran = call() == CUBLAS_STATUS_SUCCESS;
+        QUANTMLA_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+        QUANTMLA_CUDA_CHECK(cudaEventSynchronize(events.stop));
+        float ms = 0.0f;
+        QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+        if (ran && (!found || ms < best_ms)) {
+          best_ms = ms;
+          plan.algo = algo;
+          found = true;
+        }
+      }
+    } catch (...) {
+      if (scratch != nullptr) cudaFree(scratch);
+      throw;
+    }
+    if (scratch != nullptr) QUANTMLA_CUDA_CHECK(cudaFree(scratch));
+    plan.candidates.clear();
+    ++tuned;
+  }
+
+  // cuBLASLt's A, B, C: the matrices, or the device arrays of them (pointer-array batches).
+  struct Operands {
+    const void* w;
+    const void* x;
+    void* y;
+  };
+  static Operands operands(const BatchedGemmParams& p) {
+    if (p.x_array == nullptr) return {p.w, p.x, p.y};
+    return {p.w_array, p.x_array, const_cast<void**>(p.y_array)};
   }
 
   void run_cublas(const BatchedGemmParams& p, const std::string& name, float alpha, float beta,
@@ -232,6 +368,16 @@ struct GemmRunner::State {
     QUANTMLA_CUBLAS_CHECK(cublasSetStream(blas, stream));
     QUANTMLA_CUBLAS_CHECK(cublasSetWorkspace(blas, workspace, workspace_bytes));
     const bool transpose_w = p.op_w == GemmOp::kT;
+    if (p.x_array != nullptr) {
+      QUANTMLA_CUBLAS_CHECK(cublasGemmBatchedEx(
+          blas, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n),
+          static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
+          reinterpret_cast<const void* const*>(p.w_array), CUDA_R_16BF, static_cast<int>(p.ldw),
+          reinterpret_cast<const void* const*>(p.x_array), CUDA_R_16BF, static_cast<int>(p.ldx),
+          &beta, p.y_array, cuda_type(p.out_dtype), static_cast<int>(p.ldy),
+          static_cast<int>(p.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return;
+    }
     QUANTMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         blas, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n),
         static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w, CUDA_R_16BF,
@@ -241,8 +387,13 @@ struct GemmRunner::State {
   }
 };
 
-GemmRunner::GemmRunner(size_t workspace_bytes, void* workspace)
+GemmRunner::GemmRunner(size_t workspace_bytes, void* workspace, int64_t tune_min_rows)
     : state_(std::make_unique<State>()) {
+  if (tune_min_rows < 0) {
+    throw InvalidArgument("GemmRunner: tune_min_rows must be >= 0 (0: never tune), got " +
+                          std::to_string(tune_min_rows));
+  }
+  state_->tune_min_rows = tune_min_rows;
   if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % kMaxAlignment != 0) {
     throw InvalidArgument("GemmRunner: the workspace must be 256-byte aligned (cuBLAS), got " +
                           std::to_string(reinterpret_cast<uintptr_t>(workspace) % kMaxAlignment) +
@@ -285,5 +436,7 @@ void GemmRunner::batched(const BatchedGemmParams& params, cudaStream_t stream) {
 }
 
 size_t GemmRunner::cached_plans() const { return state_->plans.size(); }
+
+size_t GemmRunner::tuned_plans() const { return state_->tuned; }
 
 }  // namespace quantmla::gpu

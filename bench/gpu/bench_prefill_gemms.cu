@@ -1,0 +1,350 @@
+// The products of a DeepSeek-V2-Lite prefill step of T tokens (default 2048) on cuBLASLt, to see
+// what is left in them: each product with the heuristic's first algorithm, the best of its first
+// 8 candidates, and the best of those that sum k in one pass (no split-K or stream-K: what
+// GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
+// them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
+// FP32 and BF16 outputs; and the runner's grouped form (up to 4 groups of similar counts, each
+// one pointer-array batched product, plan_expert_blocks). (cuBLAS's grouped GEMM,
+// cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0 it returned
+// NOT_SUPPORTED for BF16 inputs with an FP32 output.)
+//
+// Timing: CUDA events around one call, the L2 flushed before each repeat (256 MB written and read
+// back), median of the repeats after 3 warm-ups. Routing: top-6 of 64 experts per token from
+// logits = expert bias (normal, sd --skew) + Gumbel noise, seeded: the busiest expert's rows are
+// printed.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_array.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_ops.h"
+#include "quantmla/gpu_mla.h"
+
+namespace {
+
+using namespace quantmla;
+using gpu::DeviceArray;
+
+__global__ void read_all(const uint4* data, size_t count, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = data[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+template <class F>
+double time_us(F&& f, DeviceArray<uint8_t>& flush, int repeats) {
+  return bench::median_us(f, repeats, [&](int r) {
+    QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
+    read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
+                            reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void fill(DeviceArray<uint16_t>& a, uint64_t seed) {
+  bench::random_bf16<<<bench::fill_blocks(static_cast<int64_t>(a.size())), 256>>>(
+      a.data(), static_cast<int64_t>(a.size()), 0.05f, seed);
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+// Row-major y[m, n] = x[m, k] W[n, k]^T (+ beta y) as cuBLASLt's column-major
+// y^T = W x^T, batch copies `stride` elements apart, with the heuristic's candidate algorithms.
+struct LtProduct {
+  cublasLtMatmulDesc_t desc{};
+  cublasLtMatrixLayout_t a{}, b{}, c{};
+  cublasLtMatmulHeuristicResult_t algos[8] = {};
+  size_t count = 0;
+
+  LtProduct(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, int64_t batch, int64_t stride_x,
+            int64_t stride_w, int64_t stride_y, cudaDataType_t out, size_t workspace_bytes) {
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    QUANTMLA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    QUANTMLA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt)));
+    layout(&a, CUDA_R_16BF, k, n, k, batch, stride_w);
+    layout(&b, CUDA_R_16BF, k, m, k, batch, stride_x);
+    layout(&c, out, n, m, n, batch, stride_y);
+    cublasLtMatmulPreference_t pref{};
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = workspace_bytes;
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    int returned = 0;
+    QUANTMLA_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 8, algos, &returned));
+    count = static_cast<size_t>(returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~LtProduct() {
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  static void layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int64_t rows, int64_t cols,
+                     int64_t ld, int64_t batch, int64_t stride) {
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, type, rows, cols, ld));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                             &count, sizeof(count)));
+      QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
+  void run(cublasLtHandle_t lt, size_t i, const void* w, const void* x, void* y, float beta,
+           void* workspace, size_t workspace_bytes) const {
+    const float alpha = 1.0f;
+    QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, y, c, y, c,
+                                         &algos[i].algo, workspace, workspace_bytes, nullptr));
+  }
+};
+
+struct Result {
+  std::string name;
+  double flops = 0, first_us = 0, best_us = 0, single_pass_us = 0;
+  size_t best = 0, candidates = 0;
+};
+
+bool single_pass(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  QUANTMLA_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                             &splits, sizeof(splits), &written));
+  QUANTMLA_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(
+      &algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &written));
+  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
+}
+
+// Expert counts of T tokens, top-6 of 64 by bias + Gumbel noise.
+std::vector<int> route(int tokens, double skew, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, skew);
+  std::uniform_real_distribution<double> uniform(1e-12, 1.0);
+  std::vector<double> bias(64);
+  for (double& b : bias) b = normal(rng);
+  std::vector<int> counts(64, 0), order(64);
+  std::vector<double> score(64);
+  for (int t = 0; t < tokens; ++t) {
+    for (int e = 0; e < 64; ++e) score[e] = bias[e] - std::log(-std::log(uniform(rng)));
+    for (int e = 0; e < 64; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + 6, order.end(),
+                      [&](int a, int b) { return score[a] > score[b]; });
+    for (int j = 0; j < 6; ++j) ++counts[order[j]];
+  }
+  return counts;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int tokens = 2048, repeats = 20;
+  double skew = 0.15;
+  uint64_t seed = 1;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tokens" && i + 1 < argc) {
+      tokens = std::max(16, std::stoi(argv[++i]));
+    } else if (a == "--repeats" && i + 1 < argc) {
+      repeats = std::max(1, std::stoi(argv[++i]));
+    } else if (a == "--skew" && i + 1 < argc) {
+      skew = std::stod(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::stoull(argv[++i]);
+    } else if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--tokens T] [--repeats N] [--skew SD] [--seed S] [--json FILE]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (!gpu::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  try {
+    cudaDeviceProp prop{};
+    QUANTMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("%s; %d tokens, seed %llu\n", prop.name, tokens,
+                static_cast<unsigned long long>(seed));
+    DeviceArray<uint8_t> flush(size_t{256} << 20);
+    const size_t ws_bytes = size_t{32} << 20;
+    DeviceArray<uint8_t> workspace(ws_bytes);
+    cublasLtHandle_t lt{};
+    QUANTMLA_CUBLAS_CHECK(cublasLtCreate(&lt));
+    std::vector<Result> results;
+    const auto print = [](const Result& r) {
+      std::printf("%-36s %9.1f %6.0f %9.1f %6.0f %5zu/%-2zu %6.1f%% %9.1f %6.1f%%\n",
+                  r.name.c_str(), r.first_us, r.flops / r.first_us * 1e-6, r.best_us,
+                  r.flops / r.best_us * 1e-6, r.best, r.candidates,
+                  100.0 * (r.first_us / r.best_us - 1.0), r.single_pass_us,
+                  100.0 * (r.first_us / r.single_pass_us - 1.0));
+    };
+    std::printf("%-36s %9s %6s %9s %6s %8s %7s %9s %7s\n", "product (TF/s: useful work)",
+                "first us", "TF/s", "best us", "TF/s", "best/of", "gain", "1-pass us", "gain");
+
+    // Every candidate algorithm of one product, timed.
+    const auto sweep = [&](const std::string& name, const LtProduct& p, const void* w,
+                           const void* x, void* y, float beta, double flops) {
+      Result r{name, flops};
+      r.candidates = p.count;
+      r.best_us = r.single_pass_us = 1e30;
+      for (size_t i = 0; i < p.count; ++i) {
+        const double us = time_us([&] { p.run(lt, i, w, x, y, beta, workspace.data(), ws_bytes); },
+                                  flush, repeats);
+        if (i == 0) r.first_us = us;
+        if (us < r.best_us) r.best_us = us, r.best = i;
+        if ((i == 0 || single_pass(p.algos[i].algo)) && us < r.single_pass_us) {
+          r.single_pass_us = us;
+        }
+      }
+      print(r);
+      results.push_back(r);
+    };
+
+    // Dense products of one step (V2-Lite, hidden 2048).
+    struct Dense {
+      const char* name;
+      int64_t n, k;
+      float beta;
+      bool bf16;
+    };
+    const Dense dense[] = {
+        {"q+kv_a (3072+576)", 3648, 2048, 0.0f, false},
+        {"o_proj (+= x)", 2048, 2048, 1.0f, false},
+        {"dense gate+up (2 x 10944)", 21888, 2048, 0.0f, false},
+        {"dense gate+up (2 x 10944) bf16 out", 21888, 2048, 0.0f, true},
+        {"dense down (+= x)", 2048, 10944, 1.0f, false},
+        {"shared gate+up (2 x 2816)", 5632, 2048, 0.0f, false},
+        {"shared gate+up (2 x 2816) bf16 out", 5632, 2048, 0.0f, true},
+        {"shared down (+= x)", 2048, 2816, 1.0f, false},
+    };
+    for (const Dense& d : dense) {
+      DeviceArray<uint16_t> w(static_cast<size_t>(d.n * d.k)), x(static_cast<size_t>(tokens * d.k));
+      fill(w, 3), fill(x, 5);
+      DeviceArray<float> y(static_cast<size_t>(tokens * d.n));
+      y.fill_bytes(0);
+      LtProduct p(lt, tokens, d.n, d.k, 1, 0, 0, 0, d.bf16 ? CUDA_R_16BF : CUDA_R_32F, ws_bytes);
+      sweep(d.name, p, w.data(), x.data(), y.data(), d.beta, 2.0 * tokens * d.n * d.k);
+    }
+
+    // The routed experts: 64 of them, stacked gate+up [2816, 2048] and down [2048, 1408].
+    const std::vector<int> counts = route(tokens, skew, seed);
+    const int busiest = *std::max_element(counts.begin(), counts.end());
+    const int padded = (busiest + 15) / 16 * 16;
+    const int64_t real_rows = int64_t{tokens} * 6;
+    std::printf("routing: %lld expert rows, mean %.1f, busiest %d (padded to %d: %.1f%% padding)\n",
+                static_cast<long long>(real_rows), real_rows / 64.0, busiest, padded,
+                100.0 * (64.0 * padded / real_rows - 1.0));
+    struct Expert {
+      const char* name;
+      int64_t n, k;
+      bool bf16;
+    };
+    const Expert experts[] = {{"experts gate+up padded", 2816, 2048, false},
+                              {"experts gate+up padded bf16 out", 2816, 2048, true},
+                              {"experts down padded", 2048, 1408, false},
+                              {"experts down padded bf16 out", 2048, 1408, true}};
+    for (const Expert& ex : experts) {
+      DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
+      DeviceArray<uint16_t> x(static_cast<size_t>(64 * padded * ex.k));
+      fill(w, 7), fill(x, 9);
+      DeviceArray<float> y(static_cast<size_t>(64 * padded * ex.n));
+      LtProduct p(lt, padded, ex.n, ex.k, 64, padded * ex.k, ex.n * ex.k, padded * ex.n,
+                  ex.bf16 ? CUDA_R_16BF : CUDA_R_32F, ws_bytes);
+      // TF/s of the useful rows only.
+      sweep(ex.name, p, w.data(), x.data(), y.data(), 0.0f, 2.0 * real_rows * ex.n * ex.k);
+    }
+    cublasLtDestroy(lt);
+
+    // The runner's form: up to 4 groups of similar counts (plan_expert_blocks), each group one
+    // pointer-array batched product through GemmRunner (FP32 out, as the runner; and BF16).
+    std::vector<int32_t> offsets(65, 0);
+    for (int e = 0; e < 64; ++e) offsets[e + 1] = offsets[e] + counts[e];
+    const gpu::ExpertBlocks blocks = gpu::plan_expert_blocks(offsets.data(), 64, 4);
+    const int64_t block_rows = blocks.block_start[64];
+    std::printf("4 groups: %zu, %lld rows (%.1f%% padding)\n", blocks.groups.size(),
+                static_cast<long long>(block_rows), 100.0 * (double(block_rows) / real_rows - 1.0));
+    gpu::GemmRunner gemm(ws_bytes, workspace.data());
+    for (const Expert& ex : experts) {
+      DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
+      DeviceArray<uint16_t> x(static_cast<size_t>(block_rows * ex.k));
+      fill(w, 7), fill(x, 9);
+      DeviceArray<float> y(static_cast<size_t>(block_rows * ex.n));
+      std::vector<uintptr_t> xs, ws, ys;
+      for (const gpu::ExpertGroup& g : blocks.groups) {
+        for (const int32_t e : g.experts) {
+          xs.push_back(reinterpret_cast<uintptr_t>(x.data() + blocks.block_start[e] * ex.k));
+          ws.push_back(reinterpret_cast<uintptr_t>(w.data() + e * ex.n * ex.k));
+          ys.push_back(
+              reinterpret_cast<uintptr_t>(reinterpret_cast<uint8_t*>(y.data()) +
+                                          blocks.block_start[e] * ex.n * (ex.bf16 ? 2 : 4)));
+        }
+      }
+      DeviceArray<uintptr_t> dx(xs), dw(ws), dy(ys);
+      const auto run = [&] {
+        size_t begin = 0;
+        for (const gpu::ExpertGroup& g : blocks.groups) {
+          gpu::BatchedGemmParams p;
+          p.batch = static_cast<int64_t>(g.experts.size()), p.m = g.rows, p.n = ex.n, p.k = ex.k;
+          p.ldx = ex.k, p.ldw = ex.k, p.ldy = ex.n, p.op_w = gpu::GemmOp::kT;
+          p.out_dtype = ex.bf16 ? DType::kBF16 : DType::kF32;
+          p.x_array = reinterpret_cast<const uint16_t* const*>(dx.data() + begin);
+          p.w_array = reinterpret_cast<const uint16_t* const*>(dw.data() + begin);
+          p.y_array = reinterpret_cast<void* const*>(dy.data() + begin);
+          p.array_alignment = 256;
+          gemm.batched(p, nullptr);
+          begin += g.experts.size();
+        }
+      };
+      std::string name = ex.name;
+      name.replace(name.find("padded"), 6, "4 groups");
+      Result r{name, 2.0 * real_rows * ex.n * ex.k};
+      r.first_us = r.best_us = r.single_pass_us = time_us(run, flush, repeats);
+      r.candidates = 1;
+      print(r);
+      results.push_back(r);
+    }
+
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (f == nullptr) throw std::runtime_error("cannot write " + json_path);
+      std::fprintf(f,
+                   "{\"device\": \"%s\", \"tokens\": %d, \"busiest_expert_rows\": %d, \"rows\": [",
+                   prop.name, tokens, busiest);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const Result& r = results[i];
+        std::fprintf(f,
+                     "%s\n {\"product\": \"%s\", \"first_us\": %.2f, \"best_us\": %.2f, "
+                     "\"single_pass_us\": %.2f, \"best_index\": %zu, \"candidates\": %zu, "
+                     "\"useful_tflops_first\": %.1f}",
+                     i ? "," : "", r.name.c_str(), r.first_us, r.best_us, r.single_pass_us, r.best,
+                     r.candidates, r.flops / r.first_us * 1e-6);
+      }
+      std::fprintf(f, "\n]}\n");
+      std::fclose(f);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
