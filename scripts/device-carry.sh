@@ -8,8 +8,9 @@
 #     bench/gpu/run-runner.sh's stages, with data/ moved out of the checkout for the call (the
 #     tree, the dependencies and the slice pass 64 MiB by a little; only FULL=1 and calibration
 #     read data/); [".carry/deps.tar.xz", ".carry/deps-server.tar.xz"] for run-serve.sh and
-#     run-online.sh. (The runner stage's fixtures need tools/make_gpu_fixtures.py and
-#     reference/valid.ids.i32 of the slice; a call that keeps data/ has room for those two only.)
+#     run-online.sh. (The runner stage's fixtures need tools/make_gpu_fixtures.py,
+#     reference/valid.ids.i32 and models/mla-tiny/tokenizer*.json of the slice; a call that keeps
+#     data/ has room for those only.)
 #   LONG=1 bash scripts/device-carry.sh   for run-runner.sh's long and longcalib stages:
 #     mla-tiny-v2-4k (packed) and the first 82K WikiText-2 ids; move models/mla-tiny out of the checkout
 #     for that call and carry [".carry/deps.tar.xz", ".carry/shared"].

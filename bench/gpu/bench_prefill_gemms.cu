@@ -3,8 +3,7 @@
 // 8 candidates, and the best of those that sum k in one pass (no split-K or stream-K: what
 // GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
 // them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
-// FP32 and BF16 outputs; and the runner's grouped form (up to 4 groups of similar counts, each
-// one pointer-array batched product, plan_expert_blocks). (cuBLAS's grouped GEMM,
+// FP32 and BF16 outputs. (cuBLAS's grouped GEMM,
 // cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0 it returned
 // NOT_SUPPORTED for BF16 inputs with an FP32 output.)
 //
@@ -25,8 +24,6 @@
 #include "bench_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/moe_ops.h"
 #include "quantmla/gpu_mla.h"
 
 namespace {
@@ -274,55 +271,6 @@ int main(int argc, char** argv) {
       sweep(ex.name, p, w.data(), x.data(), y.data(), 0.0f, 2.0 * real_rows * ex.n * ex.k);
     }
     cublasLtDestroy(lt);
-
-    // The runner's form: up to 4 groups of similar counts (plan_expert_blocks), each group one
-    // pointer-array batched product through GemmRunner (FP32 out, as the runner; and BF16).
-    std::vector<int32_t> offsets(65, 0);
-    for (int e = 0; e < 64; ++e) offsets[e + 1] = offsets[e] + counts[e];
-    const gpu::ExpertBlocks blocks = gpu::plan_expert_blocks(offsets.data(), 64, 4);
-    const int64_t block_rows = blocks.block_start[64];
-    std::printf("4 groups: %zu, %lld rows (%.1f%% padding)\n", blocks.groups.size(),
-                static_cast<long long>(block_rows), 100.0 * (double(block_rows) / real_rows - 1.0));
-    gpu::GemmRunner gemm(ws_bytes, workspace.data());
-    for (const Expert& ex : experts) {
-      DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
-      DeviceArray<uint16_t> x(static_cast<size_t>(block_rows * ex.k));
-      fill(w, 7), fill(x, 9);
-      DeviceArray<float> y(static_cast<size_t>(block_rows * ex.n));
-      std::vector<uintptr_t> xs, ws, ys;
-      for (const gpu::ExpertGroup& g : blocks.groups) {
-        for (const int32_t e : g.experts) {
-          xs.push_back(reinterpret_cast<uintptr_t>(x.data() + blocks.block_start[e] * ex.k));
-          ws.push_back(reinterpret_cast<uintptr_t>(w.data() + e * ex.n * ex.k));
-          ys.push_back(
-              reinterpret_cast<uintptr_t>(reinterpret_cast<uint8_t*>(y.data()) +
-                                          blocks.block_start[e] * ex.n * (ex.bf16 ? 2 : 4)));
-        }
-      }
-      DeviceArray<uintptr_t> dx(xs), dw(ws), dy(ys);
-      const auto run = [&] {
-        size_t begin = 0;
-        for (const gpu::ExpertGroup& g : blocks.groups) {
-          gpu::BatchedGemmParams p;
-          p.batch = static_cast<int64_t>(g.experts.size()), p.m = g.rows, p.n = ex.n, p.k = ex.k;
-          p.ldx = ex.k, p.ldw = ex.k, p.ldy = ex.n, p.op_w = gpu::GemmOp::kT;
-          p.out_dtype = ex.bf16 ? DType::kBF16 : DType::kF32;
-          p.x_array = reinterpret_cast<const uint16_t* const*>(dx.data() + begin);
-          p.w_array = reinterpret_cast<const uint16_t* const*>(dw.data() + begin);
-          p.y_array = reinterpret_cast<void* const*>(dy.data() + begin);
-          p.array_alignment = 256;
-          gemm.batched(p, nullptr);
-          begin += g.experts.size();
-        }
-      };
-      std::string name = ex.name;
-      name.replace(name.find("padded"), 6, "4 groups");
-      Result r{name, 2.0 * real_rows * ex.n * ex.k};
-      r.first_us = r.best_us = r.single_pass_us = time_us(run, flush, repeats);
-      r.candidates = 1;
-      print(r);
-      results.push_back(r);
-    }
 
     if (!json_path.empty()) {
       FILE* f = std::fopen(json_path.c_str(), "w");

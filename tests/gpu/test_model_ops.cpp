@@ -17,7 +17,6 @@
 #include <cstring>
 #include <exception>
 #include <functional>
-#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -334,36 +333,6 @@ void run_batched_cases(gpu::GemmRunner& gemm, int tokens, int heads) {
       }
     }
     check_close("batched op T (W_UV) BF16, padded heads read in place" + shape, got, ref, bound);
-
-    // The same product as pointer-array batches (the routed experts' form): each head's x, w and
-    // y from device arrays, the heads' order reversed in the arrays.
-    poison(y);
-    std::vector<uintptr_t> xs(heads), ws(heads), ys(heads);
-    for (int h = 0; h < heads; ++h) {
-      const int at = heads - 1 - h;
-      xs[at] = reinterpret_cast<uintptr_t>(dlat.data() + h * 512);
-      ws[at] = reinterpret_cast<uintptr_t>(dkv.data() + (static_cast<size_t>(h) * 256 + 128) * 512);
-      ys[at] = reinterpret_cast<uintptr_t>(y.data() + h * 128);
-    }
-    DeviceArray<uintptr_t> dxs(xs), dws(ws), dys(ys);
-    gpu::BatchedGemmParams a;
-    a.batch = heads, a.m = tokens, a.n = 128, a.k = 512;
-    a.ldx = hp * 512, a.ldw = 512, a.op_w = gpu::GemmOp::kT, a.ldy = heads * 128;
-    a.out_dtype = DType::kBF16;
-    a.x_array = reinterpret_cast<const uint16_t* const*>(dxs.data());
-    a.w_array = reinterpret_cast<const uint16_t* const*>(dws.data());
-    a.y_array = reinterpret_cast<void* const*>(dys.data());
-    a.array_alignment = 256;  // 512 and 128 BF16 columns past 256-byte aligned buffers
-    gemm.batched(a, kStream);
-    sync();
-    check_close("batched op T (W_UV) BF16 from pointer arrays" + shape, to_float(y.download()), ref,
-                bound);
-    a.array_alignment = 3;
-    expect_throws<InvalidArgument>("batched pointer arrays with alignment 3",
-                                   [&] { gemm.batched(a, kStream); });
-    a.array_alignment = 256, a.w_array = nullptr;
-    expect_throws<InvalidArgument>("batched pointer arrays without w_array",
-                                   [&] { gemm.batched(a, kStream); });
   }
 }
 
@@ -1433,52 +1402,40 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
   }
 }
 
-// moe_pad_layout against pad_expert_layout (the host reference) on the same sort, with the blocks
-// the runner plans (plan_expert_blocks, up to 4 groups) and with one block size for every expert
-// (the busiest count rounded up to 16); invalid entries (no slot) included.
+// moe_pad_layout against pad_expert_layout (the host reference) on the same sort, rows the busiest
+// count rounded up to 16 as the runner sizes them; invalid entries (no slot) included.
 void run_pad_layout_case(const std::string& name, std::vector<int32_t> experts, int64_t n, int k,
                          int num_experts) {
   const HostSort ref = sort_reference(experts, n, k, num_experts);
   int64_t busiest = 0;
   for (int e = 0; e < num_experts; ++e) busiest = std::max<int64_t>(busiest, ref.counts[e]);
   const int64_t rows = std::max<int64_t>((busiest + 15) / 16 * 16, 1);
-  std::vector<int32_t> uniform(static_cast<size_t>(num_experts) + 1);
-  for (int x = 0; x <= num_experts; ++x) uniform[x] = static_cast<int32_t>(x * rows);
-  const std::vector<int32_t> planned =
-      gpu::plan_expert_blocks(ref.offsets.data(), num_experts, 4).block_start;
-  for (const auto& [blocks, label] :
-       {std::pair{uniform, " (one block size)"}, std::pair{planned, " (planned groups)"}}) {
-    std::vector<int32_t> token_of_row_ref, slot_of_ref = ref.slot_of;
-    gpu::pad_expert_layout(ref.offsets.data(), num_experts, ref.token_of_slot.data(), blocks,
-                           token_of_row_ref, slot_of_ref);
-    DeviceArray<int32_t> doffsets(ref.offsets), dblocks(blocks), dtoken(ref.token_of_slot),
-        dexperts(experts), dslot(ref.slot_of);
-    DeviceArray<int32_t> token_of_row(static_cast<size_t>(blocks[num_experts]));
-    DeviceArray<int32_t> padded_slot_of(experts.size());
-    poison(token_of_row);
-    poison(padded_slot_of);
-    gpu::moe_pad_layout(doffsets.data(), dblocks.data(), num_experts, blocks[num_experts],
-                        dtoken.data(), dexperts.data(), dslot.data(), n * k, token_of_row.data(),
-                        padded_slot_of.data(), kStream);
-    sync();
-    check_equal(name + label + ": token_of_row", token_of_row.download(), token_of_row_ref);
-    check_equal(name + label + ": padded slot_of", padded_slot_of.download(), slot_of_ref);
-  }
+  std::vector<int32_t> token_of_row_ref, slot_of_ref = ref.slot_of;
+  gpu::pad_expert_layout(ref.offsets.data(), num_experts, ref.token_of_slot.data(), rows,
+                         token_of_row_ref, slot_of_ref);
+  DeviceArray<int32_t> doffsets(ref.offsets), dtoken(ref.token_of_slot), dexperts(experts),
+      dslot(ref.slot_of);
+  DeviceArray<int32_t> token_of_row(static_cast<size_t>(num_experts * rows));
+  DeviceArray<int32_t> padded_slot_of(experts.size());
+  poison(token_of_row);
+  poison(padded_slot_of);
+  gpu::moe_pad_layout(doffsets.data(), num_experts, dtoken.data(), dexperts.data(), dslot.data(),
+                      n * k, rows, token_of_row.data(), padded_slot_of.data(), kStream);
+  sync();
+  check_equal(name + ": token_of_row", token_of_row.download(), token_of_row_ref);
+  check_equal(name + ": padded slot_of", padded_slot_of.download(), slot_of_ref);
 }
 
 void run_pad_layout_errors() {
   DeviceArray<int32_t> a(16);
   int32_t* p = a.data();
-  expect_throws<ShapeError>("moe_pad_layout 0 experts",
-                            [&] { gpu::moe_pad_layout(p, p, 0, 8, p, p, p, 8, p, p, kStream); });
-  expect_throws<ShapeError>("moe_pad_layout rows past 2^31", [&] {
-    gpu::moe_pad_layout(p, p, 4, int64_t{1} << 31, p, p, p, 8, p, p, kStream);
+  expect_throws<ShapeError>("moe_pad_layout rows 0",
+                            [&] { gpu::moe_pad_layout(p, 4, p, p, p, 8, 0, p, p, kStream); });
+  expect_throws<ShapeError>("moe_pad_layout E * rows past 2^31", [&] {
+    gpu::moe_pad_layout(p, 256, p, p, p, 8, int64_t{1} << 24, p, p, kStream);
   });
   expect_throws<InvalidArgument>("moe_pad_layout null experts", [&] {
-    gpu::moe_pad_layout(p, p, 4, 8, p, nullptr, p, 8, p, p, kStream);
-  });
-  expect_throws<InvalidArgument>("moe_pad_layout null block starts", [&] {
-    gpu::moe_pad_layout(p, nullptr, 4, 8, p, p, p, 8, p, p, kStream);
+    gpu::moe_pad_layout(p, 4, p, nullptr, p, 8, 4, p, p, kStream);
   });
 }
 

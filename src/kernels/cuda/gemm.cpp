@@ -48,7 +48,6 @@ struct PlanKey {
   int64_t batch, m, n, k, ldx, ldw, ldy, stride_x, stride_w, stride_y;
   int op_w, out_dtype;
   uint32_t align_x, align_w, align_y;
-  bool pointer_arrays;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -98,17 +97,10 @@ struct EventPair {
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows, int64_t cols,
-                 int64_t ld, int64_t batch, int64_t stride, bool pointer_arrays) {
+                 int64_t ld, int64_t batch, int64_t stride) {
   QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, static_cast<uint64_t>(rows),
                                                    static_cast<uint64_t>(cols), ld));
-  if (pointer_arrays) {
-    const int32_t count = static_cast<int32_t>(batch);
-    const int32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
-    QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
-    QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  } else if (batch > 1) {
+  if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     QUANTMLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
@@ -164,11 +156,10 @@ struct GemmRunner::State {
     QUANTMLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                          &op_b, sizeof(op_b)));
     make_layout(&plan.a, CUDA_R_16BF, transpose_w ? key.k : key.n, transpose_w ? key.n : key.k,
-                key.ldw, key.batch, key.stride_w, key.pointer_arrays);
-    make_layout(&plan.b, CUDA_R_16BF, key.k, key.m, key.ldx, key.batch, key.stride_x,
-                key.pointer_arrays);
+                key.ldw, key.batch, key.stride_w);
+    make_layout(&plan.b, CUDA_R_16BF, key.k, key.m, key.ldx, key.batch, key.stride_x);
     make_layout(&plan.c, cuda_type(static_cast<DType>(key.out_dtype)), key.n, key.m, key.ldy,
-                key.batch, key.stride_y, key.pointer_arrays);
+                key.batch, key.stride_y);
 
     cublasLtMatmulPreference_t preference = nullptr;
     QUANTMLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -235,25 +226,11 @@ struct GemmRunner::State {
       throw ShapeError(name + ": negative batch stride (x " + str(p.stride_x) + ", w " +
                        str(p.stride_w) + ", y " + str(p.stride_y) + ")");
     }
-    const bool arrays = p.x_array != nullptr || p.w_array != nullptr || p.y_array != nullptr;
-    if (arrays) {
-      const uint32_t a = p.array_alignment;
-      if (p.x_array == nullptr || p.w_array == nullptr || p.y_array == nullptr || a < 2 ||
-          (a & (a - 1)) != 0) {
-        throw InvalidArgument(name +
-                              ": pointer arrays need x_array, w_array and y_array and a "
-                              "power-of-two array_alignment >= 2, got alignment " +
-                              std::to_string(a));
-      }
-    } else if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
+    if (p.x == nullptr || p.w == nullptr || p.y == nullptr) {
       throw InvalidArgument(name + ": x, w and y must be device pointers, got null");
     }
     const size_t y_bytes = p.out_dtype == DType::kF32 ? 4 : 2;
-    const bool batched = p.batch > 1 && !arrays;
-    // Pointer arrays: every matrix starts at a multiple of array_alignment.
-    const auto start = [&](const void* ptr) {
-      return arrays ? reinterpret_cast<const void*>(uintptr_t{p.array_alignment}) : ptr;
-    };
+    const bool batched = p.batch > 1;
     const PlanKey key{p.batch,
                       p.m,
                       p.n,
@@ -266,18 +243,16 @@ struct GemmRunner::State {
                       batched ? p.stride_y : 0,
                       static_cast<int>(p.op_w),
                       static_cast<int>(p.out_dtype),
-                      alignment_of(start(p.x), p.ldx, p.m > 1, p.stride_x, batched, 2),
-                      alignment_of(start(p.w), p.ldw, true, p.stride_w, batched, 2),
-                      alignment_of(start(p.y), p.ldy, p.m > 1, p.stride_y, batched, y_bytes),
-                      arrays};
+                      alignment_of(p.x, p.ldx, p.m > 1, p.stride_x, batched, 2),
+                      alignment_of(p.w, p.ldw, true, p.stride_w, batched, 2),
+                      alignment_of(p.y, p.ldy, p.m > 1, p.stride_y, batched, y_bytes)};
     Plan& plan = plan_for(key);
     const float alpha = 1.0f;
     const float beta = p.beta;
     if (!plan.tuned) tune(plan, p, y_bytes, stream);
-    const Operands o = operands(p);
     if (plan.has_algo) {
-      QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta,
-                                           o.y, plan.c, o.y, plan.c, &plan.algo, workspace,
+      QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta,
+                                           p.y, plan.c, p.y, plan.c, &plan.algo, workspace,
                                            workspace_bytes, stream));
       return;
     }
@@ -292,13 +267,8 @@ struct GemmRunner::State {
     QUANTMLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return;
     plan.tuned = true;
-    const Operands o = operands(p);
-    void* out = o.y;
+    void* out = p.y;
     void* scratch = nullptr;
-    if (p.beta != 0.0f && p.y_array != nullptr) {  // no scratch pointer array: keep the first
-      plan.candidates.clear();
-      return;
-    }
     if (p.beta != 0.0f) {
       // y's extent, from its last batch's last row.
       const size_t elements =
@@ -320,7 +290,7 @@ struct GemmRunner::State {
     try {
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
         const auto call = [&] {
-          return cublasLtMatmul(lt, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.y, plan.c,
+          return cublasLtMatmul(lt, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta, p.y, plan.c,
                                 out, plan.c, &algo, workspace, workspace_bytes, stream);
         };
         if (call() != CUBLAS_STATUS_SUCCESS) continue;  // the first run also loads its kernel
@@ -346,17 +316,6 @@ struct GemmRunner::State {
     ++tuned;
   }
 
-  // cuBLASLt's A, B, C: the matrices, or the device arrays of them (pointer-array batches).
-  struct Operands {
-    const void* w;
-    const void* x;
-    void* y;
-  };
-  static Operands operands(const BatchedGemmParams& p) {
-    if (p.x_array == nullptr) return {p.w, p.x, p.y};
-    return {p.w_array, p.x_array, const_cast<void**>(p.y_array)};
-  }
-
   void run_cublas(const BatchedGemmParams& p, const std::string& name, float alpha, float beta,
                   cudaStream_t stream) {
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -368,16 +327,6 @@ struct GemmRunner::State {
     QUANTMLA_CUBLAS_CHECK(cublasSetStream(blas, stream));
     QUANTMLA_CUBLAS_CHECK(cublasSetWorkspace(blas, workspace, workspace_bytes));
     const bool transpose_w = p.op_w == GemmOp::kT;
-    if (p.x_array != nullptr) {
-      QUANTMLA_CUBLAS_CHECK(cublasGemmBatchedEx(
-          blas, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n),
-          static_cast<int>(p.m), static_cast<int>(p.k), &alpha,
-          reinterpret_cast<const void* const*>(p.w_array), CUDA_R_16BF, static_cast<int>(p.ldw),
-          reinterpret_cast<const void* const*>(p.x_array), CUDA_R_16BF, static_cast<int>(p.ldx),
-          &beta, p.y_array, cuda_type(p.out_dtype), static_cast<int>(p.ldy),
-          static_cast<int>(p.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      return;
-    }
     QUANTMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         blas, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n),
         static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.w, CUDA_R_16BF,

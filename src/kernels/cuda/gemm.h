@@ -39,14 +39,6 @@ struct BatchedGemmParams {
   int64_t stride_y = 0;
   DType out_dtype = DType::kF32;
   float beta = 0.0f;  // 0: y is only written (may hold NaN before); 1: y += the product
-  // Pointer-array batches instead (all three set, x, w, y and the strides then unused): device
-  // arrays [batch] of each batch's x, w and y. array_alignment: a power of two >= 2 (bytes) that
-  // every pointer in them is a multiple of (the caller knows their values; cuBLASLt's choice of
-  // algorithm depends on it). Tuning (tune_min_rows) takes beta 0 only here.
-  const uint16_t* const* x_array = nullptr;
-  const uint16_t* const* w_array = nullptr;
-  void* const* y_array = nullptr;
-  uint32_t array_alignment = 0;
 };
 
 // Owns a cuBLASLt and a cuBLAS handle, one workspace and a cache of matmul plans (descriptors,
@@ -70,7 +62,7 @@ class GemmRunner {
   // being captured, runs each of cuBLASLt's first kTuneCandidates algorithms for it that do not
   // split the k sum (split-K or stream-K would change the order of the FP32 sum, so every
   // candidate adds in the same order and the choice does not change the result's bits) three
-  // times and keeps the fastest; measured on the H200, the heuristic's first choice was 6-12%
+  // times and keeps the fastest; measured on the H200, the heuristic's first choice was 7-11%
   // slower than the best on 4 of V2-Lite's 6 dense prefill products (bench_prefill_gemms). The
   // timed runs write y (beta 0: the real call overwrites it) or, with beta != 0, a scratch
   // buffer allocated for the tuning and freed after it (no room for it: the first choice is
@@ -92,9 +84,8 @@ class GemmRunner {
   void linear(int64_t m, int64_t n, int64_t k, const uint16_t* x, int64_t ldx, const uint16_t* w,
               int64_t ldw, void* y, int64_t ldy, DType out_dtype, float beta, cudaStream_t stream);
 
-  // Strided-batched or pointer-array product (see BatchedGemmParams). Same errors as linear, and
-  // ShapeError for batch < 1 or a negative stride, InvalidArgument for pointer arrays set only in
-  // part or without a power-of-two array_alignment.
+  // Strided-batched product (see BatchedGemmParams). Same errors as linear, and ShapeError for
+  // batch < 1 or a negative stride.
   void batched(const BatchedGemmParams& params, cudaStream_t stream);
 
   // Plans in the cache (tests, diagnostics).

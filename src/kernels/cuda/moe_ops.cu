@@ -8,10 +8,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -413,36 +411,29 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
-// Thread i < padded_rows writes row i of the padded layout, thread i < entries rewrites entry
-// i's slot (both ranges share the grid).
+// Thread i < E * rows writes row i of the padded layout, thread i < entries rewrites entry i's
+// slot (both ranges share the grid).
 __global__ void __launch_bounds__(kCopyThreads)
-    moe_pad_layout_kernel(const int32_t* offsets, const int32_t* block_start, int num_experts,
-                          const int32_t* token_of_slot, const int32_t* experts,
-                          const int32_t* slot_of, int64_t entries, int64_t padded_rows,
-                          int32_t* token_of_row, int32_t* padded_slot_of) {
+    moe_pad_layout_kernel(const int32_t* offsets, const int32_t* token_of_slot,
+                          const int32_t* experts, const int32_t* slot_of, int64_t entries,
+                          int64_t padded_rows, int64_t rows, int32_t* token_of_row,
+                          int32_t* padded_slot_of) {
   wait_for_previous_kernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
   if (i < padded_rows) {
-    // The expert whose block holds row i: the last x with block_start[x] <= i.
-    int lo = 0, hi = num_experts - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (block_start[mid] <= i) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    const int64_t r = i - block_start[lo], first = offsets[lo];
-    token_of_row[i] = r < offsets[lo + 1] - first ? token_of_slot[first + r] : -1;
+    const int64_t x = i / rows, r = i % rows;
+    const int64_t first = offsets[x];
+    token_of_row[i] = r < offsets[x + 1] - first ? token_of_slot[first + r] : -1;
   }
   if (i < entries) {
     const int32_t slot = slot_of[i];
     const int32_t x = experts[i];
-    padded_slot_of[i] = slot < 0 ? -1 : block_start[x] + (slot - offsets[x]);
+    padded_slot_of[i] = slot < 0 ? -1 : static_cast<int32_t>(x * rows + (slot - offsets[x]));
   }
 }
 
+// kVec consecutive columns per thread (4: 16-byte loads and stores; the launcher checks the
+// alignment), the same fma chain per element either way.
 template <int kVec>
 __global__ void __launch_bounds__(kCopyThreads)
     moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
@@ -645,92 +636,20 @@ void moe_route_sort(const float* router_logits, int64_t ld_logits, const float* 
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-ExpertBlocks plan_expert_blocks(const int32_t* offsets, int num_experts, int max_groups) {
-  if (num_experts < 1 || max_groups < 1) {
-    throw InvalidArgument("plan_expert_blocks: " + std::to_string(num_experts) + " experts, " +
-                          std::to_string(max_groups) + " groups (need >= 1 of each)");
-  }
-  std::vector<int64_t> count(static_cast<size_t>(num_experts));
-  for (int x = 0; x < num_experts; ++x) {
-    count[x] = offsets[x + 1] - offsets[x];
-    if (offsets[x] < 0 || count[x] < 0) {
-      throw InvalidArgument("plan_expert_blocks: expert " + std::to_string(x) + " has slots [" +
-                            std::to_string(offsets[x]) + ", " + std::to_string(offsets[x + 1]) +
-                            "), not a prefix sum");
-    }
-  }
-  // The experts with rows, busiest first (ties by index: the same plan for the same counts).
-  std::vector<int32_t> order;
-  for (int x = 0; x < num_experts; ++x) {
-    if (count[x] > 0) order.push_back(x);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return count[a] > count[b]; });
-  const auto padded = [](int64_t rows) {
-    return (rows + kExpertRowAlignment - 1) / kExpertRowAlignment * kExpertRowAlignment;
-  };
-  // Groups are runs of that order (a run's rows: its first expert's count, padded). best[g][i]:
-  // the fewest rows for the first i experts in g runs; split[g][i]: where the last run starts.
-  const int m = static_cast<int>(order.size());
-  const int groups = std::min(max_groups, std::max(m, 1));
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(groups + 1, std::vector<int64_t>(m + 1, kNone));
-  std::vector<std::vector<int>> split(groups + 1, std::vector<int>(m + 1, 0));
-  best[0][0] = 0;
-  for (int g = 1; g <= groups; ++g) {
-    for (int i = 1; i <= m; ++i) {
-      for (int j = g - 1; j < i; ++j) {  // the last run is order[j, i)
-        if (best[g - 1][j] == kNone) continue;
-        const int64_t rows = best[g - 1][j] + (i - j) * padded(count[order[j]]);
-        if (rows < best[g][i]) best[g][i] = rows, split[g][i] = j;
-      }
-    }
-  }
-  ExpertBlocks plan;
-  std::vector<int64_t> rows_of(static_cast<size_t>(num_experts), 0);
-  if (m > 0) {
-    int used = 1;  // the fewest runs that reach the least rows
-    for (int g = 1; g <= groups; ++g) {
-      if (best[g][m] < best[used][m]) used = g;
-    }
-    for (int g = used, i = m; g > 0; --g) {
-      const int j = split[g][i];
-      ExpertGroup group{padded(count[order[j]]), {order.begin() + j, order.begin() + i}};
-      for (int32_t x : group.experts) rows_of[x] = group.rows;
-      plan.groups.insert(plan.groups.begin(), std::move(group));
-      i = j;
-    }
-  }
-  plan.block_start.assign(static_cast<size_t>(num_experts) + 1, 0);
-  for (int x = 0; x < num_experts; ++x) {
-    const int64_t next = plan.block_start[x] + rows_of[x];
-    if (next > std::numeric_limits<int32_t>::max()) {
-      throw ShapeError("plan_expert_blocks: " + str(next) + " padded rows (past 2^31 - 1)");
-    }
-    plan.block_start[x + 1] = static_cast<int32_t>(next);
-  }
-  return plan;
-}
-
 void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
-                       const std::vector<int32_t>& block_start, std::vector<int32_t>& token_of_row,
+                       int64_t rows, std::vector<int32_t>& token_of_row,
                        std::vector<int32_t>& slot_of) {
-  if (block_start.size() != static_cast<size_t>(num_experts) + 1) {
-    throw InvalidArgument("pad_expert_layout: " + std::to_string(block_start.size()) +
-                          " block starts for " + std::to_string(num_experts) + " experts");
-  }
-  token_of_row.assign(static_cast<size_t>(std::max(block_start[num_experts], 0)), -1);
+  token_of_row.assign(static_cast<size_t>(num_experts * rows), -1);
   std::vector<int32_t> row_of_slot(static_cast<size_t>(std::max(offsets[num_experts], 0)));
   for (int x = 0; x < num_experts; ++x) {
     const int64_t count = offsets[x + 1] - offsets[x];
-    const int64_t rows = block_start[x + 1] - block_start[x];
     if (offsets[x] < 0 || count < 0 || count > rows) {
       throw InvalidArgument("pad_expert_layout: expert " + std::to_string(x) + " has slots [" +
                             std::to_string(offsets[x]) + ", " + std::to_string(offsets[x + 1]) +
-                            "), more than its block's " + str(rows) + " rows or not a prefix sum");
+                            "), more than " + str(rows) + " rows or not a prefix sum");
     }
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t row = block_start[x] + i;
+      const int64_t row = x * rows + i;
       token_of_row[static_cast<size_t>(row)] = token_of_slot[offsets[x] + i];
       row_of_slot[static_cast<size_t>(offsets[x] + i)] = static_cast<int32_t>(row);
     }
@@ -766,27 +685,23 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-void moe_pad_layout(const int32_t* offsets, const int32_t* block_start, int num_experts,
-                    int64_t padded_rows, const int32_t* token_of_slot, const int32_t* experts,
-                    const int32_t* slot_of, int64_t entries, int32_t* token_of_row,
-                    int32_t* padded_slot_of, cudaStream_t stream) {
-  if (num_experts < 1 || padded_rows < 0 || entries < 0 || padded_rows > INT_MAX ||
-      entries > INT_MAX) {
-    throw ShapeError("moe_pad_layout: " + std::to_string(num_experts) + " experts, " +
-                     str(padded_rows) + " padded rows, " + str(entries) +
-                     " entries (need >= 1 expert, rows and entries in [0, 2^31))");
+void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                    const int32_t* experts, const int32_t* slot_of, int64_t entries, int64_t rows,
+                    int32_t* token_of_row, int32_t* padded_slot_of, cudaStream_t stream) {
+  const int64_t padded_rows = num_experts * rows;
+  if (num_experts < 1 || rows < 1 || entries < 0 || padded_rows > INT_MAX || entries > INT_MAX) {
+    throw ShapeError("moe_pad_layout: " + std::to_string(num_experts) + " experts of " + str(rows) +
+                     " rows, " + str(entries) +
+                     " entries (need >= 1 expert, rows >= 1, E * rows and entries below 2^31)");
   }
-  if (offsets == nullptr || block_start == nullptr || token_of_slot == nullptr ||
-      experts == nullptr || slot_of == nullptr || token_of_row == nullptr ||
-      padded_slot_of == nullptr) {
+  if (offsets == nullptr || token_of_slot == nullptr || experts == nullptr || slot_of == nullptr ||
+      token_of_row == nullptr || padded_slot_of == nullptr) {
     throw InvalidArgument("moe_pad_layout: every buffer must be a device pointer, got null");
   }
   const int64_t threads = std::max(padded_rows, entries);
-  if (threads == 0) return;
   const auto blocks = static_cast<unsigned>((threads + kCopyThreads - 1) / kCopyThreads);
-  launch_kernel(moe_pad_layout_kernel, blocks, kCopyThreads, 0, stream, offsets, block_start,
-                num_experts, token_of_slot, experts, slot_of, entries, padded_rows, token_of_row,
-                padded_slot_of);
+  launch_kernel(moe_pad_layout_kernel, blocks, kCopyThreads, 0, stream, offsets, token_of_slot,
+                experts, slot_of, entries, padded_rows, rows, token_of_row, padded_slot_of);
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -16,9 +16,6 @@
 //   moe_expert_mlps(host offsets)           -> expert_out [slots, d] FP32
 //   moe_combine                             -> x += sum_j w[t, j] expert_out[slot_of[t, j]]
 //   (shared experts: an ordinary MLP with beta = 1 into x)
-// A prefill-sized step instead pads each expert's rows to a block (plan_expert_blocks on the
-// host offsets, moe_pad_layout), gathers by the padded layout, runs each group of blocks as one
-// pointer-array batched GEMM per projection and combines the padded rows (padded_slot_of).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -120,54 +117,31 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                  cudaStream_t stream, int shared_groups = 0);
 
-// The routed experts of a prefill-sized step as a few batched GEMMs: each expert's rows padded
-// to a block (zero rows), the experts in groups whose blocks have one row count, each group one
-// pointer-array batched product. One group padded to the busiest expert's count is one product
-// but pads every expert that far (14% more FLOPs than the useful ones at a 2K prefill of
-// V2-Lite); groups of experts with similar counts pad less.
-inline constexpr int64_t kExpertRowAlignment = 16;  // a block's rows: a multiple of this
-struct ExpertGroup {
-  int64_t rows = 0;              // every block's rows in this group
-  std::vector<int32_t> experts;  // the group's experts, busiest first
-};
-struct ExpertBlocks {
-  std::vector<ExpertGroup> groups;  // busiest first; none when no expert has rows
-  // [E + 1]: expert x's block is rows [block_start[x], block_start[x + 1]), in expert order
-  // (an expert without rows has an empty block); block_start[E] rows in all.
-  std::vector<int32_t> block_start;
-};
-// The grouping with the fewest padded rows in at most max_groups groups (runs of the experts
-// sorted by count, busiest first; among equal totals the fewest groups), from moe_sort's
-// offsets [E + 1] (host). Throws InvalidArgument for E < 1, max_groups < 1 or offsets that are
-// not a prefix sum, ShapeError for more than 2^31 - 1 rows.
-ExpertBlocks plan_expert_blocks(const int32_t* offsets, int num_experts, int max_groups);
-
-// The padded layout on the host, the reference of moe_pad_layout (the runner's, on the device)
-// in the tests: expert x's slots [offsets[x], offsets[x + 1]) become rows [block_start[x],
-// block_start[x] + their count); the rest of each block is padding.
-//   offsets: [E + 1]; token_of_slot: [offsets[E]]; block_start: [E + 1] (plan_expert_blocks's);
-//   token_of_row (out): [block_start[E]], the token each row gathers, -1 for padding (moe_gather
-//   gives such rows zeros);
+// The layout of the routed experts as one strided-batched GEMM, on the host: the reference of
+// moe_pad_layout (the runner's, on the device) in the tests: expert x's slots [offsets[x],
+// offsets[x + 1]) become rows [x * rows, x * rows + their count); the rest of each block of `rows`
+// is padding.
+//   offsets: [E + 1]; token_of_slot: [offsets[E]];
+//   token_of_row (out): [E * rows], the token each row gathers, -1 for padding (moe_gather gives
+//   such rows zeros);
 //   slot_of (in, out): [n * k] moe_sort's slots, rewritten as rows (-1 stays -1).
-// Throws InvalidArgument when a block is smaller than its expert's count or the offsets are not
-// a prefix sum.
+// Throws InvalidArgument when rows is less than an expert's count or the offsets are not a
+// prefix sum.
 void pad_expert_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
-                       const std::vector<int32_t>& block_start, std::vector<int32_t>& token_of_row,
+                       int64_t rows, std::vector<int32_t>& token_of_row,
                        std::vector<int32_t>& slot_of);
 
-// pad_expert_layout on the device, from moe_sort's buffers where they are (only the offsets came
-// back to the host, for the blocks), so that the layout costs no copy back:
-//   offsets: [E + 1]; block_start: [E + 1] (device); token_of_slot: [offsets[E]]; experts:
-//   [entries] moe_route's choices (the entries moe_sort sorted); slot_of: [entries] moe_sort's
-//   slots;
-//   token_of_row (out): [padded_rows = block_start[E]]; padded_slot_of (out): [entries], slot_of
-//   in the padded layout.
-// Requires every block to hold its expert's count: not checked on the device. Throws ShapeError
-// for E < 1 or sizes outside [0, 2^31), InvalidArgument for a null buffer.
-void moe_pad_layout(const int32_t* offsets, const int32_t* block_start, int num_experts,
-                    int64_t padded_rows, const int32_t* token_of_slot, const int32_t* experts,
-                    const int32_t* slot_of, int64_t entries, int32_t* token_of_row,
-                    int32_t* padded_slot_of, cudaStream_t stream);
+// pad_expert_layout on the device, from moe_sort's buffers where they are, so that the layout
+// costs no copy back and no host synchronization (pad_expert_layout is its reference):
+//   offsets: [E + 1]; token_of_slot: [offsets[E]]; experts: [entries] moe_route's choices (the
+//   entries moe_sort sorted); slot_of: [entries] moe_sort's slots;
+//   token_of_row (out): [E * rows]; padded_slot_of (out): [entries], slot_of in the padded layout.
+// Requires rows >= every expert's count (the busiest count, from the offsets read back): not
+// checked on the device. Throws ShapeError for E < 1, rows < 1 or sizes past 2^31 - 1,
+// InvalidArgument for a null buffer.
+void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* token_of_slot,
+                    const int32_t* experts, const int32_t* slot_of, int64_t entries, int64_t rows,
+                    int32_t* token_of_row, int32_t* padded_slot_of, cudaStream_t stream);
 
 // The routed experts' weights: host arrays of E device pointers (an expert that gets no slot may
 // be null). Separate gate and up matrices, so the checkpoint's tensors are used as they are.

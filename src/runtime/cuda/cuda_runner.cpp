@@ -52,9 +52,6 @@ constexpr int64_t kGroupedRowsPerExpert = 32;
 // experts' products with the mixture's combine in the down product's tail.
 constexpr int64_t kFusedNormMaxRows = 4;
 constexpr int64_t kMixedExpertsMaxRows = kSkinnyMaxRows;
-// The routed experts of a prefill-sized step in at most this many groups of one padded row count
-// (gpu::plan_expert_blocks), each group one pointer-array batched product per projection.
-constexpr int kExpertGroups = 4;
 // Steps of at most this many tokens write the cache and rotate the queries in one launch (every
 // decode batch of the runner benchmark, as measured with the fused launch); for a prefill the fused
 // kernel's (token, head) pairs two to a block are slower than rope_queries' own grid (a 2K chunk of
@@ -430,7 +427,6 @@ class CudaRunner final : public Runner {
     if (config_.n_routed_experts > 0) {
       QUANTMLA_CUDA_CHECK(
           cudaMallocHost(&host_offsets_, sizeof(int32_t) * sz(config_.n_routed_experts + 1)));
-      QUANTMLA_CUDA_CHECK(cudaMallocHost(&host_expert_layout_, expert_layout_bytes()));
     }
     gemm_ = std::make_unique<gpu::GemmRunner>();
     if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
@@ -475,7 +471,6 @@ class CudaRunner final : public Runner {
     for (PlanWorkspace& w : plan_workspaces_) cudaFree(w.device);
     if (offsets_copied_ != nullptr) cudaEventDestroy(offsets_copied_);
     if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
-    if (host_expert_layout_ != nullptr) cudaFreeHost(host_expert_layout_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -629,7 +624,6 @@ class CudaRunner final : public Runner {
       // experts' rows.
       expert_rows_ = slots + std::max(slots / 2, shared_rows);
       buf_.padded_slot_of = a.take<int32_t>(slots);
-      buf_.expert_layout = a.take<uint8_t>(static_cast<int64_t>(expert_layout_bytes()));
       buf_.token_of_row = a.take<int32_t>(expert_rows_);
       buf_.sorted = a.take<uint16_t>(expert_rows_ * c.hidden_size);
       buf_.expert_gate_up = a.take<float>(expert_rows_ * 2 * c.moe_intermediate_size);
@@ -1276,7 +1270,16 @@ class CudaRunner final : public Runner {
       gpu::skinny_gemm(down, down_tiling, stream_);
     } else if (runs("experts")) {
       QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
-      if (layer.expert_stride > 0 && batched_experts(layer)) return;
+      int64_t busiest = 0;
+      for (int64_t i = 0; i < e; ++i) {
+        busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
+      }
+      // Rounded up so that steps of similar sizes share cuBLASLt plans.
+      busiest = (busiest + 15) / 16 * 16;
+      if (layer.expert_stride > 0 && e * busiest <= expert_rows_) {
+        batched_experts(layer, busiest);
+        return;
+      }
       const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
       const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
@@ -1291,90 +1294,46 @@ class CudaRunner final : public Runner {
     }
   }
 
-  // batched_experts's layout: 6 pointer arrays of E (gate/up and down: x, w, y, in group
-  // order), then the blocks' starts [E + 1].
-  size_t expert_layout_bytes() const {
-    const auto e = static_cast<size_t>(config_.n_routed_experts);
-    return 6 * e * sizeof(void*) + (e + 1) * sizeof(int32_t);
-  }
-
-  // The routed experts of a prefill-sized step as a few pointer-array batched GEMMs (a GEMM per
-  // expert of a few hundred rows leaves most SMs idle): each expert's rows padded with zero rows
-  // to its group's count, groups of similar counts (gpu::plan_expert_blocks). The host plans the
-  // blocks from the offsets it read back; the layout is made on the device from the sort
-  // (moe_pad_layout). Gate and up are one [2 inner, d] operand per expert (expert_stride > 0).
-  // Returns false, having queued nothing, when the blocks need more than expert_rows_ rows.
-  bool batched_experts(const DeviceLayer& layer) {
+  // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
+  // once (one launch fills the GPU, where a GEMM per expert of a few hundred rows leaves most SMs
+  // idle): each expert's rows padded with zero rows to the busiest expert's count. The layout is
+  // made on the device from the sort (moe_pad_layout); only the offsets came back, for `rows`.
+  void batched_experts(const DeviceLayer& layer, int64_t rows) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
-    const gpu::ExpertBlocks blocks =
-        gpu::plan_expert_blocks(host_offsets_, static_cast<int>(e), kExpertGroups);
-    const int64_t rows = blocks.block_start[e];
-    if (rows > expert_rows_) return false;
-    // The pinned copy is free to rewrite: this layer's offsets were waited for, and they were
-    // copied after the previous layer's layout.
-    auto* pointers = reinterpret_cast<const void**>(host_expert_layout_);
-    auto* block_start = reinterpret_cast<int32_t*>(host_expert_layout_ + 6 * e * sizeof(void*));
-    std::copy(blocks.block_start.begin(), blocks.block_start.end(), block_start);
-    uintptr_t addresses = 256;  // OR of every pointer: its lowest bit is their alignment
-    int64_t at = 0;
-    for (const gpu::ExpertGroup& group : blocks.groups) {
-      for (const int32_t x : group.experts) {
-        const int64_t first = block_start[x];
-        const void* row[6] = {buf_.sorted + first * d,
-                              layer.expert_gate[x],
-                              buf_.expert_gate_up + first * 2 * inner,
-                              buf_.expert_act + first * inner,
-                              layer.expert_down[x],
-                              buf_.expert_out + first * d};
-        for (int i = 0; i < 6; ++i) {
-          pointers[i * e + at] = row[i];
-          addresses |= reinterpret_cast<uintptr_t>(row[i]);
-        }
-        ++at;
-      }
-    }
-    QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(buf_.expert_layout, host_expert_layout_,
-                                        expert_layout_bytes(), cudaMemcpyHostToDevice, stream_));
-    const auto* device_pointers = reinterpret_cast<void* const*>(buf_.expert_layout);
-    const auto* device_block_start =
-        reinterpret_cast<const int32_t*>(buf_.expert_layout + 6 * e * sizeof(void*));
-    gpu::moe_pad_layout(buf_.sort.offsets, device_block_start, static_cast<int>(e), rows,
-                        buf_.sort.token_of_slot, buf_.experts, buf_.sort.slot_of, n * k,
-                        buf_.token_of_row, buf_.padded_slot_of, stream_);
-    gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, rows, buf_.sorted, d, d, stream_);
-    stats_.padding_flops += 2 * (rows - host_offsets_[e]) * 3 * inner * d;
-    // y_x = x_x W_x^T for every expert x of each group: [rows, k] -> [rows, n] FP32; array
-    // i of the layout holds operand i (0-2: gate/up's x, w, y; 3-5: down's).
-    const auto all_groups = [&](int first_array, int64_t n_out, int64_t k_in) {
-      int64_t begin = 0;
-      for (const gpu::ExpertGroup& group : blocks.groups) {
-        gpu::BatchedGemmParams p;
-        p.batch = static_cast<int64_t>(group.experts.size());
-        p.m = group.rows;
-        p.n = n_out;
-        p.k = k_in;
-        p.ldx = k_in;
-        p.ldw = k_in;
-        p.op_w = gpu::GemmOp::kT;
-        p.ldy = n_out;
-        const auto array = [&](int i) { return device_pointers + i * e + begin; };
-        p.x_array = reinterpret_cast<const uint16_t* const*>(array(first_array));
-        p.w_array = reinterpret_cast<const uint16_t* const*>(array(first_array + 1));
-        p.y_array = array(first_array + 2);
-        p.array_alignment = static_cast<uint32_t>(addresses & (~addresses + 1));
-        gemm_->batched(p, stream_);
-        begin += p.batch;
-      }
+    gpu::moe_pad_layout(buf_.sort.offsets, static_cast<int>(e), buf_.sort.token_of_slot,
+                        buf_.experts, buf_.sort.slot_of, n * k, rows, buf_.token_of_row,
+                        buf_.padded_slot_of, stream_);
+    gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, e * rows, buf_.sorted, d, d, stream_);
+    stats_.padding_flops += 2 * (e * rows - host_offsets_[e]) * 3 * inner * d;
+    // y_x = x_x W_x^T for every expert x: [rows, k] -> [rows, n], weights one stride apart.
+    const auto all_experts = [&](const uint16_t* x, int64_t k, const uint16_t* w, int64_t n,
+                                 float* y) {
+      gpu::BatchedGemmParams p;
+      p.batch = e;
+      p.m = rows;
+      p.n = n;
+      p.k = k;
+      p.x = x;
+      p.ldx = k;
+      p.stride_x = rows * k;
+      p.w = w;
+      p.ldw = k;
+      p.stride_w = layer.expert_stride;
+      p.op_w = gpu::GemmOp::kT;
+      p.y = y;
+      p.ldy = n;
+      p.stride_y = rows * n;
+      gemm_->batched(p, stream_);
     };
-    all_groups(0, 2 * inner, d);  // gate and up stacked: [rows, 2 inner] per expert
-    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, rows, inner, stream_);
-    all_groups(3, d, inner);
+    // gate and up stacked: [rows, 2 inner] per expert.
+    all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
+    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_);
+    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out);
     gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
                      d, stream_);
-    return true;
   }
 
   // The outputs copied back, the routed experts counted, the lengths committed.
@@ -1431,7 +1390,6 @@ class CudaRunner final : public Runner {
     float* expert_out = nullptr;
     int32_t* token_of_row = nullptr;      // [expert_rows_] the padded layout's gather (-1: padding)
     int32_t* padded_slot_of = nullptr;    // [n * k] slot_of in the padded layout
-    uint8_t* expert_layout = nullptr;     // [expert_layout_bytes()] host_expert_layout_'s copy
     int32_t* combine_counters = nullptr;  // [combine_counter_count()] SkinnyGemmParams::combine
   };
 
@@ -1465,7 +1423,6 @@ class CudaRunner final : public Runner {
   std::vector<int32_t> host_block_table_;
   // [E + 1] the expert offsets of a prefill step, pinned so that their copy is asynchronous.
   int32_t* host_offsets_ = nullptr;
-  uint8_t* host_expert_layout_ = nullptr;  // pinned, batched_experts's pointer arrays and blocks
   int64_t expert_rows_ = 0;  // rows of the expert buffers (slots, plus room for padding)
 };
 
