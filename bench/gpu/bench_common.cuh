@@ -79,6 +79,30 @@ double median_us(F&& f, int repeats, Before&& before_each) {
   return median(times);
 }
 
+// Reads every 16 bytes of data (the second half of an L2 flush: see median_us_flushed).
+__global__ void read_all(const uint4* data, size_t count, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = data[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // never in practice; keeps the loads
+}
+
+// median_us with the L2 flushed before each repeat by writing `flush` (256 MB or more) and reading
+// it back: a write alone leaves the L2 full of dirty lines, and the timed kernel would pay for
+// writing them back.
+template <class F>
+double median_us_flushed(F&& f, gpu::DeviceArray<uint8_t>& flush, int repeats) {
+  return median_us(f, repeats, [&](int r) {
+    QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
+    read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
+                            reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
+    QUANTMLA_CUDA_CHECK_LAUNCH();
+  });
+}
+
 // Device-to-device copy of 2 GiB, bytes read plus written over the median time of 10 repeats.
 inline double copy_bandwidth_gbps() {
   const size_t bytes = size_t{2} << 30;

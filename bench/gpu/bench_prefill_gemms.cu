@@ -31,26 +31,6 @@ namespace {
 using namespace quantmla;
 using gpu::DeviceArray;
 
-__global__ void read_all(const uint4* data, size_t count, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = data[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
-template <class F>
-double time_us(F&& f, DeviceArray<uint8_t>& flush, int repeats) {
-  return bench::median_us(f, repeats, [&](int r) {
-    QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
-    read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
-                            reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
-    QUANTMLA_CUDA_CHECK_LAUNCH();
-  });
-}
-
 void fill(DeviceArray<uint16_t>& a, uint64_t seed) {
   bench::random_bf16<<<bench::fill_blocks(static_cast<int64_t>(a.size())), 256>>>(
       a.data(), static_cast<int64_t>(a.size()), 0.05f, seed);
@@ -205,8 +185,8 @@ int main(int argc, char** argv) {
       r.candidates = p.count;
       r.best_us = r.single_pass_us = 1e30;
       for (size_t i = 0; i < p.count; ++i) {
-        const double us = time_us([&] { p.run(lt, i, w, x, y, beta, workspace.data(), ws_bytes); },
-                                  flush, repeats);
+        const double us = bench::median_us_flushed(
+            [&] { p.run(lt, i, w, x, y, beta, workspace.data(), ws_bytes); }, flush, repeats);
         if (i == 0) r.first_us = us;
         if (us < r.best_us) r.best_us = us, r.best = i;
         if ((i == 0 || single_pass(p.algos[i].algo)) && us < r.single_pass_us) {

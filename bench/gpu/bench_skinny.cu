@@ -38,28 +38,7 @@ void fill_random(DeviceArray<uint16_t>& a, uint64_t seed) {
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-__global__ void read_all(const uint4* data, size_t count, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = data[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;  // never in practice; keeps the loads
-}
-
 __global__ void nothing() {}
-
-// Median microseconds of `repeats` timed calls of f, each after an L2 flush.
-template <class F>
-double time_us(F&& f, DeviceArray<uint8_t>& flush, int repeats) {
-  return bench::median_us(f, repeats, [&](int r) {
-    QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
-    read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
-                            reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
-    QUANTMLA_CUDA_CHECK_LAUNCH();
-  });
-}
 
 struct Shape {
   const char* name;
@@ -128,14 +107,14 @@ int main(int argc, char** argv) {
       const size_t bytes = size_t{1} << 30;
       DeviceArray<uint8_t> a(bytes), b(bytes);
       a.fill_bytes(1);
-      const double us = time_us(
+      const double us = bench::median_us_flushed(
           [&] {
             QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDefault));
           },
           flush, 10);
       copy_gbps = 2.0 * static_cast<double>(bytes) / (us * 1e3);  // read + write
     }
-    const double floor_us = time_us([] { nothing<<<1, 32>>>(); }, flush, repeats);
+    const double floor_us = bench::median_us_flushed([] { nothing<<<1, 32>>>(); }, flush, repeats);
     std::printf("%s, %d SMs; copy bandwidth %.0f GB/s (read + write); floor %.2f us\n", prop.name,
                 prop.multiProcessorCount, copy_gbps, floor_us);
 
@@ -198,9 +177,9 @@ int main(int argc, char** argv) {
         const double weight_bytes = static_cast<double>(per_copy) * 2 * touched;
 
         Row row{s.name, m, gpu::skinny_gemm_tiling(p), 0, weight_bytes / 1e6, 0, 0, 0, {}, 0, {}};
-        row.us = time_us([&] { gpu::skinny_gemm(p, nullptr); }, flush, repeats);
+        row.us = bench::median_us_flushed([&] { gpu::skinny_gemm(p, nullptr); }, flush, repeats);
         row.gbps = weight_bytes / (row.us * 1e3);
-        row.cublas_us = time_us(
+        row.cublas_us = bench::median_us_flushed(
             [&] {
               if (!s.experts) {
                 gemm.linear(m, s.n * (s.silu ? 2 : 1), s.k, x.data(), s.k, gate[0], s.k,
@@ -222,14 +201,16 @@ int main(int argc, char** argv) {
         if (row.tiling.m_tiles > 1) {  // the same tiling with 16-row tiles, for the comparison
           gpu::SkinnyTiling t = row.tiling;
           t.m_tiles = 1;
-          row.one_mma_tile_us = time_us([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, repeats);
+          row.one_mma_tile_us =
+              bench::median_us_flushed([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, repeats);
         }
         if (sweep) {
           for (const int tile_n : {8, 16, 32, 64}) {
             for (const int warps : {1, 2, 3, 4, 6, 8}) {
               const gpu::SkinnyTiling t{tile_n, warps};
               try {
-                const double us = time_us([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, 7);
+                const double us =
+                    bench::median_us_flushed([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, 7);
                 row.sweep.emplace_back(t, us);
                 if (us < row.best_us) row.best_us = us, row.best = t;
               } catch (const InvalidArgument&) {  // more warps than the shared memory holds
