@@ -339,27 +339,36 @@ void run_batched_cases(gpu::GemmRunner& gemm, int tokens, int heads) {
 // A tuned product (GemmRunner's tune_min_rows: the first call of a shape times the candidates
 // that sum in one pass) equals the heuristic's first choice bit for bit, for beta 0 and 1 and a
 // BF16 output, and leaves y as one call would (beta 1: the timed runs go to a scratch buffer).
-void run_tuned_gemm_case(int64_t m, int64_t n, int64_t k) {
+// Then m_same_bucket rows (the same power of two as m): the same bits again, and the bucket's
+// algorithm taken without timing.
+void run_tuned_gemm_case(int64_t m, int64_t m_same_bucket, int64_t n, int64_t k) {
   gpu::GemmRunner tuned(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 512);
   gpu::GemmRunner first(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 0);
   DeviceArray<uint16_t> x(random_bf16(static_cast<size_t>(m * k), 1.0f));
   DeviceArray<uint16_t> w(random_bf16(static_cast<size_t>(n * k), 0.05f));
   const std::vector<float> y0 = random_f32(static_cast<size_t>(m * n), 1.0f);
-  for (const auto& [dtype, beta] : {std::pair{DType::kF32, 0.0f}, std::pair{DType::kF32, 1.0f},
-                                    std::pair{DType::kBF16, 0.0f}}) {
-    DeviceArray<float> a(y0), b(y0);  // BF16 outputs use the first half of each
-    tuned.linear(m, n, k, x.data(), k, w.data(), k, a.data(), n, dtype, beta, kStream);
-    first.linear(m, n, k, x.data(), k, w.data(), k, b.data(), n, dtype, beta, kStream);
-    sync();
-    const std::vector<float> ga = a.download(), gb = b.download();
-    const size_t words = dtype == DType::kF32 ? ga.size() : ga.size() / 2;
-    expect(std::memcmp(ga.data(), gb.data(), words * sizeof(float)) == 0,
-           "tuned linear m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
-               std::to_string(k) + " " + std::string(dtype_name(dtype)) + " beta " +
-               std::to_string(beta) + ": the same bits as the heuristic's first choice");
+  size_t timed = 0;
+  for (const int64_t rows : {m, m_same_bucket}) {
+    for (const auto& [dtype, beta] : {std::pair{DType::kF32, 0.0f}, std::pair{DType::kF32, 1.0f},
+                                      std::pair{DType::kBF16, 0.0f}}) {
+      DeviceArray<float> a(y0), b(y0);  // BF16 outputs use the first half of each
+      tuned.linear(rows, n, k, x.data(), k, w.data(), k, a.data(), n, dtype, beta, kStream);
+      first.linear(rows, n, k, x.data(), k, w.data(), k, b.data(), n, dtype, beta, kStream);
+      sync();
+      const std::vector<float> ga = a.download(), gb = b.download();
+      const size_t words = dtype == DType::kF32 ? ga.size() : ga.size() / 2;
+      expect(std::memcmp(ga.data(), gb.data(), words * sizeof(float)) == 0,
+             "tuned linear m " + std::to_string(rows) + " n " + std::to_string(n) + " k " +
+                 std::to_string(k) + " " + std::string(dtype_name(dtype)) + " beta " +
+                 std::to_string(beta) + ": the same bits as the heuristic's first choice");
+    }
+    if (rows == m) timed = tuned.tuned_plans();
   }
   std::printf("tuned products: %zu of %zu plans chosen by timing\n", tuned.tuned_plans(),
               tuned.cached_plans());
+  expect(tuned.tuned_plans() == timed, "m " + std::to_string(m_same_bucket) +
+                                           " takes the algorithms timed at m " + std::to_string(m) +
+                                           " (the same power-of-two bucket) without timing again");
   expect(first.tuned_plans() == 0, "tune_min_rows 0 tunes nothing");
 }
 
@@ -2014,8 +2023,8 @@ int main(int argc, char** argv) {
         run_batched_cases(gemm, 5, 16);
         run_batched_cases(gemm, 64, 20);
         run_gemm_errors(gemm);
-        run_tuned_gemm_case(2048, 2048, 2048);
-        run_tuned_gemm_case(1000, 3648, 2048);
+        run_tuned_gemm_case(2048, 1500, 2048, 2048);
+        run_tuned_gemm_case(1000, 600, 3648, 2048);
         run_skinny_cases();
 
         run_embed_case();

@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <map>
 #include <string>
@@ -121,6 +122,11 @@ struct GemmRunner::State {
   size_t tuned = 0;
   EventPair events;
   std::map<PlanKey, Plan> plans;
+  // The algorithm that timing chose for each shape with m rounded up to a power of two: a later
+  // plan in the same bucket takes it (where cuBLASLt accepts it for that m) instead of timing
+  // again, so that a server whose steps keep bringing new row counts tunes each shape a few times
+  // only. Kept when the plan cache is cleared.
+  std::map<PlanKey, cublasLtMatmulAlgo_t> tuned_by_bucket;
 
   ~State() {
     for (auto& [key, plan] : plans) plan.destroy();
@@ -249,7 +255,7 @@ struct GemmRunner::State {
     Plan& plan = plan_for(key);
     const float alpha = 1.0f;
     const float beta = p.beta;
-    if (!plan.tuned) tune(plan, p, y_bytes, stream);
+    if (!plan.tuned) tune(plan, key, p, y_bytes, stream);
     if (plan.has_algo) {
       QUANTMLA_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta,
                                            p.y, plan.c, p.y, plan.c, &plan.algo, workspace,
@@ -262,11 +268,25 @@ struct GemmRunner::State {
   // Times plan's candidates on p's operands (GemmRunner's tune_min_rows) and keeps the fastest.
   // Not while the stream is captured (no timing inside a graph): the plan stays untuned and a
   // later call outside the capture tunes it.
-  void tune(Plan& plan, const BatchedGemmParams& p, size_t y_bytes, cudaStream_t stream) {
+  void tune(Plan& plan, const PlanKey& key, const BatchedGemmParams& p, size_t y_bytes,
+            cudaStream_t stream) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     QUANTMLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return;
     plan.tuned = true;
+    PlanKey bucket = key;
+    bucket.m = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(key.m)));
+    const auto known = tuned_by_bucket.find(bucket);
+    if (known != tuned_by_bucket.end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt, plan.desc, plan.a, plan.b, plan.c, plan.c, &known->second,
+                                  &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= workspace_bytes) {
+        plan.algo = known->second;
+        plan.candidates.clear();
+        return;
+      }
+    }
     void* out = p.y;
     void* scratch = nullptr;
     if (p.beta != 0.0f) {
@@ -313,6 +333,7 @@ struct GemmRunner::State {
     }
     if (scratch != nullptr) QUANTMLA_CUDA_CHECK(cudaFree(scratch));
     plan.candidates.clear();
+    tuned_by_bucket[bucket] = plan.algo;
     ++tuned;
   }
 

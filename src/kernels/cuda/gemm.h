@@ -66,7 +66,8 @@ class GemmRunner {
   // slower than the best on 4 of V2-Lite's 6 dense prefill products (bench_prefill_gemms). The
   // timed runs write y (beta 0: the real call overwrites it) or, with beta != 0, a scratch
   // buffer allocated for the tuning and freed after it (no room for it: the first choice is
-  // kept). 0: never tune.
+  // kept). A later shape that differs only in m and rounds up to the same power of two takes the
+  // algorithm chosen there without timing (where cuBLASLt accepts it). 0: never tune.
   explicit GemmRunner(size_t workspace_bytes = kDefaultWorkspaceBytes, void* workspace = nullptr,
                       int64_t tune_min_rows = kDefaultTuneMinRows);
   ~GemmRunner();
@@ -90,7 +91,8 @@ class GemmRunner {
 
   // Plans in the cache (tests, diagnostics).
   size_t cached_plans() const;
-  // Plans whose algorithm was chosen by timing (tests, diagnostics).
+  // Plans whose algorithm was chosen by timing (tests, diagnostics; not those that took their
+  // bucket's choice).
   size_t tuned_plans() const;
 
   static constexpr int kTuneCandidates = 8;
