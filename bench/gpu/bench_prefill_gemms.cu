@@ -3,9 +3,9 @@
 // 8 candidates, and the best of those that sum k in one pass (no split-K or stream-K: what
 // GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
 // them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
-// FP32 and BF16 outputs. (cuBLAS's grouped GEMM,
-// cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0 it returned
-// NOT_SUPPORTED for BF16 inputs with an FP32 output.)
+// FP32 and BF16 outputs; and expert_gemm (ours, work in progress) on the exact rows. (cuBLAS's
+// grouped GEMM, cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0
+// it returned NOT_SUPPORTED for BF16 inputs with an FP32 output.)
 //
 // Timing: CUDA events around one call, the L2 flushed before each repeat (256 MB written and read
 // back), median of the repeats after 3 warm-ups. Routing: top-6 of 64 experts per token from
@@ -24,6 +24,7 @@
 #include "bench_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/expert_gemm.h"
 #include "quantmla/gpu_mla.h"
 
 namespace {
@@ -251,6 +252,35 @@ int main(int argc, char** argv) {
       sweep(ex.name, p, w.data(), x.data(), y.data(), 0.0f, 2.0 * real_rows * ex.n * ex.k);
     }
     cublasLtDestroy(lt);
+
+    // expert_gemm (work in progress): each expert's exact rows, FP32 out.
+    std::vector<int32_t> offsets(65, 0);
+    for (int e = 0; e < 64; ++e) offsets[e + 1] = offsets[e] + counts[e];
+    DeviceArray<int32_t> doffsets(offsets);
+    for (const Expert& ex : experts) {
+      if (ex.bf16) continue;
+      DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
+      DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * ex.k));
+      fill(w, 7), fill(x, 9);
+      DeviceArray<float> y(static_cast<size_t>(real_rows * ex.n));
+      std::vector<uintptr_t> pointers(64);
+      for (int e = 0; e < 64; ++e)
+        pointers[e] = reinterpret_cast<uintptr_t>(w.data() + e * ex.n * ex.k);
+      DeviceArray<uintptr_t> dpointers(pointers);
+      gpu::ExpertGemmParams p;
+      p.x = x.data(), p.ldx = ex.k,
+      p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
+      p.offsets = doffsets.data(), p.num_experts = 64, p.n = ex.n, p.k = ex.k;
+      p.y = y.data(), p.ldy = ex.n, p.max_rows = busiest;
+      std::string name = ex.name;
+      name.replace(name.find("padded"), 6, "expert_gemm");
+      Result r{name, 2.0 * real_rows * ex.n * ex.k};
+      r.first_us = r.best_us = r.single_pass_us =
+          bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, repeats);
+      r.candidates = 1;
+      print(r);
+      results.push_back(r);
+    }
 
     if (!json_path.empty()) {
       FILE* f = std::fopen(json_path.c_str(), "w");

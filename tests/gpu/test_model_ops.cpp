@@ -25,6 +25,7 @@
 #include "checks.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/expert_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
@@ -1448,6 +1449,73 @@ void run_pad_layout_errors() {
   });
 }
 
+// expert_gemm (the grouped wgmma product over each expert's exact rows) against double: empty
+// experts (with null weights), one row, a partial token tile, more than two token tiles; every
+// output row written once (the output starts as NaN).
+void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k) {
+  const int experts = static_cast<int>(counts.size());
+  std::vector<int32_t> offsets(experts + 1, 0);
+  for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  const int64_t rows = offsets[experts];
+  std::vector<float> x, w;
+  DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(rows * k), 1.0f, &x));
+  DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * n * k), 0.05f, &w));
+  std::vector<uintptr_t> pointers(experts, 0);
+  for (int e = 0; e < experts; ++e) {
+    if (counts[e] > 0) pointers[e] = reinterpret_cast<uintptr_t>(dw.data() + e * n * k);
+  }
+  DeviceArray<uintptr_t> dpointers(pointers);
+  DeviceArray<int32_t> doffsets(offsets);
+  DeviceArray<float> y(static_cast<size_t>(rows * n));
+  poison(y);
+  gpu::ExpertGemmParams p;
+  p.x = dx.data(), p.ldx = k, p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
+  p.offsets = doffsets.data(), p.num_experts = experts, p.n = n, p.k = k;
+  p.y = y.data(), p.ldy = n;
+  p.max_rows = *std::max_element(counts.begin(), counts.end());
+  gpu::expert_gemm(p, kStream);
+  sync();
+  const auto got = y.download();
+  std::vector<double> ref(got.size()), bound(got.size());
+  for (int e = 0; e < experts; ++e) {
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        double sum = 0.0, magnitude = 0.0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double prod = static_cast<double>(x[r * k + i]) * w[(e * n + c) * k + i];
+          sum += prod;
+          magnitude += std::fabs(prod);
+        }
+        ref[r * n + c] = sum;
+        bound[r * n + c] = k * kAccumulateUnit * magnitude + kF32Unit * std::fabs(sum);
+      }
+    }
+  }
+  std::string shape = "expert_gemm n " + std::to_string(n) + " k " + std::to_string(k) + " rows";
+  for (const int32_t c : counts) shape += " " + std::to_string(c);
+  check_close(shape, got, ref, bound);
+}
+
+void run_expert_gemm_errors() {
+  DeviceArray<uint16_t> a(1024);
+  DeviceArray<int32_t> offsets(std::vector<int32_t>{0, 4});
+  DeviceArray<float> y(1024);
+  gpu::ExpertGemmParams p;
+  p.x = a.data(), p.ldx = 64, p.w = reinterpret_cast<const uint16_t* const*>(a.data());
+  p.offsets = offsets.data(), p.num_experts = 1, p.n = 128, p.k = 64, p.y = y.data(), p.ldy = 128,
+  p.max_rows = 4;
+  gpu::ExpertGemmParams bad = p;
+  bad.n = 100;
+  expect_throws<ShapeError>("expert_gemm n 100", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.k = 96;
+  expect_throws<ShapeError>("expert_gemm k 96", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.w = nullptr;
+  expect_throws<InvalidArgument>("expert_gemm null w", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.x = a.data() + 1;
+  expect_throws<InvalidArgument>("expert_gemm x not 16-byte aligned",
+                                 [&] { gpu::expert_gemm(bad, kStream); });
+}
+
 // The whole expert path: sort, offsets to the host, gather, expert MLPs; against double.
 void run_expert_mlp_case(gpu::GemmRunner& gemm) {
   const int num_experts = 8, k = 2;
@@ -2071,6 +2139,9 @@ int main(int argc, char** argv) {
         }
         run_pad_layout_errors();
         run_expert_mlp_case(gemm);
+        run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200}, 256, 128);
+        run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, 384, 1408);
+        run_expert_gemm_errors();
 
         run_sampling_cases();
 
