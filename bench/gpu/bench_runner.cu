@@ -2,10 +2,11 @@
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
 //   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
-//   [--no-fusion] [--quick] [--prefill]
+//   [--no-fusion] [--quick] [--prefill] [--expert-gemm]
 //   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
 //   prefill of P 2K-token prompts; --no-fusion: CudaRunnerOptions::fused_decode off; --quick:
-//   decode of 1, 4 and 16 sequences at 1K, no prefill; --prefill: the prefill rows only)
+//   decode of 1, 4 and 16 sequences at 1K, no prefill; --prefill: the prefill rows only;
+//   --expert-gemm: CudaRunnerOptions::expert_gemm on)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -143,12 +144,14 @@ int main(int argc, char** argv) {
   bool fused = true;          // --no-fusion: the separate kernels of decode steps
   bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
   bool prefill_only = false;  // --prefill: no decode rows
+  bool expert_gemm = false;   // --expert-gemm: the routed experts through gpu::expert_gemm
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
     if (flag == "--no-fusion") fused = false;
     if (flag == "--quick") quick = true;
     if (flag == "--prefill") prefill_only = true;
+    if (flag == "--expert-gemm") expert_gemm = true;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -165,7 +168,8 @@ int main(int argc, char** argv) {
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick] [--prefill]\n");
+                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
+                 "[--expert-gemm]\n");
     return 2;
   }
   try {
@@ -181,6 +185,8 @@ int main(int argc, char** argv) {
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
     options.fused_decode = fused;
+    options.expert_gemm = expert_gemm;
+    if (expert_gemm) std::printf("routed experts of prefill steps through expert_gemm\n");
     if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
     if (!fused) std::printf("decode steps launch the separate kernels (no fusion)\n");
     const auto load_start = std::chrono::steady_clock::now();
@@ -312,6 +318,7 @@ int main(int argc, char** argv) {
           << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"gemm_tflops\": " << gemm_tflops
           << ",\n  \"programmatic_launch\": " << (programmatic ? "true" : "false")
           << ",\n  \"fused_decode\": " << (fused ? "true" : "false")
+          << ",\n  \"expert_gemm\": " << (expert_gemm ? "true" : "false")
           << ",\n  \"device_memory_in_use_bytes\": " << weights_bytes
           << ",\n  \"load_s\": " << load_s << ",\n  \"decode\": [\n";
       for (size_t i = 0; i < decode.size(); ++i) {

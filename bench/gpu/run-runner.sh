@@ -5,10 +5,10 @@
 # both devices, and the runner benchmark on a random V2-Lite. Results go to $OUT (or gpu-results).
 #   bash bench/gpu/run-runner.sh [STAGES]
 #   STAGES: any of build,ops,memcheck,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,
-#   nopdl,fusion,gemms,prefill (default build,ops,runner,ppl,bench); prefill: bench's prefill
-#   rows only (bench_runner --prefill); gemms: bench_prefill_gemms (a 2K
-#   prefill's products: cuBLASLt's first algorithm against its best, padded against grouped
-#   experts); memcheck: compute-sanitizer over the GPU
+#   nopdl,fusion,gemms,prefill,expertgemm (default build,ops,runner,ppl,bench); prefill: bench's
+#   prefill rows only (bench_runner --prefill); expertgemm: the same with --expert-gemm; gemms:
+#   bench_prefill_gemms (a 2K prefill's products: cuBLASLt's first algorithm against its best, the
+#   padded routed experts against expert_gemm); memcheck: compute-sanitizer over the GPU
 #   checks' kernels (test_gpu_mla --quick, test_model_ops --prefill-attention, test_fused_ops);
 #   nopdl: the runner benchmark again with the kernels launched without programmatic dependent
 #   launch (bench_runner --no-pdl), beside bench's;
@@ -188,6 +188,13 @@ if has bench || has prefill; then
   if [[ -f $out/test-cuda-runner.txt && -f $out/runner.json ]]; then
     python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1
   fi
+fi
+if has expertgemm; then
+  echo "== prefill with the routed experts through expert_gemm (work in progress)"
+  [[ -d /tmp/v2-lite ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
+    --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
+  $build/bench/gpu/bench_runner --model /tmp/v2-lite --prefill --expert-gemm \
+    --json "$out/runner-expert-gemm.json" 2>&1 | tee "$out/bench-runner-expert-gemm.txt" || status=1
 fi
 # One variant of the runner: bench_runner again with its flags, beside bench's default.
 variant() {

@@ -110,6 +110,12 @@ struct CudaRunnerOptions {
   // routed experts' products with the mixture's combine in the down product's tail. false: the
   // separate kernels (bench_runner --no-fusion times them side by side).
   bool fused_decode = true;
+  // Work in progress (not yet measured): prefill-sized steps run the routed experts through our
+  // grouped wgmma product over each expert's exact rows (gpu::expert_gemm) instead of cuBLAS's
+  // strided-batched product padded to the busiest expert, where the shapes allow it (hidden and
+  // 2 x moe_intermediate_size multiples of 128, moe_intermediate_size of 64). bench_runner
+  // --expert-gemm times it beside the default.
+  bool expert_gemm = false;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

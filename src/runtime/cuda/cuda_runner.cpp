@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/expert_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
@@ -1270,6 +1271,7 @@ class CudaRunner final : public Runner {
       gpu::skinny_gemm(down, down_tiling, stream_);
     } else if (runs("experts")) {
       QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
+      if (exact_experts(layer)) return;
       int64_t busiest = 0;
       for (int64_t i = 0; i < e; ++i) {
         busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
@@ -1292,6 +1294,51 @@ class CudaRunner final : public Runner {
       gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
                        d, stream_, shared);
     }
+  }
+
+  // CudaRunnerOptions::expert_gemm: the routed experts of a prefill-sized step over their exact
+  // rows (gpu::expert_gemm, gate and up as one [2 inner, d] operand per expert), the rows in
+  // moe_sort's order. Returns false, having queued nothing, when the option is off or the shapes
+  // do not fit the kernel.
+  bool exact_experts(const DeviceLayer& layer) {
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
+    const int64_t inner = c.moe_intermediate_size;
+    const int k = static_cast<int>(c.num_experts_per_tok);
+    if (!options_.expert_gemm || layer.expert_stride == 0 || d % 128 != 0 ||
+        (2 * inner) % 128 != 0 || inner % 64 != 0) {
+      return false;
+    }
+    int64_t busiest = 0;
+    for (int64_t i = 0; i < e; ++i) {
+      busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
+    }
+    const int64_t slots = host_offsets_[e];
+    gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+    gpu::ExpertGemmParams p;
+    p.x = buf_.sorted;
+    p.ldx = d;
+    p.w = layer.device_gate;
+    p.offsets = buf_.sort.offsets;
+    p.num_experts = static_cast<int>(e);
+    p.n = 2 * inner;
+    p.k = d;
+    p.y = buf_.expert_gate_up;
+    p.ldy = 2 * inner;
+    p.max_rows = busiest;
+    gpu::expert_gemm(p, stream_);
+    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, slots, inner, stream_);
+    p.x = buf_.expert_act;
+    p.ldx = inner;
+    p.w = layer.device_down;
+    p.n = d;
+    p.k = inner;
+    p.y = buf_.expert_out;
+    p.ldy = d;
+    gpu::expert_gemm(p, stream_);
+    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
+                     stream_);
+    return true;
   }
 
   // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
