@@ -26,22 +26,8 @@ constexpr int kCopyRows = kThreads / 8;   // thread t copies chunk t % 8 of rows
 constexpr size_t kSharedBytes = size_t{kStages} * 2 * kBlockBytes + 1024;
 static_assert(kSharedBytes <= 227 * 1024, "fits an SM's shared memory");
 
-constexpr bool copies_fill_a_block_once() {
-  bool filled[kTile * 8] = {};
-  for (int thread = 0; thread < kThreads; ++thread) {
-    const int chunk = thread % 8, row = thread / 8;
-    for (int i = 0; i < kTile / kCopyRows; ++i) {
-      const uint32_t at = swizzled_chunk_offset(row, chunk) + i * kCopyRows * 128;
-      if (at != swizzled_chunk_offset(row + kCopyRows * i, chunk) || filled[at / 16]) return false;
-      filled[at / 16] = true;
-    }
-  }
-  for (const bool f : filled) {
-    if (!f) return false;
-  }
-  return true;
-}
-static_assert(copies_fill_a_block_once(), "each 16-byte piece of a block copied once, swizzled");
+static_assert(copies_fill_a_block_once<kThreads, kTile>(),
+              "each 16-byte piece of a block copied once, swizzled");
 
 std::string str(int64_t v) { return std::to_string(v); }
 

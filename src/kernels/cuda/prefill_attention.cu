@@ -36,22 +36,8 @@ constexpr int kCopyRows = kThreads / 8;
 // The kernel places chunk c of row r + kCopyRows i at its thread's offset for (r, c) plus
 // i kCopyRows rows; that must be the swizzled place of (r + kCopyRows i, c), and the threads'
 // passes must fill a 128-row block exactly once.
-constexpr bool copies_fill_a_block_once() {
-  bool filled[128 * 8] = {};
-  for (int thread = 0; thread < kThreads; ++thread) {
-    const int chunk = thread % 8, row = thread / 8;
-    for (int i = 0; i < 128 / kCopyRows; ++i) {
-      const uint32_t at = swizzled_chunk_offset(row, chunk) + i * kCopyRows * 128;
-      if (at != swizzled_chunk_offset(row + kCopyRows * i, chunk) || filled[at / 16]) return false;
-      filled[at / 16] = true;
-    }
-  }
-  for (const bool f : filled) {
-    if (!f) return false;
-  }
-  return true;
-}
-static_assert(copies_fill_a_block_once(), "each 16-byte piece of a block copied once, swizzled");
+static_assert(copies_fill_a_block_once<kThreads, 128>(),
+              "each 16-byte piece of a block copied once, swizzled");
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 std::string str(int64_t v) { return std::to_string(v); }

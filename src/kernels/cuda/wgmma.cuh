@@ -42,6 +42,28 @@ constexpr bool swizzle_is_a_permutation() {
 }
 static_assert(swizzle_is_a_permutation(), "the 128-byte swizzle permutes chunks within a row");
 
+// The kernels' tile copies: kThreads threads, thread t moving the 16-byte chunk t % 8 of rows
+// t / 8 + (kThreads / 8) i of a kRows-row column block, each at its offset for its first row
+// plus i (kThreads / 8) rows of 128 bytes. True when that is the swizzled place of every row it
+// copies (kThreads / 8 a multiple of 8) and the passes fill the block exactly once.
+template <int kThreads, int kRows>
+constexpr bool copies_fill_a_block_once() {
+  constexpr int kCopyRows = kThreads / 8;
+  bool filled[kRows * 8] = {};
+  for (int thread = 0; thread < kThreads; ++thread) {
+    const int chunk = thread % 8, row = thread / 8;
+    for (int i = 0; i < kRows / kCopyRows; ++i) {
+      const uint32_t at = swizzled_chunk_offset(row, chunk) + i * kCopyRows * 128;
+      if (at != swizzled_chunk_offset(row + kCopyRows * i, chunk) || filled[at / 16]) return false;
+      filled[at / 16] = true;
+    }
+  }
+  for (const bool f : filled) {
+    if (!f) return false;
+  }
+  return true;
+}
+
 // Descriptor of a K-major, 128-byte-swizzled operand starting at shared `address`: the stride
 // between 8-row groups is 1024 bytes; the leading offset is unused by this layout (set to 1, as
 // the PTX ISA's canonical layouts have it).
