@@ -1271,15 +1271,15 @@ class CudaRunner final : public Runner {
       gpu::skinny_gemm(down, down_tiling, stream_);
     } else if (runs("experts")) {
       QUANTMLA_CUDA_CHECK(cudaEventSynchronize(offsets_copied_));
-      if (exact_experts(layer)) return;
       int64_t busiest = 0;
       for (int64_t i = 0; i < e; ++i) {
         busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
       }
+      if (exact_experts(layer, busiest)) return;
       // Rounded up so that steps of similar sizes share cuBLASLt plans.
-      busiest = (busiest + 15) / 16 * 16;
-      if (layer.expert_stride > 0 && e * busiest <= expert_rows_) {
-        batched_experts(layer, busiest);
+      const int64_t padded_rows = (busiest + 15) / 16 * 16;
+      if (layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
+        batched_experts(layer, padded_rows);
         return;
       }
       const int64_t slots = host_offsets_[e];
@@ -1298,9 +1298,9 @@ class CudaRunner final : public Runner {
 
   // CudaRunnerOptions::expert_gemm: the routed experts of a prefill-sized step over their exact
   // rows (gpu::expert_gemm, gate and up as one [2 inner, d] operand per expert), the rows in
-  // moe_sort's order. Returns false, having queued nothing, when the option is off or the shapes
-  // do not fit the kernel.
-  bool exact_experts(const DeviceLayer& layer) {
+  // moe_sort's order; busiest: the largest expert's rows. Returns false, having queued nothing,
+  // when the option is off or the shapes do not fit the kernel.
+  bool exact_experts(const DeviceLayer& layer, int64_t busiest) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
@@ -1308,10 +1308,6 @@ class CudaRunner final : public Runner {
     if (!options_.expert_gemm || layer.expert_stride == 0 || d % 128 != 0 ||
         (2 * inner) % 128 != 0 || inner % 64 != 0) {
       return false;
-    }
-    int64_t busiest = 0;
-    for (int64_t i = 0; i < e; ++i) {
-      busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
     }
     const int64_t slots = host_offsets_[e];
     gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
