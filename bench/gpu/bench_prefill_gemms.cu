@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/expert_gemm.h"
+#include "kernels/cuda/gemm_algorithm.h"
 #include "quantmla/gpu_mla.h"
 
 namespace {
@@ -98,16 +99,6 @@ struct Result {
   double flops = 0, first_us = 0, best_us = 0, single_pass_us = 0;
   size_t best = 0, candidates = 0;
 };
-
-bool single_pass(const cublasLtMatmulAlgo_t& algo) {
-  uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-  size_t written = 0;
-  QUANTMLA_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                             &splits, sizeof(splits), &written));
-  QUANTMLA_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(
-      &algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &written));
-  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
-}
 
 // Expert counts of T tokens, top-6 of 64 by bias + Gumbel noise.
 std::vector<int> route(int tokens, double skew, uint64_t seed) {
@@ -190,7 +181,7 @@ int main(int argc, char** argv) {
             [&] { p.run(lt, i, w, x, y, beta, workspace.data(), ws_bytes); }, flush, repeats);
         if (i == 0) r.first_us = us;
         if (us < r.best_us) r.best_us = us, r.best = i;
-        if ((i == 0 || single_pass(p.algos[i].algo)) && us < r.single_pass_us) {
+        if ((i == 0 || gpu::sums_in_one_pass(p.algos[i].algo)) && us < r.single_pass_us) {
           r.single_pass_us = us;
         }
       }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_algorithm.h"
 #include "quantmla/error.h"
 
 namespace quantmla::gpu {
@@ -72,20 +73,6 @@ struct Plan {
     *this = Plan{};
   }
 };
-
-// Whether an algorithm sums each output's k products in one pass (no split-K, no stream-K
-// reduction): then every such algorithm adds in the same order (see GemmRunner's tune_min_rows).
-bool single_pass(const cublasLtMatmulAlgo_t& algo) {
-  uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                           sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
-    return false;
-  }
-  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
-}
 
 struct EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -192,9 +179,9 @@ struct GemmRunner::State {
       plan.has_algo = found == CUBLAS_STATUS_SUCCESS && returned > 0;
       if (plan.has_algo) plan.algo = results[0].algo;
       // The first choice is kept as it is; the others only where they sum alike.
-      const bool first_single = plan.has_algo && single_pass(results[0].algo);
+      const bool first_single = plan.has_algo && sums_in_one_pass(results[0].algo);
       for (int i = 0; first_single && i < returned; ++i) {
-        if (i == 0 || single_pass(results[i].algo)) plan.candidates.push_back(results[i].algo);
+        if (i == 0 || sums_in_one_pass(results[i].algo)) plan.candidates.push_back(results[i].algo);
       }
       plan.tuned = plan.candidates.size() < 2;
     }
@@ -356,6 +343,18 @@ struct GemmRunner::State {
         static_cast<int>(p.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 };
+
+bool sums_in_one_pass(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                           sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
+}
 
 GemmRunner::GemmRunner(size_t workspace_bytes, void* workspace, int64_t tune_min_rows)
     : state_(std::make_unique<State>()) {
