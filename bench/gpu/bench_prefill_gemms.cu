@@ -3,7 +3,8 @@
 // 8 candidates, and the best of those that sum k in one pass (no split-K or stream-K: what
 // GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
 // them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
-// FP32 and BF16 outputs; and expert_gemm (ours, work in progress) on the exact rows. (cuBLAS's
+// FP32 and BF16 outputs, and the activation between them; and expert_gemm (ours) on the exact
+// rows, plain and gated (the activation included), for each depth of its operand ring. (cuBLAS's
 // grouped GEMM, cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0
 // it returned NOT_SUPPORTED for BF16 inputs with an FP32 output.)
 //
@@ -26,6 +27,7 @@
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/expert_gemm.h"
 #include "kernels/cuda/gemm_algorithm.h"
+#include "kernels/cuda/model_ops.h"
 #include "quantmla/gpu_mla.h"
 
 namespace {
@@ -244,33 +246,67 @@ int main(int argc, char** argv) {
     }
     cublasLtDestroy(lt);
 
-    // expert_gemm (work in progress): each expert's exact rows, FP32 out.
+    // The activation between the padded products (silu_mul over every padded row), to set
+    // against expert_gemm's gated form, which includes it.
+    {
+      DeviceArray<float> gate_up(static_cast<size_t>(64 * padded * 2816));
+      DeviceArray<uint16_t> act(static_cast<size_t>(64 * padded * 1408));
+      gate_up.fill_bytes(0);
+      Result r{"silu_mul padded", 0.0};
+      r.first_us = r.best_us = r.single_pass_us = bench::median_us_flushed(
+          [&] {
+            gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr);
+          },
+          flush, repeats);
+      r.candidates = 1;
+      print(r);
+      results.push_back(r);
+    }
+
+    // expert_gemm: each expert's exact rows, FP32 out (plain) or the activation (gated: gate and
+    // up stacked as one [2816, 2048] operand an expert), for each depth of its operand ring.
     std::vector<int32_t> offsets(65, 0);
     for (int e = 0; e < 64; ++e) offsets[e + 1] = offsets[e] + counts[e];
     DeviceArray<int32_t> doffsets(offsets);
-    for (const Expert& ex : experts) {
-      if (ex.bf16) continue;
-      DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
+    struct Exact {
+      const char* name;
+      int64_t n, k;
+      bool gated;
+    };
+    const Exact exact[] = {{"experts gate+up expert_gemm", 2816, 2048, false},
+                           {"experts gate+up+silu expert_gemm", 1408, 2048, true},
+                           {"experts down expert_gemm", 2048, 1408, false}};
+    for (const Exact& ex : exact) {
+      const int64_t weight_rows = ex.gated ? 2 * ex.n : ex.n;
+      DeviceArray<uint16_t> w(static_cast<size_t>(64 * weight_rows * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * ex.k));
       fill(w, 7), fill(x, 9);
-      DeviceArray<float> y(static_cast<size_t>(real_rows * ex.n));
+      DeviceArray<float> y(ex.gated ? 0 : static_cast<size_t>(real_rows * ex.n));
+      DeviceArray<uint16_t> act(ex.gated ? static_cast<size_t>(real_rows * ex.n) : 0);
       std::vector<uintptr_t> pointers(64);
       for (int e = 0; e < 64; ++e)
-        pointers[e] = reinterpret_cast<uintptr_t>(w.data() + e * ex.n * ex.k);
+        pointers[e] = reinterpret_cast<uintptr_t>(w.data() + e * weight_rows * ex.k);
       DeviceArray<uintptr_t> dpointers(pointers);
       gpu::ExpertGemmParams p;
       p.x = x.data(), p.ldx = ex.k,
       p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
       p.offsets = doffsets.data(), p.num_experts = 64, p.n = ex.n, p.k = ex.k;
-      p.y = y.data(), p.ldy = ex.n, p.max_rows = busiest;
-      std::string name = ex.name;
-      name.replace(name.find("padded"), 6, "expert_gemm");
-      Result r{name, 2.0 * real_rows * ex.n * ex.k};
-      r.first_us = r.best_us = r.single_pass_us =
-          bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, repeats);
-      r.candidates = 1;
-      print(r);
-      results.push_back(r);
+      if (ex.gated) {
+        p.act = act.data(), p.ld_act = ex.n;
+      } else {
+        p.y = y.data(), p.ldy = ex.n;
+      }
+      p.max_rows = busiest;
+      for (int stages = 3; stages <= 6; ++stages) {
+        p.stages = stages;
+        Result r{std::string(ex.name) + " s" + std::to_string(stages),
+                 2.0 * real_rows * weight_rows * ex.k};
+        r.first_us = r.best_us = r.single_pass_us =
+            bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, repeats);
+        r.candidates = 1;
+        print(r);
+        results.push_back(r);
+      }
     }
 
     if (!json_path.empty()) {

@@ -110,11 +110,13 @@ struct CudaRunnerOptions {
   // routed experts' products with the mixture's combine in the down product's tail. false: the
   // separate kernels (bench_runner --no-fusion times them side by side).
   bool fused_decode = true;
-  // Work in progress (not yet measured): prefill-sized steps run the routed experts through our
-  // grouped wgmma product over each expert's exact rows (gpu::expert_gemm) instead of cuBLAS's
-  // strided-batched product padded to the busiest expert, where the shapes allow it (hidden and
-  // 2 x moe_intermediate_size multiples of 128, moe_intermediate_size of 64). bench_runner
-  // --expert-gemm times it beside the default.
+  // Prefill-sized steps run the routed experts through our grouped wgmma product over each
+  // expert's exact rows, the activation in its epilogue (gpu::expert_gemm), instead of cuBLAS's
+  // strided-batched products padded to the busiest expert, where the shapes allow it (hidden a
+  // multiple of 128, moe_intermediate_size of 64). Off: on the H200 it is still slower (a V2-Lite
+  // 2K prefill 30.7 against 25.2 ms with a 4-stage ring; at 3 stages its kernels take 628
+  // against 554 us a layer in bench_prefill_gemms); bench_runner --expert-gemm times it beside
+  // the default.
   bool expert_gemm = false;
 };
 

@@ -1451,49 +1451,87 @@ void run_pad_layout_errors() {
 
 // expert_gemm (the grouped wgmma product over each expert's exact rows) against double: empty
 // experts (with null weights), one row, a partial token tile, more than two token tiles; every
-// output row written once (the output starts as NaN).
-void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k) {
+// output row written once and the columns past n of a wider output untouched (the output starts
+// as NaN). Plain: y = x W^T in FP32; gated: act = bf16(silu(x G^T) * (x U^T)), W = [G; U].
+void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
+                          int stages, int64_t ld_out) {
   const int experts = static_cast<int>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
-  const int64_t rows = offsets[experts];
+  const int64_t rows = offsets[experts], weight_rows = gated ? 2 * n : n;
   std::vector<float> x, w;
   DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(rows * k), 1.0f, &x));
-  DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * n * k), 0.05f, &w));
+  DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * weight_rows * k), 0.05f, &w));
   std::vector<uintptr_t> pointers(experts, 0);
   for (int e = 0; e < experts; ++e) {
-    if (counts[e] > 0) pointers[e] = reinterpret_cast<uintptr_t>(dw.data() + e * n * k);
+    if (counts[e] > 0) pointers[e] = reinterpret_cast<uintptr_t>(dw.data() + e * weight_rows * k);
   }
   DeviceArray<uintptr_t> dpointers(pointers);
   DeviceArray<int32_t> doffsets(offsets);
-  DeviceArray<float> y(static_cast<size_t>(rows * n));
-  poison(y);
+  DeviceArray<float> y(gated ? 0 : static_cast<size_t>(rows * ld_out));
+  DeviceArray<uint16_t> act(gated ? static_cast<size_t>(rows * ld_out) : 0);
+  poison(y), poison(act);
   gpu::ExpertGemmParams p;
   p.x = dx.data(), p.ldx = k, p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
   p.offsets = doffsets.data(), p.num_experts = experts, p.n = n, p.k = k;
-  p.y = y.data(), p.ldy = n;
+  if (gated) {
+    p.act = act.data(), p.ld_act = ld_out;
+  } else {
+    p.y = y.data(), p.ldy = ld_out;
+  }
   p.max_rows = *std::max_element(counts.begin(), counts.end());
+  p.stages = stages;
   gpu::expert_gemm(p, kStream);
   sync();
-  const auto got = y.download();
-  std::vector<double> ref(got.size()), bound(got.size());
+  const std::vector<float> all = gated ? to_float(act.download()) : y.download();
+  // x W_e^T row `c` in double, with the bound of its FP32 accumulation.
+  const auto product = [&](int e, int64_t r, int64_t c, double* bound) {
+    double sum = 0.0, magnitude = 0.0;
+    for (int64_t i = 0; i < k; ++i) {
+      const double prod = static_cast<double>(x[r * k + i]) * w[(e * weight_rows + c) * k + i];
+      sum += prod;
+      magnitude += std::fabs(prod);
+    }
+    *bound = k * kAccumulateUnit * magnitude + kF32Unit * std::fabs(sum);
+    return sum;
+  };
+  std::vector<float> got;
+  std::vector<double> ref, bound;
+  bool rest_untouched = true;
   for (int e = 0; e < experts; ++e) {
     for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-      for (int64_t c = 0; c < n; ++c) {
-        double sum = 0.0, magnitude = 0.0;
-        for (int64_t i = 0; i < k; ++i) {
-          const double prod = static_cast<double>(x[r * k + i]) * w[(e * n + c) * k + i];
-          sum += prod;
-          magnitude += std::fabs(prod);
+      for (int64_t c = 0; c < ld_out; ++c) {
+        const float value = all[static_cast<size_t>(r * ld_out + c)];
+        if (c >= n) {
+          rest_untouched &= std::isnan(value);
+          continue;
         }
-        ref[r * n + c] = sum;
-        bound[r * n + c] = k * kAccumulateUnit * magnitude + kF32Unit * std::fabs(sum);
+        double dg = 0.0;
+        const double g = product(e, r, c, &dg);
+        got.push_back(value);
+        if (!gated) {
+          ref.push_back(g);
+          bound.push_back(dg);
+          continue;
+        }
+        // As the skinny GEMM's silu epilogue: |silu'| <= 1.1, 6 FP32 units for expf, the sum,
+        // the quotient and the product, then one BF16 rounding.
+        double du = 0.0;
+        const double u = product(e, r, n + c, &du);
+        const double s = g / (1.0 + std::exp(-g)), exact = s * u;
+        const double err = 1.1 * dg * (std::fabs(u) + du) + (std::fabs(s) + 1.1 * dg) * du +
+                           6 * kF32Unit * std::fabs(exact) + (g < -88.0 ? std::fabs(exact) : 0.0);
+        ref.push_back(exact);
+        bound.push_back(err + kBf16Unit * (std::fabs(exact) + err));
       }
     }
   }
-  std::string shape = "expert_gemm n " + std::to_string(n) + " k " + std::to_string(k) + " rows";
+  std::string shape = std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" +
+                      std::to_string(stages) + " n " + std::to_string(n) + " k " +
+                      std::to_string(k) + " ld " + std::to_string(ld_out) + " rows";
   for (const int32_t c : counts) shape += " " + std::to_string(c);
   check_close(shape, got, ref, bound);
+  expect(rest_untouched, shape + ": columns past n untouched");
 }
 
 void run_expert_gemm_errors() {
@@ -1513,6 +1551,19 @@ void run_expert_gemm_errors() {
   expect_throws<InvalidArgument>("expert_gemm null w", [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.x = a.data() + 1;
   expect_throws<InvalidArgument>("expert_gemm x not 16-byte aligned",
+                                 [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.ldy = 130;
+  expect_throws<ShapeError>("expert_gemm ldy 130", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.stages = 7;
+  expect_throws<ShapeError>("expert_gemm 7 stages", [&] { gpu::expert_gemm(bad, kStream); });
+  // Gated: n counts the activation's columns (64 a block).
+  DeviceArray<uint16_t> act(1024);
+  bad = p, bad.y = nullptr, bad.act = act.data(), bad.ld_act = 96, bad.n = 96;
+  expect_throws<ShapeError>("expert_gemm gated n 96", [&] { gpu::expert_gemm(bad, kStream); });
+  bad.n = 64, bad.ld_act = 68;
+  expect_throws<ShapeError>("expert_gemm gated ld_act 68", [&] { gpu::expert_gemm(bad, kStream); });
+  bad.ld_act = 64, bad.act = act.data() + 4;
+  expect_throws<InvalidArgument>("expert_gemm act not 16-byte aligned",
                                  [&] { gpu::expert_gemm(bad, kStream); });
 }
 
@@ -2146,8 +2197,14 @@ int main(int argc, char** argv) {
 
         // Last: expert_gemm is new (its first GPU run may stop the process).
         run_expert_gemm_errors();
-        run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200}, 256, 128);
-        run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, 384, 1408);
+        for (const bool gated : {false, true}) {
+          for (int stages = 3; stages <= 6; ++stages) {
+            run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200}, 256, 128, gated, stages,
+                                 stages == 4 ? 264 : 256);
+          }
+          run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
+                               4, gated ? 192 : 384);
+        }
       },
       {{"--prefill-attention", &prefill_attention_only}});
 }

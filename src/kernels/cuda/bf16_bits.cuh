@@ -14,6 +14,13 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// bf16(silu(g) * u) with cpu::silu_mul's FP32 arithmetic (g / (1 + expf(-g)) * u, no fused
+// multiply-adds): the MLP's activation, shared by silu_mul and expert_gemm's gated epilogue.
+__device__ __forceinline__ uint16_t silu_mul_bf16_bits(float g, float u) {
+  const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+  return to_bf16_bits(__fmul_rn(silu, u));
+}
+
 __device__ __forceinline__ float from_bf16_bits(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }

@@ -125,10 +125,7 @@ __global__ void __launch_bounds__(kRowThreads)
         g[0] = gate[v], u[0] = gate[inner + v];
       }
       uint16_t y[kVec];
-      for (int i = 0; i < kVec; ++i) {
-        const float silu = __fdiv_rn(g[i], __fadd_rn(1.0f, expf(-g[i])));
-        y[i] = to_bf16_bits(__fmul_rn(silu, u[i]));
-      }
+      for (int i = 0; i < kVec; ++i) y[i] = silu_mul_bf16_bits(g[i], u[i]);
       uint16_t* o = out + r * ldo + static_cast<int64_t>(v) * kVec;
       if constexpr (kVec == 4) {
         *reinterpret_cast<uint2*>(o) =

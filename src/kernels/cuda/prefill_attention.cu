@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kQkSteps; ++s) {
       const uint32_t column = (s / 4) * kBlockBytes + (s % 4) * 32;
-      wgmma_m64n128k16_ss(sc, wgmma_descriptor(q_rows + column), wgmma_descriptor(keys + column),
-                          s);
+      wgmma_m64nk16_ss<128>(sc, wgmma_descriptor(q_rows + column), wgmma_descriptor(keys + column),
+                            s);
     }
     wgmma_commit();
     if (tile > 0) {

@@ -97,37 +97,55 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// The accumulator operands of the wrappers below, in order: 32 or 64 FP32 registers as "+f"
-// constraints, and their place holders %0..%31 or %0..%63 in the instruction text (the operands
-// that follow them are numbered from 32 or 64).
+// The accumulator operands of the wrappers below, in order: 16 to 64 FP32 registers as "+f"
+// constraints, and their place holders %0.. in the instruction text (the operands that follow
+// them are numbered from the count).
 #define QUANTMLA_WGMMA_D8(d, i)                                                               \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define QUANTMLA_WGMMA_D32(d)                                                 \
-  QUANTMLA_WGMMA_D8(d, 0), QUANTMLA_WGMMA_D8(d, 8), QUANTMLA_WGMMA_D8(d, 16), \
-      QUANTMLA_WGMMA_D8(d, 24)
-#define QUANTMLA_WGMMA_D64(d)                                                \
-  QUANTMLA_WGMMA_D32(d), QUANTMLA_WGMMA_D8(d, 32), QUANTMLA_WGMMA_D8(d, 40), \
-      QUANTMLA_WGMMA_D8(d, 48), QUANTMLA_WGMMA_D8(d, 56)
-#define QUANTMLA_WGMMA_REGS32                                                                  \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define QUANTMLA_WGMMA_REGS64                                                                   \
-  QUANTMLA_WGMMA_REGS32                                                                         \
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
-      "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define QUANTMLA_WGMMA_D16(d) QUANTMLA_WGMMA_D8(d, 0), QUANTMLA_WGMMA_D8(d, 8)
+#define QUANTMLA_WGMMA_D32(d) \
+  QUANTMLA_WGMMA_D16(d), QUANTMLA_WGMMA_D8(d, 16), QUANTMLA_WGMMA_D8(d, 24)
+#define QUANTMLA_WGMMA_D48(d) \
+  QUANTMLA_WGMMA_D32(d), QUANTMLA_WGMMA_D8(d, 32), QUANTMLA_WGMMA_D8(d, 40)
+#define QUANTMLA_WGMMA_D64(d) \
+  QUANTMLA_WGMMA_D48(d), QUANTMLA_WGMMA_D8(d, 48), QUANTMLA_WGMMA_D8(d, 56)
+#define QUANTMLA_WGMMA_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define QUANTMLA_WGMMA_REGS32 \
+  QUANTMLA_WGMMA_REGS16       \
+      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define QUANTMLA_WGMMA_REGS48 \
+  QUANTMLA_WGMMA_REGS32       \
+      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define QUANTMLA_WGMMA_REGS64 \
+  QUANTMLA_WGMMA_REGS48       \
+      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// d (+)= A B^T over 64 x 128 x 16, A and B from shared memory (descriptors, K-major); accumulate
-// into d when accumulate != 0, overwrite it otherwise.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b,
-                                                    int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS64
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : QUANTMLA_WGMMA_D64(d)
-      : "l"(a), "l"(b), "r"(accumulate));
-}
+// d (+)= A B^T over 64 x N x 16 (N = 32, 64, 96 or 128), A and B from shared memory
+// (descriptors, K-major); accumulate into d when accumulate != 0, overwrite it otherwise. The
+// product uses the first N / 2 accumulators of d (the rest are left alone).
+template <int kN>
+__device__ void wgmma_m64nk16_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate);
+
+// One specialization: N, its accumulators' count as text, and the place holders of a, b and
+// accumulate (numbered after the accumulators).
+#define QUANTMLA_WGMMA_SS(kN, kRegs, kA, kB, kAccumulate)                                     \
+  template <>                                                                                 \
+  __device__ __forceinline__ void wgmma_m64nk16_ss<kN>(float(&d)[64], uint64_t a, uint64_t b, \
+                                                       int accumulate) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate                            \
+                 ", 0;\n"                                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #kN                                      \
+                 "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs "}, %" #kA ", %" #kB        \
+                                                                  ", p, 1, 1, 0, 0;\n}\n"     \
+                 : QUANTMLA_WGMMA_D##kRegs(d)                                                 \
+                 : "l"(a), "l"(b), "r"(accumulate));                                          \
+  }
+QUANTMLA_WGMMA_SS(32, 16, 16, 17, 18)
+QUANTMLA_WGMMA_SS(64, 32, 32, 33, 34)
+QUANTMLA_WGMMA_SS(96, 48, 48, 49, 50)
+QUANTMLA_WGMMA_SS(128, 64, 64, 65, 66)
+#undef QUANTMLA_WGMMA_SS
 
 // d (+)= A B^T over 64 x N x 16 (N = 64 or 128), A from registers (mma.m16n8k16's A fragments
 // of the warp's 16 rows), B from shared memory (descriptor, K-major).
@@ -158,9 +176,13 @@ __device__ __forceinline__ void wgmma_m64k16_rs<128>(float (&d)[64], const uint3
 }
 
 #undef QUANTMLA_WGMMA_REGS64
+#undef QUANTMLA_WGMMA_REGS48
 #undef QUANTMLA_WGMMA_REGS32
+#undef QUANTMLA_WGMMA_REGS16
 #undef QUANTMLA_WGMMA_D64
+#undef QUANTMLA_WGMMA_D48
 #undef QUANTMLA_WGMMA_D32
+#undef QUANTMLA_WGMMA_D16
 #undef QUANTMLA_WGMMA_D8
 
 }  // namespace quantmla::gpu

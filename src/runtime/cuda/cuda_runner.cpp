@@ -1297,16 +1297,15 @@ class CudaRunner final : public Runner {
   }
 
   // CudaRunnerOptions::expert_gemm: the routed experts of a prefill-sized step over their exact
-  // rows (gpu::expert_gemm, gate and up as one [2 inner, d] operand per expert), the rows in
-  // moe_sort's order; busiest: the largest expert's rows. Returns false, having queued nothing,
-  // when the option is off or the shapes do not fit the kernel.
+  // rows (gpu::expert_gemm: gate and up as one [2 inner, d] operand per expert, ending in the
+  // activation; then down), the rows in moe_sort's order; busiest: the largest expert's rows.
+  // Returns false, having queued nothing, when the option is off or the shapes do not fit.
   bool exact_experts(const DeviceLayer& layer, int64_t busiest) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
     const int k = static_cast<int>(c.num_experts_per_tok);
-    if (!options_.expert_gemm || layer.expert_stride == 0 || d % 128 != 0 ||
-        (2 * inner) % 128 != 0 || inner % 64 != 0) {
+    if (!options_.expert_gemm || layer.expert_stride == 0 || d % 128 != 0 || inner % 64 != 0) {
       return false;
     }
     const int64_t slots = host_offsets_[e];
@@ -1317,13 +1316,13 @@ class CudaRunner final : public Runner {
     p.w = layer.device_gate;
     p.offsets = buf_.sort.offsets;
     p.num_experts = static_cast<int>(e);
-    p.n = 2 * inner;
+    p.n = inner;
     p.k = d;
-    p.y = buf_.expert_gate_up;
-    p.ldy = 2 * inner;
+    p.act = buf_.expert_act;
+    p.ld_act = inner;
     p.max_rows = busiest;
     gpu::expert_gemm(p, stream_);
-    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, slots, inner, stream_);
+    p.act = nullptr;
     p.x = buf_.expert_act;
     p.ldx = inner;
     p.w = layer.device_down;
