@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
         p.y = y.data(), p.ldy = ex.n;
       }
       p.max_rows = busiest;
-      for (int stages = 3; stages <= 6; ++stages) {
+      for (int stages = 3; stages <= 4; ++stages) {
         p.stages = stages;
         Result r{std::string(ex.name) + " s" + std::to_string(stages),
                  2.0 * real_rows * weight_rows * ex.k};

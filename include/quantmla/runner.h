@@ -114,9 +114,8 @@ struct CudaRunnerOptions {
   // expert's exact rows, the activation in its epilogue (gpu::expert_gemm), instead of cuBLAS's
   // strided-batched products padded to the busiest expert, where the shapes allow it (hidden a
   // multiple of 128, moe_intermediate_size of 64). Off: on the H200 it is still slower (a V2-Lite
-  // 2K prefill 30.7 against 25.2 ms with a 4-stage ring; at 3 stages its kernels take 628
-  // against 554 us a layer in bench_prefill_gemms); bench_runner --expert-gemm times it beside
-  // the default.
+  // 2K prefill 27.6 against 25.1 ms; at the runner's mild routing skew cuBLAS's padded products
+  // waste little); bench_runner --expert-gemm times it beside the default.
   bool expert_gemm = false;
 };
 

@@ -1,16 +1,16 @@
-// expert_gemm.h: a block computes a 128 x 128 tile of y^T for one expert, M = 128 weight rows
-// (two warpgroups of 64, wgmma's M) by N = 128 of the expert's rows, walking k in steps of 64
-// through a ring of kStages shared-memory stages (cp.async, 128-byte swizzle, both operands
-// K-major as stored). An expert's last token tile multiplies only its rows rounded up to 32 (wgmma
-// N = 32, 64, 96 or 128), so an expert of 150 rows costs 160 rows of work, not 256. The products
-// are asynchronous: step kt's wgmma run while step kt + 1's are issued, and the copies run
-// kStages - 2 steps ahead, so the one barrier of a step also tells that the stage it refills (last
-// read at step kt - 2) is free. The grid runs an expert's token tiles fastest, then its weight
-// tiles, so the blocks that read one weight tile run side by side and the second read of it hits
-// L2 (an expert of ~190 rows has two token tiles; its weights, not its rows, are the bytes that
-// count). The accumulators leave through shared memory, whole 16-byte stores per row. Gated: the
-// 128 weight rows are 64 of gate (warpgroup 0) and the same 64 of up (warpgroup 1); both hand
-// their products over in shared memory and all 256 threads write the activation.
+// expert_gemm.h: a block computes a 128 x 256 tile of y^T for one expert, M = 128 weight rows
+// (two warpgroups of 64, wgmma's M) by N = up to 256 of the expert's rows, walking k in steps of
+// 64 through a ring of kStages shared-memory stages (cp.async, 128-byte swizzle, both operands
+// K-major as stored). A token tile multiplies only its rows rounded up to 32 (wgmma N = 32, 64,
+// ..., 256), so an expert of 190 rows is one tile of 192 and its weights are read once. The
+// products are asynchronous: step kt's wgmma run while step kt + 1's are issued, and the copies
+// run kStages - 2 steps ahead, so the one barrier of a step also tells that the stage it refills
+// (last read at step kt - 2) is free. The grid runs an expert's token tiles fastest, then its
+// weight tiles, so the blocks that read one weight tile (experts of more than 256 rows) run side
+// by side and the second read of it hits L2. The accumulators leave through shared memory, whole
+// 16-byte stores per row. Gated: the 128 weight rows are 64 of gate (warpgroup 0) and the same 64
+// of up (warpgroup 1); both hand their products over in shared memory and all 256 threads write
+// the activation.
 #include <climits>
 #include <string>
 
@@ -25,16 +25,19 @@
 namespace quantmla::gpu {
 namespace {
 
-constexpr int kThreads = 256;             // two warpgroups
-constexpr int kTile = 128;                // weight rows (M) and token rows (N) of a block
-constexpr int kStepK = 64;                // one swizzled column block
-constexpr int kBlockBytes = kTile * 128;  // 128 rows x 64 BF16
-constexpr int kCopyRows = kThreads / 8;   // thread t copies chunk t % 8 of rows t / 8 + 32 i
+constexpr int kThreads = 256;                         // two warpgroups
+constexpr int kTile = 128;                            // weight rows (M) of a block
+constexpr int kTokens = 256;                          // token rows (N) of a block, at most
+constexpr int kStepK = 64;                            // one swizzled column block
+constexpr int kBlockBytes = kTile * 128;              // 128 weight rows x 64 BF16
+constexpr int kStageBytes = (kTile + kTokens) * 128;  // and 256 token rows
+constexpr int kCopyRows = kThreads / 8;  // thread t copies chunk t % 8 of rows t / 8 + 32 i
 template <int kStages>
-constexpr size_t kSharedBytes = size_t{kStages} * 2 * kBlockBytes + 1024;
-static_assert(kSharedBytes<6> <= 227 * 1024, "fits an SM's shared memory");
+constexpr size_t kSharedBytes = size_t{kStages} * kStageBytes + 1024;
+static_assert(kSharedBytes<4> <= 227 * 1024, "fits an SM's shared memory");
 
-static_assert(copies_fill_a_block_once<kThreads, kTile>(),
+static_assert(copies_fill_a_block_once<kThreads, kTile>() &&
+                  copies_fill_a_block_once<kThreads, kTokens>(),
               "each 16-byte piece of a block copied once, swizzled");
 
 // The epilogue's FP32 tiles in the ring's bytes, [token][weight row], rows padded so that a
@@ -42,15 +45,39 @@ static_assert(copies_fill_a_block_once<kThreads, kTile>(),
 // banks: plain, one tile of 128 weight rows; gated, gate's and up's tiles of 64.
 constexpr int kLdPlain = kTile + 4;
 constexpr int kLdGated = kTile / 2 + 4;
-constexpr int kGatedTileBytes = kTile * kLdGated * 4;
-static_assert(kTile * kLdPlain * 4 <= 3 * 2 * kBlockBytes, "plain epilogue fits 3 stages");
-static_assert(2 * kGatedTileBytes <= 3 * 2 * kBlockBytes, "gated epilogue fits 3 stages");
+constexpr int kGatedTileBytes = kTokens * kLdGated * 4;
+static_assert(kTokens * kLdPlain * 4 <= 3 * kStageBytes, "plain epilogue fits 3 stages");
+static_assert(2 * kGatedTileBytes <= 3 * kStageBytes, "gated epilogue fits 3 stages");
 static_assert(kLdPlain % 4 == 0 && kLdGated % 4 == 0, "16-byte aligned rows");
 
-// The 4 k16 products of one step of 64 over `kN` token rows (stages at shared addresses).
+// True when, for each accumulator index c, the 32 lanes of a warp write 32 distinct banks of a
+// [token][ld] FP32 tile (lane l holds token 2 (l % 4) + c % 2 and weight row l / 4 + 8 (c >= 2),
+// wgmma.cuh's layout; other j, warps and warpgroups only shift every lane alike).
+constexpr bool accumulator_writes_conflict_free(int ld) {
+  for (int c = 0; c < 4; ++c) {
+    bool bank_used[32] = {};
+    for (int lane = 0; lane < 32; ++lane) {
+      const int token = 2 * (lane % 4) + c % 2, row = lane / 4 + (c >= 2 ? 8 : 0);
+      const int bank = (token * ld + row) % 32;
+      if (bank_used[bank]) return false;
+      bank_used[bank] = true;
+    }
+  }
+  return true;
+}
+static_assert(accumulator_writes_conflict_free(kLdPlain) &&
+                  accumulator_writes_conflict_free(kLdGated),
+              "the epilogue's accumulator writes are free of bank conflicts");
+
+// The 4 k16 products of one step of 64 over the first n (a multiple of 32, at most kN) token rows
+// (stages at shared addresses): one wgmma shape for each n, chosen by a chain of comparisons
+// that is uniform over the block.
 template <int kN>
-__device__ __forceinline__ void multiply_step(float (&d)[64], uint32_t weights, uint32_t rows,
-                                              bool first) {
+__device__ __forceinline__ void multiply_step(int n, float (&d)[kTokens / 2], uint32_t weights,
+                                              uint32_t rows, bool first) {
+  if constexpr (kN > 32) {
+    if (n < kN) return multiply_step<kN - 32>(n, d, weights, rows, first);
+  }
 #pragma unroll
   for (int step = 0; step < kStepK / 16; ++step) {
     wgmma_m64nk16_ss<kN>(d, wgmma_descriptor(weights + step * 32),
@@ -68,9 +95,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_for_previous_kernel();
   const int e = static_cast<int>(blockIdx.z);
   const int64_t first = p.offsets[e], count = p.offsets[e + 1] - first;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokens;
   if (t0 >= count) return;
-  const int valid_tokens = static_cast<int>(count - t0 < kTile ? count - t0 : kTile);
+  const int valid_tokens = static_cast<int>(count - t0 < kTokens ? count - t0 : kTokens);
   const int tile_n = (valid_tokens + 31) / 32 * 32;  // token rows the products cover
   // Weight row r of the block: plain, row m0 + r of w[e]; gated, gate row m0 + r (r < 64) or up
   // row n + m0 + r - 64.
@@ -81,9 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint16_t* w = p.w[e];
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
-  const auto weights_stage = [&](int s) {
-    return base + static_cast<uint32_t>(s) * 2 * kBlockBytes;
-  };
+  const auto weights_stage = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
   const auto rows_stage = [&](int s) { return weights_stage(s) + kBlockBytes; };
 
   const int chunk = threadIdx.x % 8, copy_row = threadIdx.x / 8;
@@ -96,9 +121,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t column = kt * kStepK + chunk * 8;
 #pragma unroll
       for (int i = 0; i < kTile / kCopyRows; ++i) {
+        cp_async_16(weights_stage(s) + copy_offset + i * kCopyRows * 128,
+                    w + weight_row(copy_row + kCopyRows * i) * p.k + column, 16);
+      }
+#pragma unroll
+      for (int i = 0; i < kTokens / kCopyRows; ++i) {
         const int row = copy_row + kCopyRows * i;
         const uint32_t at = copy_offset + i * kCopyRows * 128;
-        cp_async_16(weights_stage(s) + at, w + weight_row(row) * p.k + column, 16);
         const bool valid = row < valid_tokens;
         if (row < tile_n) {
           cp_async_16(rows_stage(s) + at, p.x + (first + t0 + (valid ? row : 0)) * p.ldx + column,
@@ -113,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const uint32_t weight_rows = static_cast<uint32_t>(warpgroup) * 64 * 128;  // its 64 rows
-  float d[64] = {};
+  float d[kTokens / 2] = {};
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kLead - 1>();  // tile kt has landed (this thread's copies)
     fence_proxy_async_shared();  // read by the tensor cores' proxy
@@ -125,20 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence_registers(d);
     wgmma_fence();
     const uint32_t weights = weights_stage(s) + weight_rows, rows = rows_stage(s);
-    switch (tile_n) {  // uniform over the block
-      case 32:
-        multiply_step<32>(d, weights, rows, kt == 0);
-        break;
-      case 64:
-        multiply_step<64>(d, weights, rows, kt == 0);
-        break;
-      case 96:
-        multiply_step<96>(d, weights, rows, kt == 0);
-        break;
-      default:
-        multiply_step<128>(d, weights, rows, kt == 0);
-        break;
-    }
+    multiply_step<kTokens>(tile_n, d, weights, rows, kt == 0);
     wgmma_commit();
     wgmma_wait<1>();  // step kt - 1's products are done; step kt's run on
     wgmma_fence_registers(d);
@@ -158,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (!kGated) {
     float* tile = reinterpret_cast<float*>(ring);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         tile[token_of(j, c) * kLdPlain + warpgroup * 64 + row_of(c)] = d[4 * j + c];
@@ -176,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // activations as 8 pieces of 8 (16 bytes of BF16) by 8 threads.
     float* products = reinterpret_cast<float*>(ring + warpgroup * kGatedTileBytes);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) products[token_of(j, c) * kLdGated + row_of(c)] = d[4 * j + c];
     }
@@ -208,14 +224,8 @@ void launch(const ExpertGemmParams& p, dim3 grid, cudaStream_t stream) {
     case 4:
       return launch_large_shared<expert_gemm_kernel<kGated, 4>>(grid, kThreads, kSharedBytes<4>,
                                                                 stream, p);
-    case 5:
-      return launch_large_shared<expert_gemm_kernel<kGated, 5>>(grid, kThreads, kSharedBytes<5>,
-                                                                stream, p);
-    case 6:
-      return launch_large_shared<expert_gemm_kernel<kGated, 6>>(grid, kThreads, kSharedBytes<6>,
-                                                                stream, p);
     default:
-      throw ShapeError("expert_gemm: " + str(p.stages) + " stages (the kernel takes 3-6)");
+      throw ShapeError("expert_gemm: " + str(p.stages) + " stages (the kernel takes 3 or 4)");
   }
 }
 
@@ -246,7 +256,7 @@ void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream) {
     throw InvalidArgument(std::string("expert_gemm: x and ") + (gated ? "act" : "y") +
                           " must be 16-byte aligned");
   }
-  const int64_t token_tiles = (p.max_rows + kTile - 1) / kTile;
+  const int64_t token_tiles = (p.max_rows + kTokens - 1) / kTokens;
   if (token_tiles == 0) return;
   if (token_tiles > INT32_MAX) throw ShapeError("expert_gemm: max_rows " + str(p.max_rows));
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(p.n / tile_n),

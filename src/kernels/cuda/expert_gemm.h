@@ -29,11 +29,11 @@ struct ExpertGemmParams {
   uint16_t* act = nullptr;  // gated: [rows, n] BF16 bits, row stride ld_act
   int64_t ld_act = 0;
   int64_t max_rows = 0;  // >= every expert's count (the busiest, from the host's offsets)
-  // Shared-memory stages of the operand ring (3-6): tiles are copied stages - 2 steps of k ahead
-  // of the product (one more stage holds the tile the tensor cores may still be reading). 3
-  // leaves room for two blocks an SM, the fastest on the H200 for V2-Lite's experts
-  // (docs/benchmarks.md, "the prefill's products").
-  int stages = 3;
+  // Shared-memory stages of the operand ring (3 or 4, 48 KB each): tiles are copied stages - 2
+  // steps of k ahead of the product (one more stage holds the tile the tensor cores may still be
+  // reading). 4 was the faster on the H200 for V2-Lite's experts (docs/benchmarks.md, "the
+  // prefill's products").
+  int stages = 4;
 };
 
 // Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0,

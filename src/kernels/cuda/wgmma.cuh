@@ -97,7 +97,7 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// The accumulator operands of the wrappers below, in order: 16 to 64 FP32 registers as "+f"
+// The accumulator operands of the wrappers below, in order: 16 to 128 FP32 registers as "+f"
 // constraints, and their place holders %0.. in the instruction text (the operands that follow
 // them are numbered from the count).
 #define QUANTMLA_WGMMA_D8(d, i)                                                               \
@@ -110,6 +110,14 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
   QUANTMLA_WGMMA_D32(d), QUANTMLA_WGMMA_D8(d, 32), QUANTMLA_WGMMA_D8(d, 40)
 #define QUANTMLA_WGMMA_D64(d) \
   QUANTMLA_WGMMA_D48(d), QUANTMLA_WGMMA_D8(d, 48), QUANTMLA_WGMMA_D8(d, 56)
+#define QUANTMLA_WGMMA_D80(d) \
+  QUANTMLA_WGMMA_D64(d), QUANTMLA_WGMMA_D8(d, 64), QUANTMLA_WGMMA_D8(d, 72)
+#define QUANTMLA_WGMMA_D96(d) \
+  QUANTMLA_WGMMA_D80(d), QUANTMLA_WGMMA_D8(d, 80), QUANTMLA_WGMMA_D8(d, 88)
+#define QUANTMLA_WGMMA_D112(d) \
+  QUANTMLA_WGMMA_D96(d), QUANTMLA_WGMMA_D8(d, 96), QUANTMLA_WGMMA_D8(d, 104)
+#define QUANTMLA_WGMMA_D128(d) \
+  QUANTMLA_WGMMA_D112(d), QUANTMLA_WGMMA_D8(d, 112), QUANTMLA_WGMMA_D8(d, 120)
 #define QUANTMLA_WGMMA_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define QUANTMLA_WGMMA_REGS32 \
   QUANTMLA_WGMMA_REGS16       \
@@ -120,32 +128,57 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
 #define QUANTMLA_WGMMA_REGS64 \
   QUANTMLA_WGMMA_REGS48       \
       ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define QUANTMLA_WGMMA_REGS80 \
+  QUANTMLA_WGMMA_REGS64       \
+      ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define QUANTMLA_WGMMA_REGS96 \
+  QUANTMLA_WGMMA_REGS80       \
+      ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define QUANTMLA_WGMMA_REGS112                                                                   \
+  QUANTMLA_WGMMA_REGS96                                                                          \
+      ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+      "%111"
+#define QUANTMLA_WGMMA_REGS128                                                                 \
+  QUANTMLA_WGMMA_REGS112                                                                       \
+      ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
+      "%126, %127"
 
-// d (+)= A B^T over 64 x N x 16 (N = 32, 64, 96 or 128), A and B from shared memory
+// d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A and B from shared memory
 // (descriptors, K-major); accumulate into d when accumulate != 0, overwrite it otherwise. The
 // product uses the first N / 2 accumulators of d (the rest are left alone).
-template <int kN>
-__device__ void wgmma_m64nk16_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate);
-
-// One specialization: N, its accumulators' count as text, and the place holders of a, b and
+template <int kN, int kCount>
+__device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+  static_assert(kN % 32 == 0 && kN >= 32 && kN <= 256 && kCount >= kN / 2, "an m64nNk16 shape");
+// One shape: N, its accumulators' count (N / 2) as text, and the place holders of a, b and
 // accumulate (numbered after the accumulators).
-#define QUANTMLA_WGMMA_SS(kN, kRegs, kA, kB, kAccumulate)                                     \
-  template <>                                                                                 \
-  __device__ __forceinline__ void wgmma_m64nk16_ss<kN>(float(&d)[64], uint64_t a, uint64_t b, \
-                                                       int accumulate) {                      \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate                            \
-                 ", 0;\n"                                                                     \
-                 "wgmma.mma_async.sync.aligned.m64n" #kN                                      \
-                 "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs "}, %" #kA ", %" #kB        \
-                                                                  ", p, 1, 1, 0, 0;\n}\n"     \
-                 : QUANTMLA_WGMMA_D##kRegs(d)                                                 \
-                 : "l"(a), "l"(b), "r"(accumulate));                                          \
+#define QUANTMLA_WGMMA_SS(kShape, kRegs, kA, kB, kAccumulate)                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate                        \
+               ", 0;\n"                                                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #kShape                              \
+               "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs "}, %" #kA ", %" #kB    \
+                                                                ", p, 1, 1, 0, 0;\n}\n" \
+               : QUANTMLA_WGMMA_D##kRegs(d)                                             \
+               : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (kN == 32) {
+    QUANTMLA_WGMMA_SS(32, 16, 16, 17, 18);
+  } else if constexpr (kN == 64) {
+    QUANTMLA_WGMMA_SS(64, 32, 32, 33, 34);
+  } else if constexpr (kN == 96) {
+    QUANTMLA_WGMMA_SS(96, 48, 48, 49, 50);
+  } else if constexpr (kN == 128) {
+    QUANTMLA_WGMMA_SS(128, 64, 64, 65, 66);
+  } else if constexpr (kN == 160) {
+    QUANTMLA_WGMMA_SS(160, 80, 80, 81, 82);
+  } else if constexpr (kN == 192) {
+    QUANTMLA_WGMMA_SS(192, 96, 96, 97, 98);
+  } else if constexpr (kN == 224) {
+    QUANTMLA_WGMMA_SS(224, 112, 112, 113, 114);
+  } else if constexpr (kN == 256) {
+    QUANTMLA_WGMMA_SS(256, 128, 128, 129, 130);
   }
-QUANTMLA_WGMMA_SS(32, 16, 16, 17, 18)
-QUANTMLA_WGMMA_SS(64, 32, 32, 33, 34)
-QUANTMLA_WGMMA_SS(96, 48, 48, 49, 50)
-QUANTMLA_WGMMA_SS(128, 64, 64, 65, 66)
 #undef QUANTMLA_WGMMA_SS
+}
 
 // d (+)= A B^T over 64 x N x 16 (N = 64 or 128), A from registers (mma.m16n8k16's A fragments
 // of the warp's 16 rows), B from shared memory (descriptor, K-major).
@@ -175,10 +208,18 @@ __device__ __forceinline__ void wgmma_m64k16_rs<128>(float (&d)[64], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+#undef QUANTMLA_WGMMA_REGS128
+#undef QUANTMLA_WGMMA_REGS112
+#undef QUANTMLA_WGMMA_REGS96
+#undef QUANTMLA_WGMMA_REGS80
 #undef QUANTMLA_WGMMA_REGS64
 #undef QUANTMLA_WGMMA_REGS48
 #undef QUANTMLA_WGMMA_REGS32
 #undef QUANTMLA_WGMMA_REGS16
+#undef QUANTMLA_WGMMA_D128
+#undef QUANTMLA_WGMMA_D112
+#undef QUANTMLA_WGMMA_D96
+#undef QUANTMLA_WGMMA_D80
 #undef QUANTMLA_WGMMA_D64
 #undef QUANTMLA_WGMMA_D48
 #undef QUANTMLA_WGMMA_D32
