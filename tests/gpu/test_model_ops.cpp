@@ -2173,6 +2173,16 @@ int main(int argc, char** argv) {
           run_sort_case("moe_sort with invalid entries", experts, 50, 2, 16);
         }
         run_sort_case("moe_sort n 1 k 1 E 4", {2}, 1, 1, 4);
+        // The scan's split of each expert's chunks into runs: a 2K prefill (48 chunks, 16 runs of
+        // 3), more chunks than runs, runs past the last chunk (E 100: 10 runs of 3 over 24
+        // chunks), and more experts than the block's threads (one run each).
+        run_sort_case("moe_sort n 2048 k 6 E 64", random_choices(2048, 6, 64, false), 2048, 6, 64);
+        run_sort_case("moe_sort skewed n 8192 k 6 E 64", random_choices(8192, 6, 64, true), 8192, 6,
+                      64);
+        run_sort_case("moe_sort n 1000 k 6 E 100", random_choices(1000, 6, 100, false), 1000, 6,
+                      100);
+        run_sort_case("moe_sort n 2048 k 1 E 4096", random_choices(2048, 1, 4096, true), 2048, 1,
+                      4096);
         // One chunk of entries (decode steps): the single-block kernel.
         run_sort_case("moe_sort one chunk n 42 k 6 E 64", random_choices(42, 6, 64, false), 42, 6,
                       64);

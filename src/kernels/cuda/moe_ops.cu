@@ -256,8 +256,17 @@ __device__ void write_shared_rows(int32_t* offsets, int32_t* token_of_slot, int 
   }
 }
 
+// Threads of sort_scan_kernel working on one expert's column of chunk counts, each over a run of
+// consecutive chunks (one when an expert has a thread or fewer).
+__host__ __device__ constexpr int scan_parts(int num_experts) {
+  return num_experts < kScanThreads ? kScanThreads / num_experts : 1;
+}
+
 // One block: counts, offsets, and chunk_counts[c, e] rewritten as the first slot of chunk c's
-// entries of expert e (routed slots, before the shared groups' base).
+// entries of expert e (routed slots, before the shared groups' base). An expert's column of
+// chunks is split into scan_parts runs, summed side by side, so that a 2K-token prefill's 48
+// chunks are a few dependent loads per thread instead of 48 (exact integer sums: any split gives
+// the same slots).
 __global__ void __launch_bounds__(kScanThreads)
     sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries, int k,
                      int shared_groups, int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
@@ -266,13 +275,30 @@ __global__ void __launch_bounds__(kScanThreads)
   write_shared_rows(offsets, token_of_slot, shared_groups, entries / k);
   offsets += shared_groups;
   token_of_slot += base;
-  extern __shared__ int32_t first_slot[];  // [num_experts + 1]
+  extern __shared__ int32_t first_slot[];  // [num_experts + 1], then part_first[parts][E]
+  const int parts = scan_parts(num_experts);
+  int32_t* part_first = first_slot + num_experts + 1;
+  const int64_t per_part = (chunks + parts - 1) / parts;
+  // Thread t: expert t % E (and every kScanThreads-th after it when E > kScanThreads), part t / E.
+  const int part = static_cast<int>(threadIdx.x) / num_experts;
+  const auto for_each_column = [&](auto&& f) {
+    if (part >= parts) return;
+    for (int e = static_cast<int>(threadIdx.x) % num_experts; e < num_experts; e += kScanThreads) {
+      const int64_t c0 = part * per_part, c1 = c0 + per_part < chunks ? c0 + per_part : chunks;
+      f(e, c0, c1);
+    }
+  };
+  for_each_column([&](int e, int64_t c0, int64_t c1) {
+    int32_t total = 0;
+    for (int64_t c = c0; c < c1; ++c) total += chunk_counts[c * num_experts + e];
+    part_first[part * num_experts + e] = total;
+  });
+  __syncthreads();
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
     int32_t total = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      int32_t& cell = chunk_counts[c * num_experts + e];
-      const int32_t count = cell;
-      cell = total;
+    for (int q = 0; q < parts; ++q) {
+      const int32_t count = part_first[q * num_experts + e];
+      part_first[q * num_experts + e] = total;
       total += count;
     }
     counts[e] = total;
@@ -284,9 +310,15 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) {
     offsets[e] = static_cast<int32_t>(base + first_slot[e]);
   }
-  for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
-    for (int64_t c = 0; c < chunks; ++c) chunk_counts[c * num_experts + e] += first_slot[e];
-  }
+  for_each_column([&](int e, int64_t c0, int64_t c1) {
+    int32_t slot = first_slot[e] + part_first[part * num_experts + e];
+    for (int64_t c = c0; c < c1; ++c) {
+      int32_t& cell = chunk_counts[c * num_experts + e];
+      const int32_t count = cell;
+      cell = slot;
+      slot += count;
+    }
+  });
   for (int64_t s = first_slot[num_experts] + threadIdx.x; s < entries; s += kScanThreads) {
     token_of_slot[s] = -1;
   }
@@ -602,9 +634,11 @@ void moe_sort(const int32_t* experts, int64_t n, int k, int num_experts,
     QUANTMLA_CUDA_CHECK_LAUNCH();
   }
   // With no entries this still writes zero counts and offsets.
-  launch_kernel(sort_scan_kernel, 1, kScanThreads, histogram_bytes + sizeof(int32_t), stream,
-                chunk_counts, chunks, num_experts, entries, k, buffers.shared_groups,
-                buffers.counts, buffers.offsets, buffers.token_of_slot);
+  const size_t scan_bytes =
+      histogram_bytes * static_cast<size_t>(1 + scan_parts(num_experts)) + sizeof(int32_t);
+  launch_kernel(sort_scan_kernel, 1, kScanThreads, scan_bytes, stream, chunk_counts, chunks,
+                num_experts, entries, k, buffers.shared_groups, buffers.counts, buffers.offsets,
+                buffers.token_of_slot);
   QUANTMLA_CUDA_CHECK_LAUNCH();
   if (chunks > 0) {
     launch_kernel(sort_scatter_kernel, static_cast<unsigned>(chunks), kSortChunk, 0, stream,
