@@ -127,9 +127,9 @@ void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t 
 
 }  // namespace
 
-void run_forward(const ModelConfig& c, const ModelWeights& weights,
-                 std::span<const int32_t> tokens, std::span<const ForwardSegment> segments,
-                 RowStore& store, std::span<const int64_t> logit_tokens, std::span<float> logits,
+void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<const int32_t> tokens,
+                 std::span<const ForwardSegment> segments, RowStore& store,
+                 std::span<const int64_t> logit_tokens, std::span<float> logits,
                  AttentionTrace* trace) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t d = c.hidden_size;
@@ -165,6 +165,9 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights,
     }
   }
   const int64_t m = static_cast<int64_t>(absorbed_tokens.size());
+  const bool decode_segments_only =
+      segments.size() > 1 && std::none_of(segments.begin(), segments.end(),
+                                          [](const auto& seg) { return seg.num_tokens > 1; });
 
   std::vector<float> x(sz(n * d)), h(sz(n * d));
   std::vector<float> q(sz(n * heads * qk_dim)), q_low(sz(n * std::max<int64_t>(c.q_lora_rank, 1)));
@@ -190,9 +193,12 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights,
       std::copy_n(q.data() + absorbed_tokens[i] * heads * qk_dim, heads * qk_dim,
                   q_gathered.data() + i * heads * qk_dim);
     }
-    // One token: the per-head products are too small to split, so the heads run in parallel.
+    // The heads in parallel, each head's product on one thread (BLAS inside a parallel region
+    // runs single-threaded): at one token the products are too small to split, and at a decode
+    // batch's few rows a BLAS call that splits each small product across the threads costs more
+    // than it computes.
     const bool bf16_decode = m == 1 && !attn.kv_b.weight_bf16.empty();
-#pragma omp parallel for schedule(static) if (m == 1)
+#pragma omp parallel for schedule(static)
     for (int64_t hd = 0; hd < heads; ++hd) {
       const int64_t w_uk = hd * kv_b_head_rows * rank;
       if (bf16_decode) {
@@ -212,15 +218,25 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights,
       rope.apply(q_pe_out, heads, row_width, position[sz(absorbed_tokens[i])]);
     }
 
-    for (size_t s = 0; s < segments.size(); ++s) {
-      if (expanded[s]) continue;
+    const auto attend_segment = [&](size_t s) {
+      if (expanded[s]) return;
       const int64_t first = absorbed_first[s];
       const CacheQuery query{q_absorbed.data() + first * heads * row_width, segments[s].num_tokens,
                              heads, segments[s].pos0, softmax_scale};
       store.attend(static_cast<int64_t>(s), l, query, attended.data() + first * heads * rank);
+    };
+    if (decode_segments_only) {
+      // A decode batch: one thread per sequence, each attention single-threaded inside (a nested
+      // region), instead of a parallel region per sequence whose fork and join cost more than
+      // one token's attention over a short cache. (Not an `if` clause: a serialized outer region
+      // would make every inner region start a nested team of its own.)
+#pragma omp parallel for schedule(dynamic, 1)
+      for (size_t s = 0; s < segments.size(); ++s) attend_segment(s);
+    } else {
+      for (size_t s = 0; s < segments.size(); ++s) attend_segment(s);
     }
 
-#pragma omp parallel for schedule(static) if (m == 1)
+#pragma omp parallel for schedule(static)
     for (int64_t hd = 0; hd < heads; ++hd) {
       const int64_t w_uv = (hd * kv_b_head_rows + nope) * rank;
       if (bf16_decode) {
