@@ -165,9 +165,11 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     }
   }
   const int64_t m = static_cast<int64_t>(absorbed_tokens.size());
-  const bool decode_segments_only =
-      segments.size() > 1 && std::none_of(segments.begin(), segments.end(),
-                                          [](const auto& seg) { return seg.num_tokens > 1; });
+  // The absorbed segments of one token (decode tokens), attended side by side below.
+  std::vector<size_t> single_token_segments;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    if (segments[s].num_tokens == 1 && !expanded[s]) single_token_segments.push_back(s);
+  }
 
   std::vector<float> x(sz(n * d)), h(sz(n * d));
   std::vector<float> q(sz(n * heads * qk_dim)), q_low(sz(n * std::max<int64_t>(c.q_lora_rank, 1)));
@@ -225,15 +227,21 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
                              heads, segments[s].pos0, softmax_scale};
       store.attend(static_cast<int64_t>(s), l, query, attended.data() + first * heads * rank);
     };
-    if (decode_segments_only) {
-      // A decode batch: one thread per sequence, each attention single-threaded inside (a nested
-      // region), instead of a parallel region per sequence whose fork and join cost more than
-      // one token's attention over a short cache. (Not an `if` clause: a serialized outer region
-      // would make every inner region start a nested team of its own.)
+    // Chunks of several tokens one after the other, each attention parallel inside; then the
+    // single-token segments (a decode batch) one a thread, each attention single-threaded inside
+    // (a nested region): a parallel region per decode token forks and joins for more time than
+    // one token's attention over a short cache takes. The attention's split of the keys depends
+    // on the thread count only (omp_get_max_threads, the same inside the nested region), so a
+    // token's result does not depend on the batch around it.
+    for (size_t s = 0; s < segments.size(); ++s) {
+      if (segments[s].num_tokens > 1) attend_segment(s);
+    }
+    const auto singles = static_cast<int64_t>(single_token_segments.size());
+    if (singles > 1) {  // not an `if` clause: a serialized region makes each inner one a new team
 #pragma omp parallel for schedule(dynamic, 1)
-      for (size_t s = 0; s < segments.size(); ++s) attend_segment(s);
-    } else {
-      for (size_t s = 0; s < segments.size(); ++s) attend_segment(s);
+      for (int64_t i = 0; i < singles; ++i) attend_segment(single_token_segments[sz(i)]);
+    } else if (singles == 1) {
+      attend_segment(single_token_segments[0]);
     }
 
 #pragma omp parallel for schedule(static)
