@@ -231,8 +231,8 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     // single-token segments (a decode batch) one a thread, each attention single-threaded inside
     // (a nested region): a parallel region per decode token forks and joins for more time than
     // one token's attention over a short cache takes. The attention's split of the keys depends
-    // on the thread count only (omp_get_max_threads, the same inside the nested region), so a
-    // token's result does not depend on the batch around it.
+    // on the thread count only (omp_get_max_threads, the same inside the nested region unless
+    // OMP_NUM_THREADS lists a second level), so a token's result does not depend on its batch.
     for (size_t s = 0; s < segments.size(); ++s) {
       if (segments[s].num_tokens > 1) attend_segment(s);
     }
