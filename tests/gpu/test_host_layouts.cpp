@@ -1,6 +1,7 @@
 // Host-side index math of the GPU runner's kernels, checked exhaustively without a GPU: the
 // padded layout of the batched expert GEMMs puts every (token, choice) in its expert's block
-// exactly once. Exit status 0 when every check passes.
+// exactly once, and moe_sort's scan cuts every expert's column of chunk counts into runs that
+// cover it once, in order. Exit status 0 when every check passes.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/sort_scan_runs.h"
 #include "quantmla/error.h"
 
 namespace {
@@ -101,6 +103,40 @@ void check_expert_layout(std::mt19937_64& rng) {
   }
 }
 
+// The scan's runs (sort_scan_runs.h), over every thread of its block: each expert's runs, taken
+// in the order of their parts (the order their sums are prefixed in), are its chunks 0 ..
+// chunks - 1 exactly once, and the parts of an expert are 0 .. scan_parts - 1, once each.
+void check_scan_runs() {
+  for (const int num_experts : {1, 2, 3, 6, 16, 64, 100, 160, 256, 1000, 1023, 1024, 1025, 4096}) {
+    for (const int64_t chunks : {0, 1, 2, 3, 15, 16, 17, 48, 100, 192, 1025, 4096}) {
+      const int parts = gpu::scan_parts(num_experts);
+      std::vector<std::vector<gpu::ScanRun>> runs(static_cast<size_t>(num_experts));
+      for (int t = 0; t < gpu::kScanThreads; ++t) {
+        const gpu::ScanRun run = gpu::scan_run(t, num_experts, chunks);
+        if (run.part < 0) continue;
+        for (int e = run.first_expert; e < num_experts; e += gpu::kScanThreads) {
+          runs[static_cast<size_t>(e)].push_back(run);
+        }
+      }
+      bool in_order = true;
+      for (auto& column : runs) {
+        std::sort(column.begin(), column.end(),
+                  [](const auto& a, const auto& b) { return a.part < b.part; });
+        int64_t next = 0;
+        in_order = in_order && static_cast<int>(column.size()) == parts;
+        for (size_t q = 0; q < column.size(); ++q) {
+          in_order = in_order && column[q].part == static_cast<int>(q) &&
+                     column[q].first_chunk == next && column[q].end_chunk >= next;
+          next = column[q].end_chunk;
+        }
+        in_order = in_order && next == chunks;
+      }
+      expect(in_order, "scan runs, E " + std::to_string(num_experts) + ", " +
+                           std::to_string(chunks) + " chunks: each column once, in order");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +145,7 @@ int main(int argc, char** argv) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   check_expert_layout(rng);
+  check_scan_runs();
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

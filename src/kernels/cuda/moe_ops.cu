@@ -15,6 +15,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/sort_scan_runs.h"
 #include "quantmla/error.h"
 
 namespace quantmla::gpu {
@@ -231,8 +232,6 @@ __global__ void __launch_bounds__(kSortChunk)
   for (int e = threadIdx.x; e < num_experts; e += kSortChunk) out[e] = histogram[e];
 }
 
-constexpr int kScanThreads = 1024;
-
 // counts[0..n) -> their exclusive prefix sums, counts[n] = the total (one thread: E <= 4096).
 __device__ void exclusive_prefix_sum(int32_t* counts, int n) {
   int32_t running = 0;
@@ -256,18 +255,12 @@ __device__ void write_shared_rows(int32_t* offsets, int32_t* token_of_slot, int 
   }
 }
 
-// Threads of sort_scan_kernel working on one expert's column of chunk counts, each over a run of
-// consecutive chunks (one when an expert has a thread or fewer).
-__host__ __device__ constexpr int scan_parts(int num_experts) {
-  return num_experts < kScanThreads ? kScanThreads / num_experts : 1;
-}
-
 // One block: counts, offsets, and chunk_counts[c, e] rewritten as the first slot of chunk c's
 // entries of expert e (routed slots, before the shared groups' base). An expert's column of
-// chunks is split into scan_parts runs, summed side by side, so that a 2K-token prefill's 48
-// chunks are a few dependent loads per thread instead of 48 (exact integer sums: any split gives
+// chunks is cut into runs summed side by side (sort_scan_runs.h), so that a 2K-token prefill's
+// 48 chunks are a few dependent loads per thread instead of 48 (exact integer sums: any cut gives
 // the same slots).
-__global__ void __launch_bounds__(kScanThreads)
+__global__ void __launch_bounds__(kScanThreads, 1)
     sort_scan_kernel(int32_t* chunk_counts, int64_t chunks, int num_experts, int64_t entries, int k,
                      int shared_groups, int32_t* counts, int32_t* offsets, int32_t* token_of_slot) {
   wait_for_previous_kernel();
@@ -278,21 +271,16 @@ __global__ void __launch_bounds__(kScanThreads)
   extern __shared__ int32_t first_slot[];  // [num_experts + 1], then part_first[parts][E]
   const int parts = scan_parts(num_experts);
   int32_t* part_first = first_slot + num_experts + 1;
-  const int64_t per_part = (chunks + parts - 1) / parts;
-  // Thread t: expert t % E (and every kScanThreads-th after it when E > kScanThreads), part t / E.
-  const int part = static_cast<int>(threadIdx.x) / num_experts;
-  const auto for_each_column = [&](auto&& f) {
-    if (part >= parts) return;
-    for (int e = static_cast<int>(threadIdx.x) % num_experts; e < num_experts; e += kScanThreads) {
-      const int64_t c0 = part * per_part, c1 = c0 + per_part < chunks ? c0 + per_part : chunks;
-      f(e, c0, c1);
-    }
-  };
-  for_each_column([&](int e, int64_t c0, int64_t c1) {
+  // The thread's columns (experts) and its run of each: part `part`, chunks [c0, c1).
+  const ScanRun run = scan_run(static_cast<int>(threadIdx.x), num_experts, chunks);
+  const int part = run.part, first_column = part < 0 ? num_experts : run.first_expert;
+  const int64_t c0 = run.first_chunk, c1 = run.end_chunk;
+  for (int e = first_column; e < num_experts; e += kScanThreads) {
     int32_t total = 0;
-    for (int64_t c = c0; c < c1; ++c) total += chunk_counts[c * num_experts + e];
+    const int32_t* cell = chunk_counts + c0 * num_experts + e;
+    for (int64_t c = c0; c < c1; ++c, cell += num_experts) total += *cell;
     part_first[part * num_experts + e] = total;
-  });
+  }
   __syncthreads();
   for (int e = threadIdx.x; e < num_experts; e += kScanThreads) {
     int32_t total = 0;
@@ -310,15 +298,15 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int e = threadIdx.x; e <= num_experts; e += kScanThreads) {
     offsets[e] = static_cast<int32_t>(base + first_slot[e]);
   }
-  for_each_column([&](int e, int64_t c0, int64_t c1) {
+  for (int e = first_column; e < num_experts; e += kScanThreads) {
     int32_t slot = first_slot[e] + part_first[part * num_experts + e];
-    for (int64_t c = c0; c < c1; ++c) {
-      int32_t& cell = chunk_counts[c * num_experts + e];
-      const int32_t count = cell;
-      cell = slot;
+    int32_t* cell = chunk_counts + c0 * num_experts + e;
+    for (int64_t c = c0; c < c1; ++c, cell += num_experts) {
+      const int32_t count = *cell;
+      *cell = slot;
       slot += count;
     }
-  });
+  }
   for (int64_t s = first_slot[num_experts] + threadIdx.x; s < entries; s += kScanThreads) {
     token_of_slot[s] = -1;
   }
