@@ -10,11 +10,7 @@
 // first or second of each pair; "h" below is 0 for a0/a1/b0 and 1 for a2/a3/b1.
 #pragma once
 
-#if defined(__CUDACC__)
-#define QUANTMLA_HOST_DEVICE __host__ __device__
-#else
-#define QUANTMLA_HOST_DEVICE
-#endif
+#include "kernels/cuda/host_device.h"
 
 namespace quantmla::gpu {
 

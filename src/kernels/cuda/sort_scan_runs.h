@@ -8,11 +8,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define QUANTMLA_HOST_DEVICE __host__ __device__
-#else
-#define QUANTMLA_HOST_DEVICE
-#endif
+#include "kernels/cuda/host_device.h"
 
 namespace quantmla::gpu {
 
