@@ -190,7 +190,7 @@ if has bench || has prefill; then
   fi
 fi
 if has expertgemm; then
-  echo "== prefill with the routed experts through expert_gemm (work in progress)"
+  echo "== prefill with the routed experts through expert_gemm (CudaRunnerOptions::expert_gemm)"
   [[ -d /tmp/v2-lite ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
   $build/bench/gpu/bench_runner --model /tmp/v2-lite --prefill --expert-gemm \

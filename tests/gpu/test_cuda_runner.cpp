@@ -200,7 +200,7 @@ void check_fixture(const fs::path& dir, const std::string& name) {
       compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len, vocab),
       moe);
   if (cuda->config().n_routed_experts > 0) {
-    // The routed experts through expert_gemm (CudaRunnerOptions::expert_gemm, work in progress):
+    // The routed experts through expert_gemm (CudaRunnerOptions::expert_gemm, off by default):
     // the prefill's ~150 rows an expert take its path.
     CudaRunnerOptions exact;
     exact.expert_gemm = true;

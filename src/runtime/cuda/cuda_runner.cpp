@@ -1275,20 +1275,24 @@ class CudaRunner final : public Runner {
       for (int64_t i = 0; i < e; ++i) {
         busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
       }
-      if (exact_experts(layer, busiest)) return;
+      const bool exact = exact_experts_fit(layer);
       // Rounded up so that steps of similar sizes share cuBLASLt plans.
       const int64_t padded_rows = (busiest + 15) / 16 * 16;
-      if (layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
+      if (!exact && layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
         batched_experts(layer, padded_rows);
         return;
       }
       const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
-      const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
-                                          layer.expert_down.data()};
-      gpu::moe_expert_mlps(*gemm_, host_offsets_, static_cast<int>(e), buf_.sorted, d, weights, d,
-                           inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
-                           stream_);
+      if (exact) {
+        exact_experts(layer, busiest);
+      } else {
+        const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
+                                            layer.expert_down.data()};
+        gpu::moe_expert_mlps(*gemm_, host_offsets_, static_cast<int>(e), buf_.sorted, d, weights, d,
+                             inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
+                             stream_);
+      }
     }
     if (runs("combine") && !(tail && runs("experts"))) {
       gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
@@ -1296,26 +1300,24 @@ class CudaRunner final : public Runner {
     }
   }
 
-  // CudaRunnerOptions::expert_gemm: the routed experts of a prefill-sized step over their exact
-  // rows (gpu::expert_gemm: gate and up as one [2 inner, d] operand per expert, ending in the
-  // activation; then down), the rows in moe_sort's order; busiest: the largest expert's rows.
-  // Returns false, having queued nothing, when the option is off or the shapes do not fit.
-  bool exact_experts(const DeviceLayer& layer, int64_t busiest) {
-    const ModelConfig& c = config_;
-    const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
-    const int64_t inner = c.moe_intermediate_size;
-    const int k = static_cast<int>(c.num_experts_per_tok);
-    if (!options_.expert_gemm || layer.expert_stride == 0 || d % 128 != 0 || inner % 64 != 0) {
-      return false;
-    }
-    const int64_t slots = host_offsets_[e];
-    gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+  // CudaRunnerOptions::expert_gemm, where the shapes fit gpu::expert_gemm (and the experts'
+  // weights were uploaded as one block with pointer arrays).
+  bool exact_experts_fit(const DeviceLayer& layer) const {
+    return options_.expert_gemm && layer.expert_stride > 0 && config_.hidden_size % 128 == 0 &&
+           config_.moe_intermediate_size % 64 == 0;
+  }
+
+  // The routed experts of a prefill-sized step over their exact rows, gathered in moe_sort's
+  // order in buf_.sorted, into buf_.expert_out (gpu::expert_gemm: gate and up as one [2 inner, d]
+  // operand per expert, ending in the activation; then down); busiest: the largest expert's rows.
+  void exact_experts(const DeviceLayer& layer, int64_t busiest) {
+    const int64_t d = config_.hidden_size, inner = config_.moe_intermediate_size;
     gpu::ExpertGemmParams p;
     p.x = buf_.sorted;
     p.ldx = d;
     p.w = layer.device_gate;
     p.offsets = buf_.sort.offsets;
-    p.num_experts = static_cast<int>(e);
+    p.num_experts = static_cast<int>(config_.n_routed_experts);
     p.n = inner;
     p.k = d;
     p.act = buf_.expert_act;
@@ -1331,9 +1333,6 @@ class CudaRunner final : public Runner {
     p.y = buf_.expert_out;
     p.ldy = d;
     gpu::expert_gemm(p, stream_);
-    gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
-                     stream_);
-    return true;
   }
 
   // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
