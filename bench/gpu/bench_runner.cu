@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
       row.tokens_per_s = prompts * len / (row.step_ms * 1e-3);
       row.gemm_tflops = flops / (row.step_ms * 1e-3) / 1e12;
       std::printf(
-          "prefill %lld x %lld tokens: %.1f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
+          "prefill %lld x %lld tokens: %.2f ms, %.0f tokens/s, GEMM work at %.0f TFLOP/s "
           "(%.0f%% of cuBLAS's %.0f), %.0f%% more on the experts' padding rows\n",
           static_cast<long long>(prompts), static_cast<long long>(len), row.step_ms,
           row.tokens_per_s, row.gemm_tflops, 100.0 * row.gemm_tflops / gemm_tflops, gemm_tflops,

@@ -945,7 +945,8 @@ void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo
 }
 
 // rope_queries against rope() (tested above against double) and quantmla::f32_to_bf16: equal
-// bits. q rows have the fused projection's stride (q, then 576 cache-row columns).
+// bits. q rows have the fused projection's stride (q, then 576 cache-row columns); with nope and
+// heads * (nope + 64) multiples of 4 the kernel takes its vector path, else its scalar one.
 void run_rope_queries_case(int tokens, int heads, int nope, bool decode_q) {
   const int rope = 64, qk = nope + rope, hp = gpu::padded_heads(heads);
   const int64_t stride = static_cast<int64_t>(heads) * qk + 576;
@@ -2159,6 +2160,7 @@ int main(int argc, char** argv) {
         run_rope_queries_case(6, 20, 128, true);
         run_rope_queries_case(3, 128, 128, true);
         run_rope_queries_case(5, 8, 64, false);
+        run_rope_queries_case(7, 3, 30, true);  // nope 30: rows not in 16-byte pieces (scalar path)
         run_gather_rows_case(DType::kF32);
         run_gather_rows_case(DType::kBF16);
         run_model_op_errors();

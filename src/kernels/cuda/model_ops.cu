@@ -139,14 +139,16 @@ __global__ void __launch_bounds__(kRowThreads)
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-constexpr int kQueryThreads = 64;
+// One warp per (token, head), kQueryWarps heads of a token a block: 16-byte loads across a warp
+// (a head's 128 nope values in one load instruction), few blocks.
+constexpr int kQueryWarps = 8;
 
-// One block per (token, head); heads past p.heads (decode_q's padding) only write zeros.
-__global__ void __launch_bounds__(kQueryThreads)
-    rope_queries_kernel(const __grid_constant__ RopeQueriesParams p) {
+__global__ void __launch_bounds__(32 * kQueryWarps)
+    rope_queries_kernel(const __grid_constant__ RopeQueriesParams p, int heads, bool vectors) {
   wait_for_previous_kernel();
-  rope_query_head(p, blockIdx.x, static_cast<int>(blockIdx.y), static_cast<int>(threadIdx.x),
-                  kQueryThreads);
+  const int h = static_cast<int>(blockIdx.y) * kQueryWarps + static_cast<int>(threadIdx.x / 32);
+  if (h >= heads) return;
+  rope_query_head(p, blockIdx.x, h, static_cast<int>(threadIdx.x % 32), 32, vectors);
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -286,8 +288,10 @@ void rope_queries(const RopeQueriesParams& p, cudaStream_t stream) {
   check_rope_queries(p);
   if (p.tokens == 0) return;
   const int heads = p.decode_q != nullptr ? p.heads_padded : p.heads;
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(heads));
-  launch_kernel(rope_queries_kernel, grid, kQueryThreads, 0, stream, p);
+  const dim3 grid(static_cast<unsigned>(p.tokens),
+                  static_cast<unsigned>((heads + kQueryWarps - 1) / kQueryWarps));
+  launch_kernel(rope_queries_kernel, grid, 32 * kQueryWarps, 0, stream, p, heads,
+                rope_queries_vectorizable(p));
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -47,8 +47,16 @@ __device__ __forceinline__ void write_token(const WriteKernelParams& p, int64_t 
       p.pool + (static_cast<int64_t>(page) * kPageTokens + pos % kPageTokens) * p.record_bytes;
   float x[16];
   const float* c = p.c + token * p.c_stride + 16 * lane;
+  if (reinterpret_cast<uintptr_t>(c) % 16 == 0) {  // the runner's rows: four 16-byte loads
 #pragma unroll
-  for (int i = 0; i < 16; ++i) x[i] = c[i];
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(c)[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = c[i];
+  }
   if (p.norm_weight != nullptr) {  // as rms_norm_kernel: squares summed in double
     double sum_squares = 0.0;
 #pragma unroll
@@ -88,14 +96,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   write_token<Content, Rope>(p, token, static_cast<int>(threadIdx.x % 32));
 }
 
-// The cache write's blocks first, then rope_queries' (token, head) pairs, two to a block.
-constexpr int kQueryPairThreads = 32 * kWarpsPerBlock / 2;
+// The cache write's blocks first, then rope_queries' (token, head) pairs, a warp each.
 
 template <class Content, class Rope>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     write_and_queries_kernel(const __grid_constant__ WriteKernelParams p,
                              const __grid_constant__ RopeQueriesParams q, int write_blocks,
-                             int query_heads) {
+                             int query_heads, bool query_vectors) {
   wait_for_previous_kernel();
   if (static_cast<int>(blockIdx.x) < write_blocks) {
     const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -104,10 +111,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     return;
   }
   const int64_t pair =
-      (static_cast<int64_t>(blockIdx.x) - write_blocks) * 2 + threadIdx.x / kQueryPairThreads;
+      (static_cast<int64_t>(blockIdx.x) - write_blocks) * kWarpsPerBlock + threadIdx.x / 32;
   if (pair >= q.tokens * query_heads) return;
   rope_query_head(q, pair / query_heads, static_cast<int>(pair % query_heads),
-                  static_cast<int>(threadIdx.x % kQueryPairThreads), kQueryPairThreads);
+                  static_cast<int>(threadIdx.x % 32), 32, query_vectors);
 }
 
 void check_write(const MlaWriteParams& params) {
@@ -180,7 +187,7 @@ void write_cache_and_queries(const CacheFormat& format, const MlaWriteParams& pa
   const WriteKernelParams kernel = kernel_params(format, params);
   const int heads = queries.decode_q != nullptr ? queries.heads_padded : queries.heads;
   const unsigned writes = write_blocks(params.num_tokens);
-  const int64_t blocks = writes + (queries.tokens * heads + 1) / 2;
+  const int64_t blocks = writes + (queries.tokens * heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > INT_MAX) {
     throw ShapeError("write_cache_and_queries: " + std::to_string(queries.tokens) + " tokens of " +
                      std::to_string(heads) + " heads are too many blocks");
@@ -188,7 +195,7 @@ void write_cache_and_queries(const CacheFormat& format, const MlaWriteParams& pa
   visit_gpu_format(format, [&](auto content, auto rope) {
     launch_kernel(write_and_queries_kernel<decltype(content), decltype(rope)>,
                   static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream, kernel, queries,
-                  static_cast<int>(writes), heads);
+                  static_cast<int>(writes), heads, rope_queries_vectorizable(queries));
     QUANTMLA_CUDA_CHECK_LAUNCH();
   });
 }

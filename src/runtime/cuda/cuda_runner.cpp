@@ -54,9 +54,10 @@ constexpr int64_t kGroupedRowsPerExpert = 32;
 constexpr int64_t kFusedNormMaxRows = 4;
 constexpr int64_t kMixedExpertsMaxRows = kSkinnyMaxRows;
 // Steps of at most this many tokens write the cache and rotate the queries in one launch (every
-// decode batch of the runner benchmark, as measured with the fused launch); for a prefill the fused
-// kernel's (token, head) pairs two to a block are slower than rope_queries' own grid (a 2K chunk of
-// V2-Lite: 31 us a layer against 18 us for the two).
+// decode batch of the runner benchmark, as measured with the fused launch); a prefill takes the
+// two launches (measured when the fused kernel's (token, head) pairs were two to a block of 64
+// threads each: a 2K chunk of V2-Lite 31 us a layer against 18 us for the two; not measured since
+// both take a warp a pair with vector loads).
 constexpr int64_t kFusedWriteMaxRows = 256;
 
 // One cudaMalloc for many buffers, each aligned to 256 bytes: the weights, and the step's
@@ -443,11 +444,13 @@ class CudaRunner final : public Runner {
   // those operations of every layer out of the step, so that the step's time without them is
   // their cost inside the captured graph, programmatic launches included. The outputs are then
   // wrong; the runner says so at load. Ops: input_norm q_kv_a write rope_queries uk decode uv
-  // o_proj post_norm router route_sort shared experts combine mlp.
+  // o_proj post_norm router route_sort shared experts combine mlp, and prefill_attention (the
+  // expanded form's gather and attention kernels).
   void read_ablation() {
     static const std::set<std::string> known = {
-        "input_norm", "q_kv_a", "write",      "rope_queries", "uk",      "decode",  "uv", "o_proj",
-        "post_norm",  "router", "route_sort", "shared",       "experts", "combine", "mlp"};
+        "input_norm", "q_kv_a",  "write",     "rope_queries",     "uk",         "decode",
+        "uv",         "o_proj",  "post_norm", "router",           "route_sort", "shared",
+        "experts",    "combine", "mlp",       "prefill_attention"};
     const char* env = std::getenv("QUANTMLA_ABLATE");
     if (env == nullptr || *env == 0) return;
     std::string list = env;
@@ -917,7 +920,7 @@ class CudaRunner final : public Runner {
 
     for (const Group& group : groups_) {
       if (group.expanded) {
-        expanded_attention(layer, group, pages, pool.format());
+        if (runs("prefill_attention")) expanded_attention(layer, group, pages, pool.format());
       } else {
         absorbed_attention(layer, group, pages, pool.format());
       }
