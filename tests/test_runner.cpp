@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 #include <set>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "error_matchers.h"
@@ -40,8 +40,7 @@ TEST(PagePool, ReservesAllOrNothingAndFreesEveryPage) {
   EXPECT_EQ(pool->used_pages(), 1);
   pool->reserve(a, 300);  // 5 pages
   EXPECT_EQ(pool->block_table(a).size(), 5u);
-  const std::string message =
-      error_message<CapacityError>([&] { pool->reserve(b, 6 * 64 + 1); });
+  const std::string message = error_message<CapacityError>([&] { pool->reserve(b, 6 * 64 + 1); });
   expect_contains(message, {"needs 7 more pages", "5 of 10 are free"});
   EXPECT_TRUE(pool->block_table(b).empty());  // nothing taken
   pool->reserve(b, 5 * 64);
@@ -161,6 +160,36 @@ TEST(CpuRunner, RaggedBatchGivesEachSequenceItsOwnLogits) {
   }
 }
 
+// The runner reuses its buffers from step to step (whatever a larger step left in them): steps
+// after a larger one give the bits the same steps give on a fresh runner.
+TEST(CpuRunner, StepsAfterALargerStepGiveTheSameBits) {
+  for (const Model* model : {&mla_tiny(), &mla_tiny_moe()}) {
+    const int64_t vocab = model->config().vocab_size;
+    const auto run = [&](bool after_larger_step) {
+      auto runner = make_cpu_runner(*model);
+      auto pool = runner->make_pool(CacheFormat::parse("content=int4:g64,rope=int4:g32"), 16);
+      if (after_larger_step) {
+        const SequenceId large = pool->add_sequence();
+        pool->reserve(large, 300);
+        std::vector<float> ignored(300 * static_cast<size_t>(vocab));
+        runner->step({{{large, text_ids(300, 5000), LogitRows::kAll}}}, *pool, {ignored, {}});
+        pool->remove_sequence(large);
+      }
+      const SequenceId a = pool->add_sequence(), b = pool->add_sequence();
+      pool->reserve(a, 81);
+      pool->reserve(b, 10);
+      std::vector<float> logits(12 * static_cast<size_t>(vocab));
+      const auto first = std::span(logits).first(static_cast<size_t>(vocab));
+      runner->step({{{a, text_ids(80), LogitRows::kLast}}}, *pool, {first, {}});
+      runner->step(
+          {{{a, text_ids(1, 80), LogitRows::kLast}, {b, text_ids(10, 700), LogitRows::kAll}}},
+          *pool, {std::span(logits).subspan(static_cast<size_t>(vocab)), {}});
+      return logits;
+    };
+    EXPECT_EQ(run(true), run(false)) << model->config().model_type;
+  }
+}
+
 // Greedy tokens are the argmax of the step's logits; sampled ones depend on (seed, position)
 // only, not on the batch the sequence ran in.
 TEST(CpuRunner, SamplesOnItsLogitRows) {
@@ -212,19 +241,29 @@ TEST(CpuRunner, RefusesBadStepsAndCommitsNothing) {
   const auto step = [&](std::vector<SequenceChunk> chunks, std::span<float> logits = {}) {
     runner->step(StepBatch{std::move(chunks)}, *pool, {logits, {}});
   };
-  expect_contains(error_message<InvalidArgument>([&] { step({{seq + 7, ids}}); }),
+  expect_contains(error_message<InvalidArgument>([&] {
+                    step({{seq + 7, ids}});
+                  }),
                   {"sequence 7", "not in the pool"});
-  expect_contains(error_message<InvalidArgument>([&] { step({{seq, ids}, {seq, ids}}); }),
+  expect_contains(error_message<InvalidArgument>([&] {
+                    step({{seq, ids}, {seq, ids}});
+                  }),
                   {"appears twice"});
   expect_contains(error_message<InvalidArgument>([&] { step({{seq, {}}}); }), {"no tokens"});
   const std::vector<int32_t> bad = {1, 2, static_cast<int32_t>(vocab)};
-  expect_contains(error_message<InvalidArgument>([&] { step({{seq, bad}}); }),
+  expect_contains(error_message<InvalidArgument>([&] {
+                    step({{seq, bad}});
+                  }),
                   {"token id 4096", "index 2", "[0, 4096)"});
   std::vector<float> small(10);
-  expect_contains(error_message<ShapeError>([&] { step({{seq, ids}}, small); }),
+  expect_contains(error_message<ShapeError>([&] {
+                    step({{seq, ids}}, small);
+                  }),
                   {"holds 10 floats", "1 rows of 4096"});
   const std::vector<int32_t> long_chunk = text_ids(65);
-  expect_contains(error_message<CapacityError>([&] { step({{seq, long_chunk}}); }),
+  expect_contains(error_message<CapacityError>([&] {
+                    step({{seq, long_chunk}});
+                  }),
                   {"positions up to 65", "hold 64 tokens"});
   EXPECT_THROW(runner->step(StepBatch{}, *pool, {}), InvalidArgument);
   auto other_shape = PagePool::on_host({2, 512, 64}, CacheFormat::parse("bf16"), 1);

@@ -70,7 +70,8 @@ class Runner {
   // to its own, the sequence's length is committed, and the requested rows are returned. A failed
   // step commits nothing. Throws InvalidArgument for an unknown sequence, an empty chunk, a token
   // id outside the vocabulary, a sequence named twice or a pool of another runner; ShapeError
-  // for output spans of the wrong size.
+  // for output spans of the wrong size. A runner takes one step at a time (it reuses its buffers
+  // from step to step).
   virtual void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) = 0;
   // Counted by the CUDA runner; zeros where a backend does not count.
   virtual StepStats last_step_stats() const { return {}; }

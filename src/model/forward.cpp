@@ -18,6 +18,13 @@ using cpu::matmul_nt;
 
 size_t sz(int64_t count) { return static_cast<size_t>(count); }
 
+// `count` floats of `buffer`, grown if it is smaller (never shrunk: later, smaller steps reuse it).
+// The contents are whatever an earlier step left: every user writes before it reads.
+float* take(std::vector<float>& buffer, int64_t count) {
+  if (buffer.size() < sz(count)) buffer.resize(sz(count));
+  return buffer.data();
+}
+
 // y[m, out] (+)= x[m, in] W^T, with leading dimensions; one row takes the BF16 GEMV when it can.
 void linear(const Linear& w, const float* x, int64_t ldx, int64_t m, float* y, int64_t ldy,
             bool accumulate = false) {
@@ -40,89 +47,89 @@ constexpr int64_t kExpandedQueryBlock = 256;
 // q: [n, heads, qk_dim] rows ldq apart, RoPE applied to the q_pe part; out: [n, heads, v_dim].
 void expanded_attention(const RowStore& store, int64_t segment, int64_t layer, const Linear& kv_b,
                         const float* q, int64_t n, int64_t pos0, int64_t heads, int64_t nope,
-                        int64_t rope_dim, int64_t v_dim, float softmax_scale, float* out) {
+                        int64_t rope_dim, int64_t v_dim, float softmax_scale, float* out,
+                        ForwardWorkspace& ws) {
   const int64_t rank = kv_b.in;
   const int64_t keys = pos0 + n;
   const int64_t width = rank + rope_dim;
   const int64_t qk_dim = nope + rope_dim;
   const int64_t up_width = heads * (nope + v_dim);
-  std::vector<float> rows(sz(keys * width));
-  store.read_rows(segment, layer, keys, rows.data());
-  std::vector<float> up(sz(keys * up_width));
-  matmul_nt(rows.data(), width, kv_b.weight.data(), rank, up.data(), up_width, keys, up_width,
-            rank);
-  std::vector<float> head_keys(sz(keys * qk_dim));
-  std::vector<float> scores;
+  float* rows = take(ws.key_rows, keys * width);
+  store.read_rows(segment, layer, keys, rows);
+  float* up = take(ws.up_keys, keys * up_width);
+  matmul_nt(rows, width, kv_b.weight.data(), rank, up, up_width, keys, up_width, rank);
+  float* head_keys = take(ws.head_keys, keys * qk_dim);
   for (int64_t hd = 0; hd < heads; ++hd) {
-    const float* head_up = up.data() + hd * (nope + v_dim);
+    const float* head_up = up + hd * (nope + v_dim);
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < keys; ++j) {
-      std::copy_n(head_up + j * up_width, nope, head_keys.data() + j * qk_dim);
-      std::copy_n(rows.data() + j * width + rank, rope_dim, head_keys.data() + j * qk_dim + nope);
+      std::copy_n(head_up + j * up_width, nope, head_keys + j * qk_dim);
+      std::copy_n(rows + j * width + rank, rope_dim, head_keys + j * qk_dim + nope);
     }
     for (int64_t begin = 0; begin < n; begin += kExpandedQueryBlock) {
       const int64_t block = std::min(kExpandedQueryBlock, n - begin);
       const int64_t visible = pos0 + begin + block;  // keys the block's last query sees
-      scores.resize(sz(block * visible));
-      matmul_nt(q + (begin * heads + hd) * qk_dim, heads * qk_dim, head_keys.data(), qk_dim,
-                scores.data(), visible, block, visible, qk_dim);
+      float* scores = take(ws.scores, block * visible);
+      matmul_nt(q + (begin * heads + hd) * qk_dim, heads * qk_dim, head_keys, qk_dim, scores,
+                visible, block, visible, qk_dim);
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < block; ++r) {
-        cpu::softmax_row(scores.data() + r * visible, pos0 + begin + r + 1, visible, softmax_scale);
+        cpu::softmax_row(scores + r * visible, pos0 + begin + r + 1, visible, softmax_scale);
       }
-      matmul_nn(scores.data(), visible, head_up + nope, up_width,
-                out + (begin * heads + hd) * v_dim, heads * v_dim, block, v_dim, visible);
+      matmul_nn(scores, visible, head_up + nope, up_width, out + (begin * heads + hd) * v_dim,
+                heads * v_dim, block, v_dim, visible);
     }
   }
 }
 
 // out[n, d] (+)= down(silu(gate x) * up x)
-void run_mlp(const Mlp& mlp, const float* x, int64_t n, float* out, bool accumulate) {
+void run_mlp(const Mlp& mlp, const float* x, int64_t n, float* out, bool accumulate,
+             ForwardWorkspace& ws) {
   const int64_t hidden = mlp.gate.in;
   const int64_t inner = mlp.gate.out;
-  std::vector<float> gate(sz(n * inner));
-  std::vector<float> up(sz(n * inner));
-  linear(mlp.gate, x, hidden, n, gate.data(), inner);
-  linear(mlp.up, x, hidden, n, up.data(), inner);
-  cpu::silu_mul(gate.data(), up.data(), n * inner);
-  linear(mlp.down, gate.data(), inner, n, out, hidden, accumulate);
+  float* gate = take(ws.gate, n * inner);
+  float* up = take(ws.up, n * inner);
+  linear(mlp.gate, x, hidden, n, gate, inner);
+  linear(mlp.up, x, hidden, n, up, inner);
+  cpu::silu_mul(gate, up, n * inner);
+  linear(mlp.down, gate, inner, n, out, hidden, accumulate);
 }
 
 // x[n, d] += MoE(h[n, d]): tokens are grouped by expert so each expert runs one GEMM.
-void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t n, float* x) {
+void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t n, float* x,
+             ForwardWorkspace& ws) {
   const int64_t hidden = config.hidden_size;
   const int64_t num_experts = config.n_routed_experts;
-  std::vector<float> router_logits(sz(n * num_experts));
-  linear(moe.router, h, hidden, n, router_logits.data(), num_experts);
+  float* router_logits = take(ws.router_logits, n * num_experts);
+  linear(moe.router, h, hidden, n, router_logits, num_experts);
 
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(sz(num_experts));
   for (int64_t t = 0; t < n; ++t) {
     const ExpertChoice choice =
-        route_token(config, router_logits.data() + t * num_experts, moe.correction_bias);
+        route_token(config, router_logits + t * num_experts, moe.correction_bias);
     for (size_t k = 0; k < choice.experts.size(); ++k) {
       assigned[choice.experts[k]].emplace_back(t, choice.weights[k]);
     }
   }
 
-  std::vector<float> gathered, expert_out;
   for (int64_t e = 0; e < num_experts; ++e) {
     const auto& tokens = assigned[e];
     if (tokens.empty()) continue;
     const int64_t m = static_cast<int64_t>(tokens.size());
-    gathered.resize(sz(m * hidden));
-    expert_out.resize(sz(m * hidden));
+    float* gathered = take(ws.gathered, m * hidden);
+    float* expert_out = take(ws.expert_out, m * hidden);
     for (int64_t i = 0; i < m; ++i) {
-      std::copy_n(h + tokens[i].first * hidden, hidden, gathered.data() + i * hidden);
+      std::copy_n(h + tokens[i].first * hidden, hidden, gathered + i * hidden);
     }
-    run_mlp(moe.experts[e], gathered.data(), m, expert_out.data(), false);
+    run_mlp(moe.experts[e], gathered, m, expert_out, false, ws);
     for (int64_t i = 0; i < m; ++i) {
       float* target = x + tokens[i].first * hidden;
-      const float* source = expert_out.data() + i * hidden;
+      const float* source = expert_out + i * hidden;
       const float weight = tokens[i].second;
       for (int64_t d = 0; d < hidden; ++d) target[d] += weight * source[d];
     }
   }
-  if (moe.has_shared) run_mlp(moe.shared, h, n, x, /*accumulate=*/true);
+  if (moe.has_shared) run_mlp(moe.shared, h, n, x, /*accumulate=*/true, ws);
 }
 
 }  // namespace
@@ -130,7 +137,7 @@ void run_moe(const ModelConfig& config, const Moe& moe, const float* h, int64_t 
 void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<const int32_t> tokens,
                  std::span<const ForwardSegment> segments, RowStore& store,
                  std::span<const int64_t> logit_tokens, std::span<float> logits,
-                 AttentionTrace* trace) {
+                 AttentionTrace* trace, ForwardWorkspace& ws) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t d = c.hidden_size;
   const int64_t heads = c.num_heads;
@@ -171,15 +178,21 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     if (segments[s].num_tokens == 1 && !expanded[s]) single_token_segments.push_back(s);
   }
 
-  std::vector<float> x(sz(n * d)), h(sz(n * d));
-  std::vector<float> q(sz(n * heads * qk_dim)), q_low(sz(n * std::max<int64_t>(c.q_lora_rank, 1)));
-  std::vector<float> kv(sz(n * row_width)), latent(sz(n * rank)), k_pe(sz(n * rope_dim));
-  std::vector<float> q_gathered(sz(m * heads * qk_dim)), q_absorbed(sz(m * heads * row_width));
-  std::vector<float> attended(sz(m * heads * rank)), absorbed_out(sz(m * heads * v_dim));
-  std::vector<float> head_out(sz(n * heads * v_dim));
+  float* x = take(ws.x, n * d);
+  float* h = take(ws.h, n * d);
+  float* q = take(ws.q, n * heads * qk_dim);
+  float* q_low = take(ws.q_low, n * std::max<int64_t>(c.q_lora_rank, 1));
+  float* kv = take(ws.kv, n * row_width);
+  float* latent = take(ws.latent, n * rank);
+  float* k_pe = take(ws.k_pe, n * rope_dim);
+  float* q_gathered = take(ws.q_gathered, m * heads * qk_dim);
+  float* q_absorbed = take(ws.q_absorbed, m * heads * row_width);
+  float* attended = take(ws.attended, m * heads * rank);
+  float* absorbed_out = take(ws.absorbed_out, m * heads * v_dim);
+  float* head_out = take(ws.head_out, n * heads * v_dim);
 
   for (int64_t t = 0; t < n; ++t) {
-    std::copy_n(weights.embed.data() + tokens[t] * d, d, x.data() + t * d);
+    std::copy_n(weights.embed.data() + tokens[t] * d, d, x + t * d);
   }
   if (trace != nullptr) {
     trace->outputs.resize(sz(c.num_layers));
@@ -192,8 +205,8 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
   // attention inside the row store per segment, then W_UV per head.
   const auto absorbed_attention = [&](int64_t l, const AttentionWeights& attn) {
     for (int64_t i = 0; i < m; ++i) {
-      std::copy_n(q.data() + absorbed_tokens[i] * heads * qk_dim, heads * qk_dim,
-                  q_gathered.data() + i * heads * qk_dim);
+      std::copy_n(q + absorbed_tokens[i] * heads * qk_dim, heads * qk_dim,
+                  q_gathered + i * heads * qk_dim);
     }
     // The heads in parallel, each head's product on one thread (BLAS inside a parallel region
     // runs single-threaded): at one token the products are too small to split, and at a decode
@@ -204,17 +217,17 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     for (int64_t hd = 0; hd < heads; ++hd) {
       const int64_t w_uk = hd * kv_b_head_rows * rank;
       if (bf16_decode) {
-        cpu::gemv_t_bf16(attn.kv_b.weight_bf16.data() + w_uk, rank, q_gathered.data() + hd * qk_dim,
-                         q_absorbed.data() + hd * row_width, nope, rank, false);
+        cpu::gemv_t_bf16(attn.kv_b.weight_bf16.data() + w_uk, rank, q_gathered + hd * qk_dim,
+                         q_absorbed + hd * row_width, nope, rank, false);
       } else {
-        matmul_nn(q_gathered.data() + hd * qk_dim, heads * qk_dim, attn.kv_b.weight.data() + w_uk,
-                  rank, q_absorbed.data() + hd * row_width, heads * row_width, m, rank, nope);
+        matmul_nn(q_gathered + hd * qk_dim, heads * qk_dim, attn.kv_b.weight.data() + w_uk, rank,
+                  q_absorbed + hd * row_width, heads * row_width, m, rank, nope);
       }
     }
     for (int64_t i = 0; i < m; ++i) {
-      float* q_pe_out = q_absorbed.data() + i * heads * row_width + rank;
+      float* q_pe_out = q_absorbed + i * heads * row_width + rank;
       for (int64_t hd = 0; hd < heads; ++hd) {
-        std::copy_n(q_gathered.data() + (i * heads + hd) * qk_dim + nope, rope_dim,
+        std::copy_n(q_gathered + (i * heads + hd) * qk_dim + nope, rope_dim,
                     q_pe_out + hd * row_width);
       }
       rope.apply(q_pe_out, heads, row_width, position[sz(absorbed_tokens[i])]);
@@ -223,9 +236,9 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     const auto attend_segment = [&](size_t s) {
       if (expanded[s]) return;
       const int64_t first = absorbed_first[s];
-      const CacheQuery query{q_absorbed.data() + first * heads * row_width, segments[s].num_tokens,
-                             heads, segments[s].pos0, softmax_scale};
-      store.attend(static_cast<int64_t>(s), l, query, attended.data() + first * heads * rank);
+      const CacheQuery query{q_absorbed + first * heads * row_width, segments[s].num_tokens, heads,
+                             segments[s].pos0, softmax_scale};
+      store.attend(static_cast<int64_t>(s), l, query, attended + first * heads * rank);
     };
     // Chunks of several tokens one after the other, each attention parallel inside; then the
     // single-token segments (a decode batch) one a thread, each attention single-threaded inside
@@ -248,23 +261,25 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
     for (int64_t hd = 0; hd < heads; ++hd) {
       const int64_t w_uv = (hd * kv_b_head_rows + nope) * rank;
       if (bf16_decode) {
-        cpu::gemv_bf16(attn.kv_b.weight_bf16.data() + w_uv, rank, attended.data() + hd * rank,
-                       absorbed_out.data() + hd * v_dim, v_dim, rank, false);
+        cpu::gemv_bf16(attn.kv_b.weight_bf16.data() + w_uv, rank, attended + hd * rank,
+                       absorbed_out + hd * v_dim, v_dim, rank, false);
       } else {
-        matmul_nt(attended.data() + hd * rank, heads * rank, attn.kv_b.weight.data() + w_uv, rank,
-                  absorbed_out.data() + hd * v_dim, heads * v_dim, m, v_dim, rank);
+        matmul_nt(attended + hd * rank, heads * rank, attn.kv_b.weight.data() + w_uv, rank,
+                  absorbed_out + hd * v_dim, heads * v_dim, m, v_dim, rank);
       }
     }
     for (int64_t i = 0; i < m; ++i) {
-      std::copy_n(absorbed_out.data() + i * heads * v_dim, heads * v_dim,
-                  head_out.data() + absorbed_tokens[i] * heads * v_dim);
+      std::copy_n(absorbed_out + i * heads * v_dim, heads * v_dim,
+                  head_out + absorbed_tokens[i] * heads * v_dim);
     }
     if (trace != nullptr) {
-      trace->outputs[l] = head_out;
-      if (trace->record_queries) trace->queries[l] = q_absorbed;
+      trace->outputs[l].assign(head_out, head_out + n * heads * v_dim);
+      if (trace->record_queries) {
+        trace->queries[l].assign(q_absorbed, q_absorbed + m * heads * row_width);
+      }
       if (trace->record_cache_rows) {
-        trace->latents[l] = latent;
-        trace->rope_keys[l] = k_pe;
+        trace->latents[l].assign(latent, latent + n * rank);
+        trace->rope_keys[l].assign(k_pe, k_pe + n * rope_dim);
       }
     }
   };
@@ -272,62 +287,61 @@ void run_forward(const ModelConfig& c, const ModelWeights& weights, std::span<co
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DecoderLayer& layer = weights.layers[l];
     const AttentionWeights& attn = layer.attention;
-    cpu::rms_norm(x.data(), d, layer.input_norm.data(), n, d, eps, h.data(), d);
+    cpu::rms_norm(x, d, layer.input_norm.data(), n, d, eps, h, d);
 
     // Queries: [n, heads, nope + rope].
     if (c.q_lora_rank > 0) {
       const int64_t q_rank = c.q_lora_rank;
-      linear(attn.q_a, h.data(), d, n, q_low.data(), q_rank);
-      cpu::rms_norm(q_low.data(), q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low.data(),
-                    q_rank);
-      linear(attn.q_b, q_low.data(), q_rank, n, q.data(), heads * qk_dim);
+      linear(attn.q_a, h, d, n, q_low, q_rank);
+      cpu::rms_norm(q_low, q_rank, attn.q_a_norm.data(), n, q_rank, eps, q_low, q_rank);
+      linear(attn.q_b, q_low, q_rank, n, q, heads * qk_dim);
     } else {
-      linear(attn.q, h.data(), d, n, q.data(), heads * qk_dim);
+      linear(attn.q, h, d, n, q, heads * qk_dim);
     }
 
     // Cache rows: c = kv_a_layernorm(kv[:rank]), k_pe = RoPE(kv[rank:]).
-    linear(attn.kv_a, h.data(), d, n, kv.data(), row_width);
-    cpu::rms_norm(kv.data(), row_width, attn.kv_a_norm.data(), n, rank, eps, latent.data(), rank);
+    linear(attn.kv_a, h, d, n, kv, row_width);
+    cpu::rms_norm(kv, row_width, attn.kv_a_norm.data(), n, rank, eps, latent, rank);
     for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(kv.data() + t * row_width + rank, rope_dim, k_pe.data() + t * rope_dim);
-      rope.apply(k_pe.data() + t * rope_dim, 1, rope_dim, position[sz(t)]);
+      std::copy_n(kv + t * row_width + rank, rope_dim, k_pe + t * rope_dim);
+      rope.apply(k_pe + t * rope_dim, 1, rope_dim, position[sz(t)]);
     }
     for (size_t s = 0; s < segments.size(); ++s) {
       const ForwardSegment& seg = segments[s];
       store.write(static_cast<int64_t>(s), l, seg.pos0, seg.num_tokens,
-                  latent.data() + seg.first_token * rank, k_pe.data() + seg.first_token * rope_dim);
+                  latent + seg.first_token * rank, k_pe + seg.first_token * rope_dim);
     }
 
     if (m > 0) absorbed_attention(l, attn);
     for (size_t s = 0; s < segments.size(); ++s) {
       if (!expanded[s]) continue;
       const ForwardSegment& seg = segments[s];
-      float* seg_q = q.data() + seg.first_token * heads * qk_dim;
+      float* seg_q = q + seg.first_token * heads * qk_dim;
       for (int64_t i = 0; i < seg.num_tokens; ++i) {
         rope.apply(seg_q + i * heads * qk_dim + nope, heads, qk_dim, seg.pos0 + i);
       }
       expanded_attention(store, static_cast<int64_t>(s), l, attn.kv_b, seg_q, seg.num_tokens,
                          seg.pos0, heads, nope, rope_dim, v_dim, softmax_scale,
-                         head_out.data() + seg.first_token * heads * v_dim);
+                         head_out + seg.first_token * heads * v_dim, ws);
     }
-    linear(attn.o, head_out.data(), heads * v_dim, n, x.data(), d, /*accumulate=*/true);
+    linear(attn.o, head_out, heads * v_dim, n, x, d, /*accumulate=*/true);
 
-    cpu::rms_norm(x.data(), d, layer.post_attention_norm.data(), n, d, eps, h.data(), d);
+    cpu::rms_norm(x, d, layer.post_attention_norm.data(), n, d, eps, h, d);
     if (layer.is_moe) {
-      run_moe(c, layer.moe, h.data(), n, x.data());
+      run_moe(c, layer.moe, h, n, x, ws);
     } else {
-      run_mlp(layer.mlp, h.data(), n, x.data(), /*accumulate=*/true);
+      run_mlp(layer.mlp, h, n, x, /*accumulate=*/true, ws);
     }
   }
 
   const int64_t rows = static_cast<int64_t>(logit_tokens.size());
   if (rows == 0) return;
-  std::vector<float> final_rows(sz(rows * d));
+  float* final_rows = take(ws.final_rows, rows * d);
   for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(x.data() + logit_tokens[r] * d, d, final_rows.data() + r * d);
+    std::copy_n(x + logit_tokens[r] * d, d, final_rows + r * d);
   }
-  cpu::rms_norm(final_rows.data(), d, weights.final_norm.data(), rows, d, eps, h.data(), d);
-  linear(weights.lm_head, h.data(), d, rows, logits.data(), c.vocab_size);
+  cpu::rms_norm(final_rows, d, weights.final_norm.data(), rows, d, eps, h, d);
+  linear(weights.lm_head, h, d, rows, logits.data(), c.vocab_size);
 }
 
 }  // namespace quantmla::detail

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "quantmla/cache.h"
 #include "quantmla/config.h"
@@ -35,6 +36,20 @@ class RowStore {
   virtual void read_rows(int64_t segment, int64_t layer, int64_t count, float* rows) const = 0;
 };
 
+// The forward pass's buffers, kept by the caller from one call to the next (the CPU runner keeps
+// one for its steps): each grows to the largest step it has served and is never shrunk, so that
+// steps of sizes seen before allocate nothing. One forward pass at a time per workspace.
+struct ForwardWorkspace {
+  // The stream and the attention's per-token buffers.
+  std::vector<float> x, h, q, q_low, kv, latent, k_pe, head_out, final_rows;
+  // The absorbed form's gathered rows.
+  std::vector<float> q_gathered, q_absorbed, attended, absorbed_out;
+  // The expanded form: the cache rows read back, their up-projection, one head's keys, scores.
+  std::vector<float> key_rows, up_keys, head_keys, scores;
+  // MLPs and experts.
+  std::vector<float> gate, up, router_logits, gathered, expert_out;
+};
+
 // Runs `tokens` (ids already checked) through the model: segment by segment the rows are written
 // into `rows` and attended, everything else runs over all tokens at once. Writes the logits of
 // the tokens named in logit_tokens (batch indices, in that order) into logits ([size, vocab]).
@@ -42,6 +57,6 @@ class RowStore {
 void run_forward(const ModelConfig& config, const ModelWeights& weights,
                  std::span<const int32_t> tokens, std::span<const ForwardSegment> segments,
                  RowStore& rows, std::span<const int64_t> logit_tokens, std::span<float> logits,
-                 AttentionTrace* trace);
+                 AttentionTrace* trace, ForwardWorkspace& workspace);
 
 }  // namespace quantmla::detail

@@ -103,8 +103,11 @@ void Model::forward(std::span<const int32_t> tokens, MlaCache& cache, std::span<
   std::vector<int64_t> logit_tokens(static_cast<size_t>(logit_rows));
   for (int64_t r = 0; r < logit_rows; ++r) logit_tokens[r] = n - logit_rows + r;
   CacheRowStore store(cache);
+  // A workspace per call: forward is const and may run on several threads at once (the batched
+  // CPU runner keeps one across its steps instead).
+  detail::ForwardWorkspace workspace;
   detail::run_forward(c, *weights_, tokens, std::span(&segment, 1), store, logit_tokens, logits,
-                      trace);
+                      trace, workspace);
   cache.set_length(pos0 + n);
 }
 

@@ -119,16 +119,16 @@ class CpuRunner final : public Runner {
       }
     }
     const int64_t vocab = config().vocab_size;
-    std::vector<float> own_logits;
     std::span<float> logits = outputs.logits;
     if (logits.empty() && !outputs.tokens.empty()) {
-      own_logits.resize(logit_tokens.size() * static_cast<size_t>(vocab));
-      logits = own_logits;
+      const size_t size = logit_tokens.size() * static_cast<size_t>(vocab);
+      if (sampled_logits_.size() < size) sampled_logits_.resize(size);
+      logits = std::span<float>(sampled_logits_).first(size);
     }
     PoolRowStore store(pool, sequences);
     detail::run_forward(config(), model_.weights(), tokens, segments, store,
-                        logits.empty() ? std::span<const int64_t>() : logit_tokens, logits,
-                        nullptr);
+                        logits.empty() ? std::span<const int64_t>() : logit_tokens, logits, nullptr,
+                        workspace_);
     for (size_t s = 0; s < segments.size(); ++s) {
       pool.set_length(sequences[s], segments[s].pos0 + segments[s].num_tokens);
     }
@@ -151,6 +151,10 @@ class CpuRunner final : public Runner {
 
  private:
   const Model& model_;
+  // Kept from step to step (a runner takes one step at a time): steps of sizes seen before
+  // allocate nothing.
+  detail::ForwardWorkspace workspace_;
+  std::vector<float> sampled_logits_;  // the logit rows of steps that only want tokens
 };
 
 }  // namespace
