@@ -595,7 +595,18 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
                       {"stream_options", {{"include_usage", true}}}},
                      {});
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The signal once the request runs (a fixed wait sent it before the request arrived on a loaded
+  // machine, and the client then found no server).
+  const std::regex running("vllm:num_requests_running\\{[^}]*\\} ([0-9.]+)");
+  bool started = false;
+  for (int i = 0; i < 1200 && !started; ++i) {
+    httplib::Client c = server.client();
+    std::smatch r;
+    const auto m = c.Get("/metrics");
+    started = m && std::regex_search(m->body, r, running) && std::stod(r[1]) >= 1;
+    if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(started) << server.log();  // not ASSERT: the client thread is joined below
   EXPECT_EQ(server.stop(), 0) << server.log();
   client.join();
   ASSERT_GE(drained.size(), 2u) << server.log();
