@@ -4,15 +4,16 @@
 // GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
 // them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
 // FP32 and BF16 outputs, and the activation between them; and expert_gemm (ours) on the exact
-// rows, plain and gated (the activation included), for each depth of its operand ring. (cuBLAS's
-// grouped GEMM, cublasGemmGroupedBatchedEx, would take the exact rows; on the H200 with CUDA 13.0
-// it returned NOT_SUPPORTED for BF16 inputs with an FP32 output.)
+// rows, plain and gated (the activation included), for each depth of its operand ring; and
+// cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) on the exact rows, one group an expert, with
+// FP32 and BF16 outputs (a type combination it does not support prints its status).
 //
 // Timing: CUDA events around one call, the L2 flushed before each repeat (256 MB written and read
 // back), median of the repeats after 3 warm-ups. Routing: top-6 of 64 experts per token from
 // logits = expert bias (normal, sd --skew) + Gumbel noise, seeded: the busiest expert's rows are
 // printed.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -307,6 +308,71 @@ int main(int argc, char** argv) {
         print(r);
         results.push_back(r);
       }
+    }
+
+    // cuBLAS's grouped GEMM on the exact rows: expert e's rows [offsets[e], offsets[e + 1]) of x
+    // times its weights, one group of one product an expert (every expert's row count differs).
+    {
+      cublasHandle_t handle{};
+      QUANTMLA_CUBLAS_CHECK(cublasCreate(&handle));
+      QUANTMLA_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), ws_bytes));
+      struct Grouped {
+        const char* name;
+        int n, k;
+        bool bf16;
+      };
+      const Grouped grouped[] = {{"experts gate+up grouped", 2816, 2048, false},
+                                 {"experts gate+up grouped bf16 out", 2816, 2048, true},
+                                 {"experts down grouped", 2048, 1408, false},
+                                 {"experts down grouped bf16 out", 2048, 1408, true}};
+      for (const Grouped& g : grouped) {
+        DeviceArray<uint16_t> w(static_cast<size_t>(64) * g.n * g.k);
+        DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * g.k));
+        fill(w, 7), fill(x, 9);
+        DeviceArray<float> y(static_cast<size_t>(real_rows * g.n));  // BF16 uses half of it
+        std::vector<const void*> a(64), b(64);
+        std::vector<void*> c(64);
+        for (int e = 0; e < 64; ++e) {
+          a[e] = w.data() + static_cast<int64_t>(e) * g.n * g.k;
+          b[e] = x.data() + static_cast<int64_t>(offsets[e]) * g.k;
+          c[e] = g.bf16 ? static_cast<void*>(reinterpret_cast<uint16_t*>(y.data()) +
+                                             static_cast<int64_t>(offsets[e]) * g.n)
+                        : static_cast<void*>(y.data() + static_cast<int64_t>(offsets[e]) * g.n);
+        }
+        const auto pointers = [](const auto& host) {
+          std::vector<uintptr_t> bits(host.size());
+          for (size_t i = 0; i < host.size(); ++i) bits[i] = reinterpret_cast<uintptr_t>(host[i]);
+          return DeviceArray<uintptr_t>(bits);
+        };
+        DeviceArray<uintptr_t> da = pointers(a), db = pointers(b), dc = pointers(c);
+        // Column-major view, as LtProduct: C^T [n, rows] = W [n, k] x^T, W transposed.
+        const std::vector<cublasOperation_t> ta(64, CUBLAS_OP_T), tb(64, CUBLAS_OP_N);
+        std::vector<int> m(64, g.n), n(64), k(64, g.k), lda(64, g.k), ldb(64, g.k), ldc(64, g.n);
+        for (int e = 0; e < 64; ++e) n[e] = counts[e];
+        const std::vector<float> alpha(64, 1.0f), beta(64, 0.0f);
+        const std::vector<int> group_size(64, 1);
+        const auto run = [&] {
+          return cublasGemmGroupedBatchedEx(
+              handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+              reinterpret_cast<const void* const*>(da.data()), CUDA_R_16BF, lda.data(),
+              reinterpret_cast<const void* const*>(db.data()), CUDA_R_16BF, ldb.data(), beta.data(),
+              reinterpret_cast<void* const*>(dc.data()), g.bf16 ? CUDA_R_16BF : CUDA_R_32F,
+              ldc.data(), 64, group_size.data(), CUBLAS_COMPUTE_32F);
+        };
+        const cublasStatus_t status = run();
+        QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+        if (status != CUBLAS_STATUS_SUCCESS) {
+          std::printf("%-36s %s\n", g.name, cublasGetStatusName(status));
+          continue;
+        }
+        Result r{g.name, 2.0 * real_rows * g.n * g.k};
+        r.first_us = r.best_us = r.single_pass_us =
+            bench::median_us_flushed([&] { QUANTMLA_CUBLAS_CHECK(run()); }, flush, repeats);
+        r.candidates = 1;
+        print(r);
+        results.push_back(r);
+      }
+      cublasDestroy(handle);
     }
 
     if (!json_path.empty()) {
