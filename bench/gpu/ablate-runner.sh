@@ -8,7 +8,8 @@
 #   bash bench/gpu/ablate-runner.sh [SHAPE ...]   SHAPE: decode:B or prefill:P (bench_runner
 #   --only; a bare number B means decode:B; default decode:1); table to stdout and $OUT/ablation.txt
 # Ablating an operation that routing depends on (router, route_sort) changes which experts are
-# read, and so the weight bound: the decode table prints each run's bound beside its time.
+# read, and so the weight bound and the experts' padding: the decode table prints each run's bound
+# beside its time, the prefill table the padding.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -34,15 +35,21 @@ prefill_ops=(none input_norm q_kv_a write rope_queries prefill_attention o_proj 
         --only "$shape" --repeats 30 2>/dev/null | grep -E "ctx|prefill" | tail -1)
       if [[ $shape == prefill:* ]]; then
         step=$(sed -E 's/.*tokens: +([0-9.]+) ms.*/\1/' <<<"$line")
-        bound="-"
+        # In place of a bound: the experts' padding (routing changes it).
+        bound=$(sed -E 's/.*, ([0-9]+)% more on the experts.*/\1%/' <<<"$line")
       else
         step=$(sed -E 's/.*step +([0-9.]+) ms.*/\1/' <<<"$line")
         bound=$(sed -E 's/.*bound +([0-9.]+) ms.*/\1/' <<<"$line")
       fi
       [[ $op == none ]] && full=$step
       saved=$(python3 -c "print(f'{($full - $step) * 1000:8.1f}')" 2>/dev/null || echo "?")
-      printf "%-11s %-18s step %8s ms  bound %8s ms  saved %s us\n" "$shape" "$op" "$step" \
-        "$bound" "$saved"
+      if [[ $shape == prefill:* ]]; then
+        printf "%-11s %-18s step %8s ms  padding %4s  saved %s us\n" "$shape" "$op" "$step" \
+          "$bound" "$saved"
+      else
+        printf "%-11s %-18s step %8s ms  bound %8s ms  saved %s us\n" "$shape" "$op" "$step" \
+          "$bound" "$saved"
+      fi
     done
   done
 } | tee "$out/ablation.txt"

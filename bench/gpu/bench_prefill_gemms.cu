@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
     };
     const Dense dense[] = {
         {"q+kv_a (3072+576)", 3648, 2048, 0.0f, false},
+        {"router (64 experts)", 64, 2048, 0.0f, false},
         {"o_proj (+= x)", 2048, 2048, 1.0f, false},
         {"dense gate+up (2 x 10944)", 21888, 2048, 0.0f, false},
         {"dense gate+up (2 x 10944) bf16 out", 21888, 2048, 0.0f, true},

@@ -373,6 +373,42 @@ void run_tuned_gemm_case(int64_t m, int64_t m_same_bucket, int64_t n, int64_t k)
   expect(first.tuned_plans() == 0, "tune_min_rows 0 tunes nothing");
 }
 
+// The routed experts' batched products are tuned by the rows of the whole batch
+// (tune_by_batch_rows): 8 products of m rows, strides following m. Tuned and untuned give the same
+// bits; a second m of the same power of two takes the tuned algorithm without timing again.
+void run_tuned_batched_case(int64_t m, int64_t m_same_bucket, int64_t n, int64_t k) {
+  constexpr int64_t kBatch = 8;
+  gpu::GemmRunner tuned(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 512);
+  gpu::GemmRunner first(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr, 0);
+  DeviceArray<uint16_t> x(random_bf16(static_cast<size_t>(kBatch * m * k), 1.0f));
+  DeviceArray<uint16_t> w(random_bf16(static_cast<size_t>(kBatch * n * k), 0.05f));
+  size_t timed = 0;
+  for (const int64_t rows : {m, m_same_bucket}) {
+    DeviceArray<float> a(static_cast<size_t>(kBatch * rows * n)), b(a.size());
+    gpu::BatchedGemmParams p;
+    p.batch = kBatch, p.m = rows, p.n = n, p.k = k;
+    p.x = x.data(), p.ldx = k, p.stride_x = rows * k;
+    p.w = w.data(), p.ldw = k, p.stride_w = n * k, p.op_w = gpu::GemmOp::kT;
+    p.ldy = n, p.stride_y = rows * n;
+    p.tune_by_batch_rows = true;
+    p.y = a.data();
+    tuned.batched(p, kStream);
+    p.y = b.data();
+    first.batched(p, kStream);
+    sync();
+    expect(a.download() == b.download(), "tuned batched " + std::to_string(kBatch) + " x m " +
+                                             std::to_string(rows) + " n " + std::to_string(n) +
+                                             " k " + std::to_string(k) +
+                                             ": the same bits as the heuristic's first choice");
+    if (rows == m) timed = tuned.tuned_plans();
+  }
+  std::printf("tuned batched products: %zu of %zu plans chosen by timing\n", tuned.tuned_plans(),
+              tuned.cached_plans());
+  expect(tuned.tuned_plans() == timed, "batched m " + std::to_string(m_same_bucket) +
+                                           " takes the algorithm timed at m " + std::to_string(m) +
+                                           " without timing again");
+}
+
 void run_gemm_errors(gpu::GemmRunner& gemm) {
   DeviceArray<uint16_t> a(64 * 64);
   DeviceArray<float> y(64 * 64);
@@ -2145,6 +2181,7 @@ int main(int argc, char** argv) {
         run_gemm_errors(gemm);
         run_tuned_gemm_case(2048, 1500, 2048, 2048);
         run_tuned_gemm_case(1000, 600, 3648, 2048);
+        run_tuned_batched_case(224, 176, 2816, 2048);
         run_skinny_cases();
 
         run_embed_case();

@@ -50,6 +50,7 @@ struct PlanKey {
   int64_t batch, m, n, k, ldx, ldw, ldy, stride_x, stride_w, stride_y;
   int op_w, out_dtype;
   uint32_t align_x, align_w, align_y;
+  bool tune_by_batch_rows;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -172,7 +173,8 @@ struct GemmRunner::State {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
     if (status == CUBLAS_STATUS_SUCCESS) {
       // NOT_SUPPORTED here means no algorithm fits (odd alignments); cuBLAS takes those.
-      const bool tunes = tune_min_rows > 0 && key.m >= tune_min_rows;
+      const int64_t rows = key.tune_by_batch_rows ? key.m * key.batch : key.m;
+      const bool tunes = tune_min_rows > 0 && rows >= tune_min_rows;
       const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(
           lt, plan.desc, plan.a, plan.b, plan.c, plan.c, preference,
           tunes ? GemmRunner::kTuneCandidates : 1, results, &returned);
@@ -238,7 +240,8 @@ struct GemmRunner::State {
                       static_cast<int>(p.out_dtype),
                       alignment_of(p.x, p.ldx, p.m > 1, p.stride_x, batched, 2),
                       alignment_of(p.w, p.ldw, true, p.stride_w, batched, 2),
-                      alignment_of(p.y, p.ldy, p.m > 1, p.stride_y, batched, y_bytes)};
+                      alignment_of(p.y, p.ldy, p.m > 1, p.stride_y, batched, y_bytes),
+                      batched && p.tune_by_batch_rows};
     Plan& plan = plan_for(key);
     const float alpha = 1.0f;
     const float beta = p.beta;
@@ -263,6 +266,7 @@ struct GemmRunner::State {
     plan.tuned = true;
     PlanKey bucket = key;
     bucket.m = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(key.m)));
+    if (key.tune_by_batch_rows) bucket.stride_x = bucket.stride_y = 0;  // they follow m
     const auto known = tuned_by_bucket.find(bucket);
     if (known != tuned_by_bucket.end()) {
       cublasLtMatmulHeuristicResult_t check{};

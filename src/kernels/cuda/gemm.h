@@ -39,6 +39,12 @@ struct BatchedGemmParams {
   int64_t stride_y = 0;
   DType out_dtype = DType::kF32;
   float beta = 0.0f;  // 0: y is only written (may hold NaN before); 1: y += the product
+  // Tuned (GemmRunner's tune_min_rows) by the rows of the whole batch, m * batch, instead of m,
+  // with the strides of x and y taken to follow m (a later m of the same power of two takes the
+  // tuned algorithm): the routed experts' products at a prefill, 64 experts of ~200 rows, whose
+  // row count changes from step to step. Not for products whose n follows the step (each new n
+  // would be timed again).
+  bool tune_by_batch_rows = false;
 };
 
 // Owns a cuBLASLt and a cuBLAS handle, one workspace and a cache of matmul plans (descriptors,
@@ -58,7 +64,8 @@ class GemmRunner {
 
   // workspace: a device buffer of workspace_bytes that the caller keeps alive for the runner's
   // lifetime, or null to let the runner allocate workspace_bytes once, here.
-  // tune_min_rows: the first call of a shape with m >= tune_min_rows, on a stream that is not
+  // tune_min_rows: the first call of a shape with m >= tune_min_rows (m * batch for a product
+  // with tune_by_batch_rows), on a stream that is not
   // being captured, runs each of cuBLASLt's first kTuneCandidates algorithms for it that do not
   // split the k sum (split-K or stream-K would change the order of the FP32 sum, so every
   // candidate adds in the same order and the choice does not change the result's bits) three

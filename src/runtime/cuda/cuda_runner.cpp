@@ -1370,6 +1370,7 @@ class CudaRunner final : public Runner {
       p.y = y;
       p.ldy = n;
       p.stride_y = rows * n;
+      p.tune_by_batch_rows = true;
       gemm_->batched(p, stream_);
     };
     // gate and up stacked: [rows, 2 inner] per expert.
