@@ -56,13 +56,13 @@ uint8_t f32_to_e4m3(float value) {
     return sign |
            static_cast<uint8_t>(round_half_even_nonnegative(magnitude * kE4M3SubnormalSteps));
   }
-  // Keep float's exponent and top 3 mantissa bits, rounding the 20 dropped bits to nearest even. A
-  // carry out of the mantissa moves to the next binade, which is right; below 448 none passes it.
+  // Keep float's exponent and top 3 mantissa bits, rounding the 20 dropped bits to nearest even
+  // without a branch (random values mispredict one): adding half - 1, plus 1 where the kept part is
+  // odd, carries into the kept bits exactly when the dropped part is above half, or half with an
+  // odd kept part. A carry out of the mantissa moves to the next binade, which is right; below 448
+  // none passes it.
   const uint32_t magnitude_bits = bits & 0x7fffffffu;
-  uint32_t kept = magnitude_bits >> 20;
-  const uint32_t dropped = magnitude_bits & 0xfffffu;
-  constexpr uint32_t kHalf = 0x80000u;
-  if (dropped > kHalf || (dropped == kHalf && (kept & 1u))) ++kept;
+  const uint32_t kept = (magnitude_bits + 0x7ffffu + ((magnitude_bits >> 20) & 1u)) >> 20;
   return sign | static_cast<uint8_t>(kept - kF32ToE4M3ExponentShift);
 }
 
