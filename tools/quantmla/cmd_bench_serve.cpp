@@ -95,7 +95,8 @@ void run_bench_serve(const BenchServeOptions& options) {
     return;
   }
   std::unique_ptr<Model> model;
-  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
+  const std::unique_ptr<Runner> runner =
+      make_runner(options.device, options.model, {}, model, &options.scheduler);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
   const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
   std::vector<std::string> caches = options.caches;

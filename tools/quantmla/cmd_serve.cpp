@@ -60,7 +60,8 @@ void run_serve(ServeCliOptions options) {
           ? ChatTemplate::from_model_dir(dir)
           : std::optional<ChatTemplate>(ChatTemplate::from_file(options.chat_template));
   std::unique_ptr<Model> model;
-  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model);
+  const std::unique_ptr<Runner> runner =
+      make_runner(options.device, options.model, {}, model, &options.scheduler);
   const CacheFormat format = device_cache(options.device, options.model, options.cache, "bf16");
   const ModelConfig& c = runner->config();
   const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};

@@ -11,6 +11,7 @@
 #include "quantmla/eval.h"
 #include "quantmla/model.h"
 #include "quantmla/runner.h"
+#include "quantmla/scheduler.h"
 
 namespace quantmla::cli {
 
@@ -32,10 +33,12 @@ Model load_transformed(const std::string& dir, const TransformOption& option);
 void add_device_option(CLI::App& cmd, std::string& device);
 // The engine a command runs: the CPU runner over a model loaded (with its transform) into `holder`,
 // or the CUDA runner over the checkpoint (which refuses a transform: it uploads the weights as
-// stored).
+// stored). scheduler: the steps a serving command's scheduler makes (--max-batched-tokens,
+// --max-seqs), which the CUDA runner is sized for (at least its defaults); null: the defaults.
 std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
                                     const TransformOption& transform,
-                                    std::unique_ptr<Model>& holder);
+                                    std::unique_ptr<Model>& holder,
+                                    const SchedulerOptions* scheduler = nullptr);
 // The cache a command runs with on `device`: cache_spec_or_recorded(), where the CPU fallback
 // `fallback` becomes bf16 on the GPU (which has no f32 cache).
 CacheFormat device_cache(const std::string& device, const std::string& model_dir,

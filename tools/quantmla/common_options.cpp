@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -56,14 +57,22 @@ void add_device_option(CLI::App& cmd, std::string& device) {
 
 std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
                                     const TransformOption& transform,
-                                    std::unique_ptr<Model>& holder) {
+                                    std::unique_ptr<Model>& holder,
+                                    const SchedulerOptions* scheduler) {
   if (device == "cuda") {
     if (transform.name != "none") {
       throw InvalidArgument("--transform " + transform.name +
                             " runs on the CPU only: save a transformed model (quantmla calibrate) "
                             "and run that on the GPU");
     }
-    return make_cuda_runner(model_dir);
+    CudaRunnerOptions options;
+    if (scheduler != nullptr) {
+      // A step holds at most the token budget, or one decode token per running sequence.
+      options.max_batch_tokens =
+          std::max({options.max_batch_tokens, scheduler->max_batched_tokens, scheduler->max_seqs});
+      options.max_sequences = std::max(options.max_sequences, scheduler->max_seqs);
+    }
+    return make_cuda_runner(model_dir, options);
   }
   holder = std::make_unique<Model>(load_transformed(model_dir, transform));
   return make_cpu_runner(*holder);
