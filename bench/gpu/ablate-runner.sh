@@ -36,20 +36,15 @@ prefill_ops=(none input_norm q_kv_a write rope_queries prefill_attention o_proj 
       if [[ $shape == prefill:* ]]; then
         step=$(sed -E 's/.*tokens: +([0-9.]+) ms.*/\1/' <<<"$line")
         # In place of a bound: the experts' padding (routing changes it).
-        bound=$(sed -E 's/.*, ([0-9]+)% more on the experts.*/\1%/' <<<"$line")
+        beside="padding $(sed -E 's/.*, ([0-9]+)% more on the experts.*/\1%/' <<<"$line")"
       else
         step=$(sed -E 's/.*step +([0-9.]+) ms.*/\1/' <<<"$line")
-        bound=$(sed -E 's/.*bound +([0-9.]+) ms.*/\1/' <<<"$line")
+        beside="bound $(sed -E 's/.*bound +([0-9.]+) ms.*/\1/' <<<"$line") ms"
       fi
       [[ $op == none ]] && full=$step
       saved=$(python3 -c "print(f'{($full - $step) * 1000:8.1f}')" 2>/dev/null || echo "?")
-      if [[ $shape == prefill:* ]]; then
-        printf "%-11s %-18s step %8s ms  padding %4s  saved %s us\n" "$shape" "$op" "$step" \
-          "$bound" "$saved"
-      else
-        printf "%-11s %-18s step %8s ms  bound %8s ms  saved %s us\n" "$shape" "$op" "$step" \
-          "$bound" "$saved"
-      fi
+      printf "%-11s %-18s step %8s ms  %-16s  saved %s us\n" "$shape" "$op" "$step" "$beside" \
+        "$saved"
     done
   done
 } | tee "$out/ablation.txt"

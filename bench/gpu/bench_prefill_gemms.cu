@@ -227,15 +227,20 @@ int main(int argc, char** argv) {
     std::printf("routing: %lld expert rows, mean %.1f, busiest %d (padded to %d: %.1f%% padding)\n",
                 static_cast<long long>(real_rows), real_rows / 64.0, busiest, padded,
                 100.0 * (64.0 * padded / real_rows - 1.0));
+    // The routed experts' two products, each with an FP32 and a BF16 output; every form below
+    // (padded, grouped) runs these.
     struct Expert {
-      const char* name;
+      const char* product;
       int64_t n, k;
       bool bf16;
+      std::string name(const char* form) const {
+        return std::string(product) + " " + form + (bf16 ? " bf16 out" : "");
+      }
     };
-    const Expert experts[] = {{"experts gate+up padded", 2816, 2048, false},
-                              {"experts gate+up padded bf16 out", 2816, 2048, true},
-                              {"experts down padded", 2048, 1408, false},
-                              {"experts down padded bf16 out", 2048, 1408, true}};
+    const Expert experts[] = {{"experts gate+up", 2816, 2048, false},
+                              {"experts gate+up", 2816, 2048, true},
+                              {"experts down", 2048, 1408, false},
+                              {"experts down", 2048, 1408, true}};
     for (const Expert& ex : experts) {
       DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(64 * padded * ex.k));
@@ -244,7 +249,8 @@ int main(int argc, char** argv) {
       LtProduct p(lt, padded, ex.n, ex.k, 64, padded * ex.k, ex.n * ex.k, padded * ex.n,
                   ex.bf16 ? CUDA_R_16BF : CUDA_R_32F, ws_bytes);
       // TF/s of the useful rows only.
-      sweep(ex.name, p, w.data(), x.data(), y.data(), 0.0f, 2.0 * real_rows * ex.n * ex.k);
+      sweep(ex.name("padded"), p, w.data(), x.data(), y.data(), 0.0f,
+            2.0 * real_rows * ex.n * ex.k);
     }
     cublasLtDestroy(lt);
 
@@ -317,16 +323,8 @@ int main(int argc, char** argv) {
       cublasHandle_t handle{};
       QUANTMLA_CUBLAS_CHECK(cublasCreate(&handle));
       QUANTMLA_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), ws_bytes));
-      struct Grouped {
-        const char* name;
-        int n, k;
-        bool bf16;
-      };
-      const Grouped grouped[] = {{"experts gate+up grouped", 2816, 2048, false},
-                                 {"experts gate+up grouped bf16 out", 2816, 2048, true},
-                                 {"experts down grouped", 2048, 1408, false},
-                                 {"experts down grouped bf16 out", 2048, 1408, true}};
-      for (const Grouped& g : grouped) {
+      for (const Expert& g : experts) {
+        const std::string name = g.name("grouped");
         DeviceArray<uint16_t> w(static_cast<size_t>(64) * g.n * g.k);
         DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * g.k));
         fill(w, 7), fill(x, 9);
@@ -348,7 +346,8 @@ int main(int argc, char** argv) {
         DeviceArray<uintptr_t> da = pointers(a), db = pointers(b), dc = pointers(c);
         // Column-major view, as LtProduct: C^T [n, rows] = W [n, k] x^T, W transposed.
         const std::vector<cublasOperation_t> ta(64, CUBLAS_OP_T), tb(64, CUBLAS_OP_N);
-        std::vector<int> m(64, g.n), n(64), k(64, g.k), lda(64, g.k), ldb(64, g.k), ldc(64, g.n);
+        const int gn = static_cast<int>(g.n), gk = static_cast<int>(g.k);
+        std::vector<int> m(64, gn), n(64), k(64, gk), lda(64, gk), ldb(64, gk), ldc(64, gn);
         for (int e = 0; e < 64; ++e) n[e] = counts[e];
         const std::vector<float> alpha(64, 1.0f), beta(64, 0.0f);
         const std::vector<int> group_size(64, 1);
@@ -363,10 +362,10 @@ int main(int argc, char** argv) {
         const cublasStatus_t status = run();
         QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
         if (status != CUBLAS_STATUS_SUCCESS) {
-          std::printf("%-36s %s\n", g.name, cublasGetStatusName(status));
+          std::printf("%-36s %s\n", name.c_str(), cublasGetStatusName(status));
           continue;
         }
-        Result r{g.name, 2.0 * real_rows * g.n * g.k};
+        Result r{name, 2.0 * real_rows * g.n * g.k};
         r.first_us = r.best_us = r.single_pass_us =
             bench::median_us_flushed([&] { QUANTMLA_CUBLAS_CHECK(run()); }, flush, repeats);
         r.candidates = 1;
