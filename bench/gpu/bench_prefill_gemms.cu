@@ -6,7 +6,9 @@
 // FP32 and BF16 outputs, and the activation between them; and expert_gemm (ours) on the exact
 // rows, plain and gated (the activation included), for each depth of its operand ring; and
 // cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) on the exact rows, one group an expert, with
-// FP32 and BF16 outputs (a type combination it does not support prints its status).
+// FP32 and BF16 outputs (a type combination it does not support prints its status). Then how the
+// padded products' time follows the rows an expert (every expert given 176 to 256 rows), and
+// silu_mul with the padding rows skipped.
 //
 // Timing: CUDA events around one call, the L2 flushed before each repeat (256 MB written and read
 // back), median of the repeats after 3 warm-ups. Routing: top-6 of 64 experts per token from
@@ -252,6 +254,22 @@ int main(int argc, char** argv) {
       sweep(ex.name("padded"), p, w.data(), x.data(), y.data(), 0.0f,
             2.0 * real_rows * ex.n * ex.k);
     }
+
+    // How the padded products' time follows the rows an expert (cuBLAS's tiles): every expert
+    // given the same rows, FP32 out, the TF/s of all rows multiplied.
+    for (int rows = 176; rows <= 256; rows += 16) {
+      for (const Expert& ex : experts) {
+        if (ex.bf16) continue;
+        DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
+        DeviceArray<uint16_t> x(static_cast<size_t>(64 * rows * ex.k));
+        fill(w, 7), fill(x, 9);
+        DeviceArray<float> y(static_cast<size_t>(64 * rows * ex.n));
+        LtProduct p(lt, rows, ex.n, ex.k, 64, rows * ex.k, ex.n * ex.k, rows * ex.n, CUDA_R_32F,
+                    ws_bytes);
+        sweep(std::string(ex.product) + " uniform " + std::to_string(rows), p, w.data(), x.data(),
+              y.data(), 0.0f, 2.0 * 64 * rows * ex.n * ex.k);
+      }
+    }
     cublasLtDestroy(lt);
 
     // The activation between the padded products (silu_mul over every padded row), to set
@@ -269,6 +287,21 @@ int main(int argc, char** argv) {
       r.candidates = 1;
       print(r);
       results.push_back(r);
+      // The same with the padding rows skipped, as the runner calls it (token_of_row -1).
+      std::vector<int32_t> token_of_row(static_cast<size_t>(64 * padded), -1);
+      for (int e = 0; e < 64; ++e)
+        for (int i = 0; i < counts[e]; ++i) token_of_row[e * padded + i] = 0;
+      DeviceArray<int32_t> dtoken_of_row(token_of_row);
+      Result skip{"silu_mul padding skipped", 0.0};
+      skip.first_us = skip.best_us = skip.single_pass_us = bench::median_us_flushed(
+          [&] {
+            gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr,
+                          dtoken_of_row.data());
+          },
+          flush, repeats);
+      skip.candidates = 1;
+      print(skip);
+      results.push_back(skip);
     }
 
     // expert_gemm: each expert's exact rows, FP32 out (plain) or the activation (gated: gate and

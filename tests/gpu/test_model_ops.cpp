@@ -943,7 +943,9 @@ void run_rope_case(const std::string& name, int64_t n, int64_t count, int dim, i
 }
 
 // Padding of 3 and 5: the scalar kernel; 0 and 4 (with inner % 4 == 0): the 4-wide one.
-void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo_padding) {
+// skip_rows: every third row marked as padding (token_of_row -1), to be left untouched.
+void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo_padding,
+                       bool skip_rows = false) {
   const int64_t ld = 2 * inner + ld_padding, ldo = inner + ldo_padding;
   std::vector<float> gate_up = random_f32(static_cast<size_t>(n * ld), 3.0f);
   gate_up[0] = -100.0f;  // exp(100) overflows in FP32: silu is -0
@@ -951,7 +953,13 @@ void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo
   DeviceArray<float> dgu(gate_up);
   DeviceArray<uint16_t> out(static_cast<size_t>(n * ldo));
   poison(out);
-  gpu::silu_mul(dgu.data(), ld, out.data(), ldo, n, inner, kStream);
+  std::vector<int32_t> token_of_row(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    token_of_row[r] = skip_rows && r % 3 == 1 ? -1 : static_cast<int32_t>(r);
+  }
+  DeviceArray<int32_t> dtoken_of_row(token_of_row);
+  gpu::silu_mul(dgu.data(), ld, out.data(), ldo, n, inner, kStream,
+                skip_rows ? dtoken_of_row.data() : nullptr);
   sync();
   const auto bits = out.download();
   std::vector<float> got;
@@ -960,7 +968,7 @@ void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t i = 0; i < ldo; ++i) {
       const uint16_t b = bits[r * ldo + i];
-      if (i >= inner) {
+      if (i >= inner || token_of_row[r] < 0) {
         padding_kept &= b == 0xffff;
         continue;
       }
@@ -975,9 +983,10 @@ void run_silu_mul_case(int64_t n, int64_t inner, int64_t ld_padding, int64_t ldo
     }
   }
   check_close("silu_mul n " + std::to_string(n) + " inner " + std::to_string(inner) + " ld " +
-                  std::to_string(ld) + " ldo " + std::to_string(ldo),
+                  std::to_string(ld) + " ldo " + std::to_string(ldo) +
+                  (skip_rows ? " padding rows" : ""),
               got, ref, bound);
-  expect(padding_kept, "silu_mul: columns past inner untouched");
+  expect(padding_kept, "silu_mul: columns past inner and padding rows untouched");
 }
 
 // rope_queries against rope() (tested above against double) and quantmla::f32_to_bf16: equal
@@ -2194,6 +2203,10 @@ int main(int argc, char** argv) {
                       70 * 576, true);
         run_silu_mul_case(37, 1408, 3, 5);
         run_silu_mul_case(37, 1408, 0, 4);
+        run_silu_mul_case(37, 1408, 0, 4, true);
+        run_silu_mul_case(5, 2052, 0, 0);   // 513 vectors: two blocks along x, an odd last pair
+        run_silu_mul_case(5, 10944, 0, 0);  // the dense MLP's width
+        run_silu_mul_case(6, 7, 3, 5, true);
         run_rope_queries_case(6, 20, 128, true);
         run_rope_queries_case(3, 128, 128, true);
         run_rope_queries_case(5, 8, 64, false);

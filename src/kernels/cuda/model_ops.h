@@ -49,9 +49,11 @@ void rope(float* x, int64_t ld_token, int64_t ld_vec, const int32_t* positions,
 // with ldy = ld_gate_up at column 0, up at column inner (or one GEMM on weights stacked as
 // [2 * inner, d]).
 //   gate_up: [n, 2 * inner] FP32, row stride ld_gate_up >= 2 * inner;
-//   out: [n, inner] BF16 bits, row stride ldo >= inner.
+//   out: [n, inner] BF16 bits, row stride ldo >= inner;
+//   token_of_row: null, or [n] device: rows whose entry is negative are skipped, their out rows
+//   left as they were (the padding rows of the batched experts' layout, moe_pad_layout).
 void silu_mul(const float* gate_up, int64_t ld_gate_up, uint16_t* out, int64_t ldo, int64_t n,
-              int64_t inner, cudaStream_t stream);
+              int64_t inner, cudaStream_t stream, const int32_t* token_of_row = nullptr);
 
 // The attention queries in BF16 from the FP32 q projection, RoPE applied to each head's last
 // `rope` values with rope()'s arithmetic (one rounding to BF16 after it, as rope() followed by

@@ -423,6 +423,10 @@ class CudaRunner final : public Runner {
     if (buf_.combine_counters != nullptr) {  // each combining launch leaves them zero again
       QUANTMLA_CUDA_CHECK(
           cudaMemset(buf_.combine_counters, 0, sizeof(int32_t) * sz(combine_counter_count())));
+      // The batched experts' padding rows of the activation are never written (silu_mul skips
+      // them) but are multiplied: zeros from the start, so that they hold finite values.
+      QUANTMLA_CUDA_CHECK(cudaMemset(
+          buf_.expert_act, 0, sizeof(uint16_t) * sz(expert_rows_ * config_.moe_intermediate_size)));
     }
     QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     QUANTMLA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_copied_, cudaEventDisableTiming));
@@ -1375,7 +1379,10 @@ class CudaRunner final : public Runner {
     };
     // gate and up stacked: [rows, 2 inner] per expert.
     all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
-    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_);
+    // The padding rows' activations are never read back (moe_combine reads real rows only, and a
+    // product's row depends on its own row alone), so they are not computed.
+    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_,
+                  buf_.token_of_row);
     all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out);
     gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
                      d, stream_);
