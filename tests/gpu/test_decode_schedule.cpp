@@ -160,8 +160,39 @@ void check_fragment_maps() {
       expect(channel == 8 * word + nibble, "int4_value_channel agrees with the byte read");
     }
   }
+  // Int2: word t of the group, the code at bit int2_key_shift (+ 16 for the high half).
+  std::array<int, 64> int2_keys{}, int2_values{};
+  for (int s = 0; s < 4; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) {
+          const int channel = int2_key_channel(s, t, h, e);
+          if (channel >= 0 && channel < 64) ++int2_keys[channel];
+          // Q is loaded as the words (c, c + 1) and (c + 8, c + 9).
+          expect(channel == int2_key_channel(s, t, 0, 0) + h + 8 * e,
+                 "int2_key_channel: register h, half e at c + h + 8e");
+          const int bit = int2_key_shift(s, h) + 16 * e;
+          expect(channel == 16 * t + bit / 2 && bit % 2 == 0,
+                 "int2_key_channel agrees with the word and bits read");
+        }
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    for (int row = 0; row < 16; ++row) {
+      const int channel = int2_value_channel(j, row);
+      if (channel >= 0 && channel < 64) ++int2_values[channel];
+      // Byte row % 8 % 4 of word row % 8 / 4 (+ 2 for j >= 2); the code at int2_value_shift (+ 2
+      // for row + 8) of that byte: channel 16 word + 4 byte + code.
+      const int word = (row % 8) / 4 + 2 * (j / 2), byte = (row % 8) % 4;
+      const int code = (int2_value_shift(j) + 2 * (row / 8)) / 2;
+      expect(channel == 16 * word + 4 * byte + code,
+             "int2_value_channel agrees with the byte read");
+    }
+  }
   for (int c = 0; c < 64; ++c) {
-    expect(int4_keys[c] == 1 && bf16_keys[c] == 1 && values[c] == 1,
+    expect(int4_keys[c] == 1 && bf16_keys[c] == 1 && values[c] == 1 && int2_keys[c] == 1 &&
+               int2_values[c] == 1,
            "channel " + std::to_string(c) + " held exactly once by each fragment map");
   }
 }

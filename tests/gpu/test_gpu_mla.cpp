@@ -52,10 +52,11 @@ std::string decode_kernel_name() {
 }
 
 // Runs f once per decode kernel that reads `spec`: both where the fragment kernel does (content
-// int4 g64), with each forced in turn; the tiled one alone otherwise.
+// int4 or int2 g64), with each forced in turn; the tiled one alone otherwise.
 void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
   const CacheFormat format = CacheFormat::parse(spec);
-  if (format.content.codec != Codec::kInt4 || format.content.group != 64) {
+  if ((format.content.codec != Codec::kInt4 && format.content.codec != Codec::kInt2) ||
+      format.content.group != 64) {
     f();
     return;
   }
@@ -577,14 +578,22 @@ void run_error_cases() {
     gpu::mla_gather(bf16, params);
   });
   {
-    // The plan's own choice (decode.cu, kFragmentsMinBatch): the fragment kernel steps a page at a
-    // time, the tiled one half a page for int4 at 16 rows.
+    // The plan's own choice (decode.cu, fragments_min_batch): the fragment kernel steps a page at a
+    // time, the tiled one half a page for int4 at 16 rows; int2 g64 takes it from one sequence.
     const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
     const std::vector<int32_t> one(1, 100), many(32, 100);
     expect(gpu::MlaDecodePlan(int4, one, 1, 16).keys_per_step() == 32,
            "auto: the tiled kernel for one int4 sequence");
     expect(gpu::MlaDecodePlan(int4, many, 1, 16).keys_per_step() == 64,
            "auto: the fragment kernel for 32 int4 sequences");
+    const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
+    expect(gpu::MlaDecodePlan(int2, one, 1, 16).keys_per_step() == 64,
+           "auto: the fragment kernel for one int2 g64 sequence");
+    expect(gpu::MlaDecodePlan(int2, many, 1, 16).keys_per_step() == 64,
+           "auto: the fragment kernel for 32 int2 g64 sequences");
+    expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g128,rope=int4:g64"), many, 1, 16)
+                   .keys_per_step() != 64,
+           "auto: the tiled kernel for int2 g128");
   }
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
@@ -620,8 +629,10 @@ int main(int argc, char** argv) {
       argc, argv,
       [&quick] {
         run_error_cases();
-        for_each_decode_kernel("content=int4:g64,rope=int4:g64",
-                               [] { run_mutation_checks("content=int4:g64,rope=int4:g64"); });
+        for (const char* spec :
+             {"content=int4:g64,rope=int4:g64", "content=int2:g64,rope=int4:g64"}) {
+          for_each_decode_kernel(spec, [spec] { run_mutation_checks(spec); });
+        }
         run_mutation_checks("content=fp8,rope=bf16");
         run_mutation_checks("content=bf16,rope=bf16");
         for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
@@ -644,7 +655,10 @@ int main(int argc, char** argv) {
             run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
             run_decode_case({"content=int4:g64,rope=bf16", 16, 1, {20000, 3, 64}, 0});
           });
-          run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
+          for_each_decode_kernel("content=int2:g64,rope=bf16", [] {
+            run_decode_case({"content=int2:g64,rope=int4:g64", 16, 1, {20000}, 0});
+            run_decode_case({"content=int2:g64,rope=bf16", 128, 2, {4097, 70, 2}, 0});
+          });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
         }
       },

@@ -105,17 +105,22 @@ struct PlanLayout {
   }
 };
 
-// Batches from which the fragment kernel is chosen. Measured on the H200 at H = 16 (INT4/INT4,
-// bench_gpu_decode beside FlashMLA, docs/benchmarks.md): from batch 64 it is faster at every
-// context (4K: 0.086 against 0.094 ms; 128K: 1.82 against 2.38 ms), at batch 16 faster from 32K
-// (0.143 against 0.170 ms) but slower at 4K (0.050 against 0.040: its blocks fill Q's fragments
-// from global memory and its runs are short), at batch 1 equal. A plan in a workspace must
-// choose from the batch alone (a captured step keeps its kernel), so the rule is by batch.
-constexpr int kFragmentsMinBatch = 32;
+// The batch from which the fragment kernel is chosen, by content codec. Measured on the H200 at
+// H = 16 (bench_gpu_decode beside FlashMLA, docs/benchmarks.md). INT4: from batch 64 it is faster
+// at every context (4K: 0.086 against 0.094 ms; 128K: 1.82 against 2.38 ms), at batch 16 faster
+// from 32K (0.143 against 0.170 ms) but slower at 4K (0.050 against 0.040: its blocks fill Q's
+// fragments from global memory and its runs are short), at batch 1 equal. INT2: faster at every
+// batch and context measured (batch 1, 4K: 0.023 against 0.027 ms; batch 16, 4K: 0.033 against
+// 0.040; batch 16, 128K: 0.475 against 0.607), its keys costing half the conversion. A plan in a
+// workspace must choose from the batch alone (a captured step keeps its kernel), so the rule is
+// by batch.
+int fragments_min_batch(const CacheFormat& format) {
+  return format.content.codec == Codec::kInt2 ? 1 : 32;
+}
 
 // The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments forces
 // one (benchmarks and tests time and check both); unset or "auto": the fragment kernel where it
-// reads the format and the batch has at least kFragmentsMinBatch sequences.
+// reads the format and the batch has at least fragments_min_batch(format) sequences.
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
@@ -124,7 +129,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
     if (!fragments_kernel_reads(format)) {
       throw InvalidArgument(
           "QUANTMLA_DECODE_KERNEL=fragments: the fragment kernel reads content "
-          "int4:g64 only, not " +
+          "int4:g64 and int2:g64 only, not " +
           format.to_string());
     }
     return DecodeKernel::kFragments;
@@ -133,8 +138,9 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
                           ": expected tiled, fragments or auto");
   }
-  return fragments_kernel_reads(format) && batch >= kFragmentsMinBatch ? DecodeKernel::kFragments
-                                                                       : DecodeKernel::kTiled;
+  return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
+             ? DecodeKernel::kFragments
+             : DecodeKernel::kTiled;
 }
 
 struct DeviceShape {
@@ -155,13 +161,15 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
-    if (shape.kernel == DecodeKernel::kFragments) {
-      shape.blocks_per_multiprocessor = FragmentLayout<Rope>::kBlocksPerSm;
-      shape.max_row_tiles = 1;
-    } else {
-      shape.blocks_per_multiprocessor = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
-                                                  : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
+    if constexpr (kFragmentContent<Content>) {
+      if (shape.kernel == DecodeKernel::kFragments) {
+        shape.blocks_per_multiprocessor = FragmentLayout<Content, Rope>::kBlocksPerSm;
+        shape.max_row_tiles = 1;
+        return;
+      }
     }
+    shape.blocks_per_multiprocessor = two_tiles ? DecodeLayout<Content, Rope, 2>::kBlocksPerSm
+                                                : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
   });
   return shape;
 }
@@ -320,12 +328,14 @@ int MlaDecodePlan::keys_per_step() const {
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
-    if (state_->kernel == DecodeKernel::kFragments) {
-      keys = FragmentLayout<Rope>::kStepKeys;
-    } else {
-      keys = two_tiles ? DecodeLayout<Content, Rope, 2>::kStepKeys
-                       : DecodeLayout<Content, Rope, 1>::kStepKeys;
+    if constexpr (kFragmentContent<Content>) {
+      if (state_->kernel == DecodeKernel::kFragments) {
+        keys = FragmentLayout<Content, Rope>::kStepKeys;
+        return;
+      }
     }
+    keys = two_tiles ? DecodeLayout<Content, Rope, 2>::kStepKeys
+                     : DecodeLayout<Content, Rope, 1>::kStepKeys;
   });
   return keys;
 }
@@ -377,8 +387,8 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
     using Content = decltype(content);
     using Rope = decltype(rope);
     if (state.kernel == DecodeKernel::kFragments) {
-      if constexpr (std::is_same_v<Content, ContentInt<4, 64>>) {
-        launch_decode_fragments<Rope>(kernel, layout.items, stream);
+      if constexpr (kFragmentContent<Content>) {
+        launch_decode_fragments<Content, Rope>(kernel, layout.items, stream);
       } else {
         throw InvalidArgument("GPU decode (internal): the fragment kernel has no path for " +
                               format.to_string());

@@ -1,7 +1,7 @@
-// The fragment-dequantizing decode kernel (issue 15's second kernel) for int4 g64 content: the
-// tensor cores' operands are built in registers straight from the raw records, with no BF16 tile
-// in shared memory (the tiled kernel's dequantized tile cost more shared-memory traffic a page than
-// the whole budget of a 3x speed-up: docs/gpu-kernels.md).
+// The fragment-dequantizing decode kernel (issue 15's second kernel) for int4 or int2 g64 content:
+// the tensor cores' operands are built in registers straight from the raw records, with no BF16
+// tile in shared memory (the tiled kernel's dequantized tile cost more shared-memory traffic a page
+// than the whole budget of a 3x speed-up: docs/gpu-kernels.md).
 //
 // One block per WorkItem of 16 query rows. Warp 4 is the producer: its lane 0 streams whole pages
 // (64 records) into a ring of shared-memory stages with bulk copies that complete on a barrier per
@@ -18,21 +18,33 @@
 //   3. Output, transposed: O^T += V^T P^T (M = 128 channels a warp, two g64 groups; K = the page's
 //      64 keys; N = the 16 rows). A fragment rows 16 j + g, +8 of a group are the two nibbles of
 //      byte j of code word g, so a byte of each of four keys gives one register pair.
+// Int2 g64 content the same way with fragment_maps.h's int2 maps: one code word of a key a group
+// for the scores (a shift by two bits a register), and for V^T two bytes of each of four keys a
+// pair of m-tiles.
 // The values are those of the tiled kernel's tile (bf16(code x bf16(scale) + bf16(min)), one
 // rounding) and P rounds as there, against each page's running maximum, so the kernel-arithmetic
 // reference (tests/gpu/decode_reference.h) checks both with keys_per_step = 64.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/decode_kernel.cuh"
 #include "kernels/cuda/fragment_maps.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace quantmla::gpu {
 
-template <class Rope>
+// The content formats the kernel reads (dispatch.cuh's fragments_kernel_reads at run time).
+template <class Content>
+inline constexpr bool kFragmentContent =
+    std::is_same_v<Content, ContentInt<4, 64>> || std::is_same_v<Content, ContentInt<2, 64>>;
+
+template <class ContentType, class Rope>
 struct FragmentLayout {
-  using Content = ContentInt<4, 64>;
+  using Content = ContentType;
+  static_assert(kFragmentContent<Content>);
+  static constexpr bool kInt2 = std::is_same_v<Content, ContentInt<2, 64>>;
   static constexpr int kConsumerWarps = 4;
   static constexpr int kConsumers = 32 * kConsumerWarps;
   static constexpr int kThreads = kConsumers + 32;  // and one producer warp
@@ -88,11 +100,11 @@ __device__ __forceinline__ uint32_t with_half(uint32_t pair, int e, uint32_t val
   return e == 0 ? (pair & 0xffff0000u) | (value & 0xffffu) : (pair & 0xffffu) | (value << 16);
 }
 
-template <class Rope>
-__global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
-                                  FragmentLayout<Rope>::kBlocksPerSm)
+template <class ContentType, class Rope>
+__global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
+                                  FragmentLayout<ContentType, Rope>::kBlocksPerSm)
     mla_decode_fragments_kernel(const __grid_constant__ DecodeKernelParams p) {
-  using L = FragmentLayout<Rope>;
+  using L = FragmentLayout<ContentType, Rope>;
   using Content = typename L::Content;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;
@@ -187,10 +199,13 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
                                                               bf16_key_channel(s, ft, h, 0));
           }
         } else {
-          // Registers h = 0, 1 hold channels (c + h, c + h + 4): two words, two byte permutes.
-          const int c = (ks < 32 ? 64 * (ks / 4) : kLatentDim) + int4_key_channel(s, ft, 0, 0);
+          // Registers h = 0, 1 hold channels (c + h, c + h + d): two words, two byte permutes;
+          // d = 4 for int4 codes (the RoPE key's included), 8 for int2 content.
+          const bool int2 = L::kInt2 && ks < 32;
+          const int c = (ks < 32 ? 64 * (ks / 4) : kLatentDim) +
+                        (int2 ? int2_key_channel(s, ft, 0, 0) : int4_key_channel(s, ft, 0, 0));
           const uint32_t first = *reinterpret_cast<const uint32_t*>(row + c);
-          const uint32_t second = *reinterpret_cast<const uint32_t*>(row + c + 4);
+          const uint32_t second = *reinterpret_cast<const uint32_t*>(row + c + (int2 ? 8 : 4));
           r[2 * n] = __byte_perm(first, second, 0x5410);
           r[2 * n + 1] = __byte_perm(first, second, 0x7632);
         }
@@ -233,14 +248,21 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
         const bool coded = group < 8 || !kRopeBf16;
         uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
         __nv_bfloat162 s_lo{}, m_lo{}, s_hi{}, m_hi{};
+        const bool int2 = L::kInt2 && group < 8;
         if (coded) {
-          const int codes = group < 8 ? 32 * group : Content::kBytes;
           const int scales =
               group < 8 ? Content::kCodeBytes + 4 * group : Content::kBytes + RopeInt4::kCodeBytes;
-          lo[0] = load_u32(rec_lo + codes + 8 * t);
-          lo[1] = load_u32(rec_lo + codes + 8 * t + 4);
-          hi[0] = load_u32(rec_hi + codes + 8 * t);
-          hi[1] = load_u32(rec_hi + codes + 8 * t + 4);
+          if (int2) {
+            // Word t of the group's 4 (16 bytes a group).
+            lo[0] = load_u32(rec_lo + 16 * group + 4 * t);
+            hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
+          } else {
+            const int codes = group < 8 ? 32 * group : Content::kBytes;
+            lo[0] = load_u32(rec_lo + codes + 8 * t);
+            lo[1] = load_u32(rec_lo + codes + 8 * t + 4);
+            hi[0] = load_u32(rec_hi + codes + 8 * t);
+            hi[1] = load_u32(rec_hi + codes + 8 * t + 4);
+          }
           const __nv_bfloat162 sm_lo = bf16x2_from_bits(load_u32(rec_lo + scales));
           const __nv_bfloat162 sm_hi = bf16x2_from_bits(load_u32(rec_hi + scales));
           s_lo = __low2bfloat162(sm_lo);
@@ -251,7 +273,14 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t a[4];
-          if (coded) {
+          if (int2) {
+            constexpr uint32_t kTwoBits = 0x00030003u;
+            const int shift = int2_key_shift(s, 0);
+            a[0] = dequantize_biased_pair(biased_codes(lo[0] >> shift, kTwoBits), s_lo, m_lo);
+            a[1] = dequantize_biased_pair(biased_codes(hi[0] >> shift, kTwoBits), s_hi, m_hi);
+            a[2] = dequantize_biased_pair(biased_codes(lo[0] >> (shift + 2), kTwoBits), s_lo, m_lo);
+            a[3] = dequantize_biased_pair(biased_codes(hi[0] >> (shift + 2), kTwoBits), s_hi, m_hi);
+          } else if (coded) {
             const int shift = 4 * int4_key_nibble(s, 0, 0);
             a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
             a[1] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> shift), s_hi, m_hi);
@@ -356,9 +385,6 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
 #pragma unroll
       for (int gl = 0; gl < 2; ++gl) {
         const int group = 2 * warp + gl;
-        const uint8_t* const codes = keys + 32 * group + 4 * g;
-        const uint32_t w0 = load_u32(codes), w1 = load_u32(codes + rb);
-        const uint32_t w8 = load_u32(codes + 8 * rb), w9 = load_u32(codes + 9 * rb);
         const uint8_t* const scales = keys + Content::kCodeBytes + 4 * group;
         // BF16 {scale, min} of keys 2t, 2t + 1 (and + 8, + 9) -> the pairs (scale, scale), (min,
         // min) of two keys.
@@ -368,24 +394,62 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
         const __nv_bfloat162 min01 = bf16x2_from_bits(__byte_perm(sm0, sm1, 0x7632));
         const __nv_bfloat162 scale89 = bf16x2_from_bits(__byte_perm(sm8, sm9, 0x5410));
         const __nv_bfloat162 min89 = bf16x2_from_bits(__byte_perm(sm8, sm9, 0x7632));
+        if constexpr (L::kInt2) {
+          // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
+          // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
+          // 2 more (fragment_maps.h).
+          const uint8_t* const codes = keys + 16 * group + 4 * (g / 4);
+          const uint32_t select = (g % 4) | (4 + g % 4) << 8;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high row g + 8.
-          const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
-          const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
-          uint32_t a[4];
-          a[0] = dequantize_biased_pair(biased_codes(x01), scale01, min01);
-          a[1] = dequantize_biased_pair(biased_codes(x01 >> 4), scale01, min01);
-          a[2] = dequantize_biased_pair(biased_codes(x89), scale89, min89);
-          a[3] = dequantize_biased_pair(biased_codes(x89 >> 4), scale89, min89);
-          mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
-          mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
+          for (int half = 0; half < 2; ++half) {
+            const uint8_t* const word = codes + 8 * half;
+            const uint32_t x01 = __byte_perm(load_u32(word), load_u32(word + rb), select);
+            const uint32_t x89 =
+                __byte_perm(load_u32(word + 8 * rb), load_u32(word + 9 * rb), select);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              const int j = 2 * half + jj;
+              constexpr uint32_t kTwoBits = 0x00030003u;
+              const int shift = int2_value_shift(j);
+              uint32_t a[4];
+              a[0] = dequantize_biased_pair(biased_codes(x01 >> shift, kTwoBits), scale01, min01);
+              a[1] = dequantize_biased_pair(biased_codes(x01 >> (shift + 2), kTwoBits), scale01,
+                                            min01);
+              a[2] = dequantize_biased_pair(biased_codes(x89 >> shift, kTwoBits), scale89, min89);
+              a[3] = dequantize_biased_pair(biased_codes(x89 >> (shift + 2), kTwoBits), scale89,
+                                            min89);
+              mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
+              mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
+            }
+          }
+        } else {
+          const uint8_t* const codes = keys + 32 * group + 4 * g;
+          const uint32_t w0 = load_u32(codes), w1 = load_u32(codes + rb);
+          const uint32_t w8 = load_u32(codes + 8 * rb), w9 = load_u32(codes + 9 * rb);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high row g + 8.
+            const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
+            const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
+            uint32_t a[4];
+            a[0] = dequantize_biased_pair(biased_codes(x01), scale01, min01);
+            a[1] = dequantize_biased_pair(biased_codes(x01 >> 4), scale01, min01);
+            a[2] = dequantize_biased_pair(biased_codes(x89), scale89, min89);
+            a[3] = dequantize_biased_pair(biased_codes(x89 >> 4), scale89, min89);
+            mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
+            mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
+          }
         }
       }
     }
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty + stage_index);  // this warp is done with the stage
   }
+
+  // Channel of an output column's row g of m-tile j (row g + 8 is the next channel).
+  const auto value_channel = [](int j, int row) {
+    return L::kInt2 ? int2_value_channel(j, row) : int4_value_channel(j, row);
+  };
 
   // Each row's sum over its 8 lanes g and the four warps (the exchange's last readers passed the
   // barrier after P^T, so it may be written).
@@ -430,7 +494,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
         for (int gl = 0; gl < 2; ++gl) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const int channel = 64 * (2 * warp + gl) + int4_value_channel(j, g);
+            const int channel = 64 * (2 * warp + gl) + value_channel(j, g);
             *reinterpret_cast<uint32_t*>(out + channel) = bf16x2_bits(
                 __floats2bfloat162_rn(acc[gl][j][n][e] * inverse, acc[gl][j][n][2 + e] * inverse));
           }
@@ -445,7 +509,7 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
         for (int gl = 0; gl < 2; ++gl) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const int channel = 64 * (2 * warp + gl) + int4_value_channel(j, g);
+            const int channel = 64 * (2 * warp + gl) + value_channel(j, g);
             *reinterpret_cast<float2*>(out + channel) =
                 make_float2(acc[gl][j][n][e] * inverse, acc[gl][j][n][2 + e] * inverse);
           }
@@ -455,5 +519,22 @@ __global__ void __launch_bounds__(FragmentLayout<Rope>::kThreads,
     }
   }
 }
+
+// One launch (instantiated per content format in decode_fragments_<content>.cu).
+template <class Content, class Rope>
+void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream) {
+  using Layout = FragmentLayout<Content, Rope>;
+  launch_large_shared<mla_decode_fragments_kernel<Content, Rope>>(
+      blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
+}
+// Compiled once each, in decode_fragments_int4_g64.cu and decode_fragments_int2_g64.cu.
+extern template void launch_decode_fragments<ContentInt<4, 64>, RopeBf16>(const DecodeKernelParams&,
+                                                                          int, cudaStream_t);
+extern template void launch_decode_fragments<ContentInt<4, 64>, RopeInt4>(const DecodeKernelParams&,
+                                                                          int, cudaStream_t);
+extern template void launch_decode_fragments<ContentInt<2, 64>, RopeBf16>(const DecodeKernelParams&,
+                                                                          int, cudaStream_t);
+extern template void launch_decode_fragments<ContentInt<2, 64>, RopeInt4>(const DecodeKernelParams&,
+                                                                          int, cudaStream_t);
 
 }  // namespace quantmla::gpu

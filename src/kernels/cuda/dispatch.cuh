@@ -18,15 +18,17 @@ void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, in
                    cudaStream_t stream);
 
 // The two decode kernels: the tiled one (decode_kernel.cuh, every format, 16 or 32 rows a block)
-// and the fragment-dequantizing one (decode_fragments.cuh, content int4 g64, 16 rows a block).
+// and the fragment-dequantizing one (decode_fragments.cuh, content int4 or int2 g64, 16 rows a
+// block).
 enum class DecodeKernel { kTiled, kFragments };
 
-// Defined in decode_fragments_int4_g64.cu.
-template <class Rope>
+// Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu.
+template <class Content, class Rope>
 void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream);
 
 inline bool fragments_kernel_reads(const CacheFormat& format) {
-  return format.content.codec == Codec::kInt4 && format.content.group == 64;
+  return (format.content.codec == Codec::kInt4 || format.content.codec == Codec::kInt2) &&
+         format.content.group == 64;
 }
 
 inline KeptPairs kept_pairs_of(const PathFormat& rope) {

@@ -1,8 +1,8 @@
 // Index maps of the fragment-dequantizing decode kernel (decode_fragments.cuh): which cache channel
 // each register half of an mma.m16n8k16 fragment holds when the fragments are built straight from
-// a record's int4 codes, without a BF16 tile in shared memory. Plain constexpr functions, so that
-// the host test (test_decode_schedule.cpp) checks them exhaustively and the kernel uses the same
-// arithmetic.
+// a record's int4 or int2 codes, without a BF16 tile in shared memory. Plain constexpr functions,
+// so that the host test (test_decode_schedule.cpp) checks them exhaustively and the kernel uses the
+// same arithmetic.
 //
 // Fragment layouts (g = lane / 4, t = lane % 4), as in mma.cuh: A 16x16 row-major holds
 // a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9];
@@ -53,6 +53,25 @@ QUANTMLA_HOST_DEVICE constexpr FragmentPlace int4_key_place(int channel) {
   return {2 * (d / 8) + (r % 4) / 2, channel / 16, r % 2, r / 4};
 }
 
+// Content int2 g64 (16 codes a 32-bit word, channel i of word w at bits 2i: channel 16w + i).
+// Scores: lane t takes word t of each key's group (channels 16t to 16t + 15); k-step s, register h
+// holds the code pair (i, i + 8), i = 2s + h, which one shift by 2i and one mask put into the two
+// halves. So the channel of k-step s, lane t, register h, half e is
+QUANTMLA_HOST_DEVICE constexpr int int2_key_channel(int s, int t, int h, int e) {
+  return 16 * t + 2 * s + h + 8 * e;
+}
+// and the shift of word t that register h of k-step s takes.
+QUANTMLA_HOST_DEVICE constexpr int int2_key_shift(int s, int h) { return 2 * (2 * s + h); }
+
+// Output: m-tile j (0..3) of an int2 g64 group takes rows g and g + 8 from byte g % 4 of code word
+// g / 4 (j < 2) or g / 4 + 2 (j >= 2), codes 2 (j % 2) and 2 (j % 2) + 1 of the byte: adjacent
+// channels, so that an output column's two rows are one 32-bit store as for int4.
+QUANTMLA_HOST_DEVICE constexpr int int2_value_channel(int j, int row) {
+  return 32 * (j / 2) + 4 * (row % 8) + 2 * (j % 2) + row / 8;
+}
+// The shift of that byte's code of row g (+ 2 for row g + 8) after the byte moved to bit 0.
+QUANTMLA_HOST_DEVICE constexpr int int2_value_shift(int j) { return 4 * (j % 2); }
+
 // The kernel loads Q for a k-step as two words, channels (c, c + 1) and (c + 4, c + 5), and a BF16
 // path's registers as one word each: the maps must keep those neighbours (checked for every
 // k-step and lane by the host test too).
@@ -60,5 +79,9 @@ static_assert(int4_key_channel(1, 2, 1, 0) == int4_key_channel(1, 2, 0, 0) + 1 &
               int4_key_channel(1, 2, 0, 1) == int4_key_channel(1, 2, 0, 0) + 4 &&
               bf16_key_channel(2, 1, 0, 1) == bf16_key_channel(2, 1, 0, 0) + 1);
 static_assert(int4_key_channel(3, 3, 1, 1) == 63 && int4_value_channel(3, 15) == 63);
+static_assert(int2_key_channel(1, 2, 1, 0) == int2_key_channel(1, 2, 0, 0) + 1 &&
+              int2_key_channel(1, 2, 0, 1) == int2_key_channel(1, 2, 0, 0) + 8);
+static_assert(int2_key_channel(3, 3, 1, 1) == 63 && int2_value_channel(3, 15) == 63 &&
+              int2_value_channel(2, 8) == int2_value_channel(2, 0) + 1);
 
 }  // namespace quantmla::gpu
