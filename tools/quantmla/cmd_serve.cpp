@@ -92,7 +92,8 @@ void run_serve(ServeCliOptions options) {
   OpenAiServer server(engine, tokenizer, std::move(chat_template), tokens.bos_token,
                       tokens.eos_token, options.server);
   // On a signal: stop taking requests, give the running ones the deadline, then stop the HTTP
-  // server (whose handler threads are waiting for exactly those requests).
+  // server (whose handler threads are waiting for exactly those requests) once their responses
+  // have gone out (within the deadline again).
   const auto deadline =
       std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_s * 1e3));
   std::thread waiter([&] {
@@ -100,7 +101,7 @@ void run_serve(ServeCliOptions options) {
     sigwait(&signals, &signal);
     std::fprintf(stderr, "serve: signal %d, stopping\n", signal);
     engine.shutdown(deadline);
-    server.stop();
+    server.stop(deadline);
   });
   const bool listened = server.listen();
   if (!listened) {

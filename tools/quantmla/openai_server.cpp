@@ -259,6 +259,12 @@ struct OpenAiServer::Impl {
   Histogram e2e{
       {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0}};
   int64_t success[3] = {0, 0, 0};  // stop, length, abort
+  // Streamed responses not yet ended (their provider's releaser not yet run): stop() waits for
+  // them, since httplib's chunked writer stops writing once the server is stopped, which would
+  // cut a stream between its engine finishing and its last events ([DONE], usage) going out.
+  std::mutex streams_mutex;
+  std::condition_variable streams_ended;
+  int open_streams = 0;
 
   Impl(ServingEngine& e, const Tokenizer& t, std::optional<ChatTemplate> c, std::string bos,
        std::string eos, ServerOptions o)
@@ -579,6 +585,10 @@ struct OpenAiServer::Impl {
       return "data: " + dump(out) + "\n\n";
     };
     const bool include_usage = s.include_usage;
+    {
+      std::lock_guard lock(streams_mutex);
+      ++open_streams;
+    }
     res.set_chunked_content_provider(
         "text/event-stream",
         [=, this](size_t, httplib::DataSink& sink) {
@@ -652,14 +662,18 @@ struct OpenAiServer::Impl {
           return true;
         },
         [=, this](bool success) {
-          if (success) return;
-          for (const auto& c : channels) {
-            std::lock_guard lock(c->mutex);
-            if (!c->done) {
-              std::fprintf(stderr, "request %s: client went away, cancelled\n", id.c_str());
-              engine.cancel(c->id);
+          if (!success) {
+            for (const auto& c : channels) {
+              std::lock_guard lock(c->mutex);
+              if (!c->done) {
+                std::fprintf(stderr, "request %s: client went away, cancelled\n", id.c_str());
+                engine.cancel(c->id);
+              }
             }
           }
+          std::lock_guard lock(streams_mutex);
+          --open_streams;
+          streams_ended.notify_all();
         });
   }
 
@@ -811,7 +825,14 @@ bool OpenAiServer::listen() {
   return s.http.listen_after_bind();
 }
 
-void OpenAiServer::stop() { impl_->http.stop(); }
+void OpenAiServer::stop(std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  {
+    std::unique_lock lock(s.streams_mutex);
+    s.streams_ended.wait_for(lock, grace, [&s] { return s.open_streams == 0; });
+  }
+  s.http.stop();
+}
 
 int OpenAiServer::bound_port() const { return impl_->options.port; }
 

@@ -4,6 +4,7 @@
 // thread runs the model.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,7 +36,8 @@ class OpenAiServer {
   ~OpenAiServer();
   // Binds and serves until stop(); returns false when the address cannot be bound.
   bool listen();
-  void stop();
+  // Stops serving once every streamed response has sent its last event, or after `grace`.
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
   int bound_port() const;
 
  private:
