@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   int tokens = 2048, repeats = 20;
   double skew = 0.15;
   uint64_t seed = 1;
-  std::string json_path;
+  std::string json_path, only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tokens" && i + 1 < argc) {
@@ -143,9 +143,12 @@ int main(int argc, char** argv) {
       seed = std::stoull(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--tokens T] [--repeats N] [--skew SD] [--seed S] [--json FILE]\n",
+                   "usage: %s [--tokens T] [--repeats N] [--skew SD] [--seed S] [--json FILE] "
+                   "[--only TEXT]\n",
                    argv[0]);
       return 2;
     }
@@ -165,6 +168,10 @@ int main(int argc, char** argv) {
     cublasLtHandle_t lt{};
     QUANTMLA_CUBLAS_CHECK(cublasLtCreate(&lt));
     std::vector<Result> results;
+    // --only TEXT: the rows whose name contains TEXT (e.g. to profile one kernel).
+    const auto wanted = [&](const std::string& name) {
+      return only.empty() || name.find(only) != std::string::npos;
+    };
     const auto print = [](const Result& r) {
       std::printf("%-36s %9.1f %6.0f %9.1f %6.0f %5zu/%-2zu %6.1f%% %9.1f %6.1f%%\n",
                   r.name.c_str(), r.first_us, r.flops / r.first_us * 1e-6, r.best_us,
@@ -213,6 +220,7 @@ int main(int argc, char** argv) {
         {"shared down (+= x)", 2048, 2816, 1.0f, false},
     };
     for (const Dense& d : dense) {
+      if (!wanted(d.name)) continue;
       DeviceArray<uint16_t> w(static_cast<size_t>(d.n * d.k)), x(static_cast<size_t>(tokens * d.k));
       fill(w, 3), fill(x, 5);
       DeviceArray<float> y(static_cast<size_t>(tokens * d.n));
@@ -244,6 +252,7 @@ int main(int argc, char** argv) {
                               {"experts down", 2048, 1408, false},
                               {"experts down", 2048, 1408, true}};
     for (const Expert& ex : experts) {
+      if (!wanted(ex.name("padded"))) continue;
       DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(64 * padded * ex.k));
       fill(w, 7), fill(x, 9);
@@ -259,22 +268,22 @@ int main(int argc, char** argv) {
     // given the same rows, FP32 out, the TF/s of all rows multiplied.
     for (int rows = 176; rows <= 256; rows += 16) {
       for (const Expert& ex : experts) {
-        if (ex.bf16) continue;
+        const std::string name = std::string(ex.product) + " uniform " + std::to_string(rows);
+        if (ex.bf16 || !wanted(name)) continue;
         DeviceArray<uint16_t> w(static_cast<size_t>(64 * ex.n * ex.k));
         DeviceArray<uint16_t> x(static_cast<size_t>(64 * rows * ex.k));
         fill(w, 7), fill(x, 9);
         DeviceArray<float> y(static_cast<size_t>(64 * rows * ex.n));
         LtProduct p(lt, rows, ex.n, ex.k, 64, rows * ex.k, ex.n * ex.k, rows * ex.n, CUDA_R_32F,
                     ws_bytes);
-        sweep(std::string(ex.product) + " uniform " + std::to_string(rows), p, w.data(), x.data(),
-              y.data(), 0.0f, 2.0 * 64 * rows * ex.n * ex.k);
+        sweep(name, p, w.data(), x.data(), y.data(), 0.0f, 2.0 * 64 * rows * ex.n * ex.k);
       }
     }
     cublasLtDestroy(lt);
 
     // The activation between the padded products (silu_mul over every padded row), to set
     // against expert_gemm's gated form, which includes it.
-    {
+    if (wanted("silu_mul padded") || wanted("silu_mul padding skipped")) {
       DeviceArray<float> gate_up(static_cast<size_t>(64 * padded * 2816));
       DeviceArray<uint16_t> act(static_cast<size_t>(64 * padded * 1408));
       gate_up.fill_bytes(0);
@@ -318,19 +327,16 @@ int main(int argc, char** argv) {
                            {"experts gate+up+silu expert_gemm", 1408, 2048, true},
                            {"experts down expert_gemm", 2048, 1408, false}};
     for (const Exact& ex : exact) {
+      if (!wanted(ex.name)) continue;
       const int64_t weight_rows = ex.gated ? 2 * ex.n : ex.n;
       DeviceArray<uint16_t> w(static_cast<size_t>(64 * weight_rows * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * ex.k));
       fill(w, 7), fill(x, 9);
       DeviceArray<float> y(ex.gated ? 0 : static_cast<size_t>(real_rows * ex.n));
       DeviceArray<uint16_t> act(ex.gated ? static_cast<size_t>(real_rows * ex.n) : 0);
-      std::vector<uintptr_t> pointers(64);
-      for (int e = 0; e < 64; ++e)
-        pointers[e] = reinterpret_cast<uintptr_t>(w.data() + e * weight_rows * ex.k);
-      DeviceArray<uintptr_t> dpointers(pointers);
       gpu::ExpertGemmParams p;
-      p.x = x.data(), p.ldx = ex.k,
-      p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
+      p.x = x.data(), p.ldx = ex.k, p.x_rows = real_rows;
+      p.w = w.data(), p.w_stride = weight_rows * ex.k;
       p.offsets = doffsets.data(), p.num_experts = 64, p.n = ex.n, p.k = ex.k;
       if (ex.gated) {
         p.act = act.data(), p.ld_act = ex.n;
@@ -358,6 +364,7 @@ int main(int argc, char** argv) {
       QUANTMLA_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), ws_bytes));
       for (const Expert& g : experts) {
         const std::string name = g.name("grouped");
+        if (!wanted(name)) continue;
         DeviceArray<uint16_t> w(static_cast<size_t>(64) * g.n * g.k);
         DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * g.k));
         fill(w, 7), fill(x, 9);

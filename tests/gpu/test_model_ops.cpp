@@ -1496,9 +1496,10 @@ void run_pad_layout_errors() {
 }
 
 // expert_gemm (the grouped wgmma product over each expert's exact rows) against double: empty
-// experts (with null weights), one row, a partial token tile, more than two token tiles; every
-// output row written once and the columns past n of a wider output untouched (the output starts
-// as NaN). Plain: y = x W^T in FP32; gated: act = bf16(silu(x G^T) * (x U^T)), W = [G; U].
+// experts, one row, a partial token tile, more than two token tiles, the last expert's last tile
+// reaching past x's rows (the copies' zero fill); every output row written once and the columns
+// past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32; gated:
+// act = bf16(silu(x G^T) * (x U^T)), W = [G; U].
 void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
                           int stages, int64_t ld_out) {
   const int experts = static_cast<int>(counts.size());
@@ -1508,17 +1509,12 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
   std::vector<float> x, w;
   DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(rows * k), 1.0f, &x));
   DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * weight_rows * k), 0.05f, &w));
-  std::vector<uintptr_t> pointers(experts, 0);
-  for (int e = 0; e < experts; ++e) {
-    if (counts[e] > 0) pointers[e] = reinterpret_cast<uintptr_t>(dw.data() + e * weight_rows * k);
-  }
-  DeviceArray<uintptr_t> dpointers(pointers);
   DeviceArray<int32_t> doffsets(offsets);
   DeviceArray<float> y(gated ? 0 : static_cast<size_t>(rows * ld_out));
   DeviceArray<uint16_t> act(gated ? static_cast<size_t>(rows * ld_out) : 0);
   poison(y), poison(act);
   gpu::ExpertGemmParams p;
-  p.x = dx.data(), p.ldx = k, p.w = reinterpret_cast<const uint16_t* const*>(dpointers.data());
+  p.x = dx.data(), p.ldx = k, p.x_rows = rows, p.w = dw.data(), p.w_stride = weight_rows * k;
   p.offsets = doffsets.data(), p.num_experts = experts, p.n = n, p.k = k;
   if (gated) {
     p.act = act.data(), p.ld_act = ld_out;
@@ -1585,7 +1581,7 @@ void run_expert_gemm_errors() {
   DeviceArray<int32_t> offsets(std::vector<int32_t>{0, 4});
   DeviceArray<float> y(1024);
   gpu::ExpertGemmParams p;
-  p.x = a.data(), p.ldx = 64, p.w = reinterpret_cast<const uint16_t* const*>(a.data());
+  p.x = a.data(), p.ldx = 64, p.x_rows = 4, p.w = a.data(), p.w_stride = 128 * 64;
   p.offsets = offsets.data(), p.num_experts = 1, p.n = 128, p.k = 64, p.y = y.data(), p.ldy = 128,
   p.max_rows = 4;
   gpu::ExpertGemmParams bad = p;
@@ -1597,6 +1593,14 @@ void run_expert_gemm_errors() {
   expect_throws<InvalidArgument>("expert_gemm null w", [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.x = a.data() + 1;
   expect_throws<InvalidArgument>("expert_gemm x not 16-byte aligned",
+                                 [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.w_stride = 100 * 64;
+  expect_throws<ShapeError>("expert_gemm w_stride below an expert's weights",
+                            [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.x_rows = 0;
+  expect_throws<ShapeError>("expert_gemm x_rows 0", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.w = a.data() + 4;
+  expect_throws<InvalidArgument>("expert_gemm w not 16-byte aligned",
                                  [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.ldy = 130;
   expect_throws<ShapeError>("expert_gemm ldy 130", [&] { gpu::expert_gemm(bad, kStream); });

@@ -1,16 +1,18 @@
 // expert_gemm.h: a block computes a 128 x 256 tile of y^T for one expert, M = 128 weight rows
-// (two warpgroups of 64, wgmma's M) by N = up to 256 of the expert's rows, walking k in steps of
-// 64 through a ring of kStages shared-memory stages (cp.async, 128-byte swizzle, both operands
-// K-major as stored). A token tile multiplies only its rows rounded up to 32 (wgmma N = 32, 64,
-// ..., 256), so an expert of 190 rows is one tile of 192 and its weights are read once. The
-// products are asynchronous: step kt's wgmma run while step kt + 1's are issued, and the copies
-// run kStages - 2 steps ahead, so the one barrier of a step also tells that the stage it refills
-// (last read at step kt - 2) is free. The grid runs an expert's token tiles fastest, then its
-// weight tiles, so the blocks that read one weight tile (experts of more than 256 rows) run side
-// by side and the second read of it hits L2. The accumulators leave through shared memory, whole
-// 16-byte stores per row. Gated: the 128 weight rows are 64 of gate (warpgroup 0) and the same 64
-// of up (warpgroup 1); both hand their products over in shared memory and all 256 threads write
-// the activation.
+// (two consumer warpgroups of 64, wgmma's M) by N = up to 256 of the expert's rows, walking k in
+// steps of 64 through a ring of kStages shared-memory stages (128-byte swizzle, both operands
+// K-major as stored). A producer warp fills the ring with tensor-map copies (TMA): a stage is
+// refilled as soon as both warpgroups' products of it are done (an mbarrier per stage each way),
+// so the copies run up to kStages - 1 steps ahead and the warpgroups only multiply (the first
+// version's 256 threads each issued 12 cp.async a step with their address arithmetic and met at
+// a block barrier every step: 5.5x cuBLAS's instructions, tensor pipe 44% busy). A token tile
+// multiplies only its rows rounded up to 32 (wgmma N = 32, 64, ..., 256), so an expert of 190
+// rows is one tile of 192 and its weights are read once. The grid runs an expert's token tiles
+// fastest, then its weight tiles, so the blocks that read one weight tile (experts of more than
+// 256 rows) run side by side and the second read of it hits L2. The accumulators leave through
+// shared memory, whole 16-byte stores per row. Gated: the 128 weight rows are 64 of gate
+// (warpgroup 0) and the same 64 of up (warpgroup 1); both hand their products over in shared
+// memory and all 256 consumer threads write the activation.
 #include <climits>
 #include <string>
 
@@ -19,26 +21,29 @@
 #include "kernels/cuda/expert_gemm.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 #include "quantmla/error.h"
 
 namespace quantmla::gpu {
 namespace {
 
-constexpr int kThreads = 256;                         // two warpgroups
+constexpr int kConsumers = 256;                       // two warpgroups
+constexpr int kThreads = kConsumers + 32;             // and the producer warp
 constexpr int kTile = 128;                            // weight rows (M) of a block
 constexpr int kTokens = 256;                          // token rows (N) of a block, at most
 constexpr int kStepK = 64;                            // one swizzled column block
 constexpr int kBlockBytes = kTile * 128;              // 128 weight rows x 64 BF16
 constexpr int kStageBytes = (kTile + kTokens) * 128;  // and 256 token rows
-constexpr int kCopyRows = kThreads / 8;  // thread t copies chunk t % 8 of rows t / 8 + 32 i
+constexpr int kWeightBox = 64;                        // rows of one weight copy
+constexpr int kTokenBox = 32;                         // rows of one token copy (tile_n's unit)
+// The ring, then a full and an empty barrier per stage, after up to 1023 bytes of alignment.
 template <int kStages>
-constexpr size_t kSharedBytes = size_t{kStages} * kStageBytes + 1024;
+constexpr size_t kSharedBytes = size_t{kStages} * kStageBytes + 1024 + 16 * kStages;
 static_assert(kSharedBytes<4> <= 227 * 1024, "fits an SM's shared memory");
-
-static_assert(copies_fill_a_block_once<kThreads, kTile>() &&
-                  copies_fill_a_block_once<kThreads, kTokens>(),
-              "each 16-byte piece of a block copied once, swizzled");
+static_assert(kStageBytes % 1024 == 0 && kWeightBox * 128 % 1024 == 0 &&
+                  kTokenBox * 128 % 1024 == 0,
+              "every copy lands on a 1024-byte boundary, where the swizzle pattern starts");
 
 // The epilogue's FP32 tiles in the ring's bytes, [token][weight row], rows padded so that a
 // warp's accumulator writes (8 consecutive weight rows of 4 tokens two apart) fall in 32 distinct
@@ -89,9 +94,10 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 template <bool kGated, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
-    expert_gemm_kernel(const __grid_constant__ ExpertGemmParams p) {
-  static_assert(kStages >= 3, "one stage read, one refilled, one landing");
-  constexpr int kLead = kStages - 2;  // steps of k copied ahead of the product
+    expert_gemm_kernel(const __grid_constant__ ExpertGemmParams p,
+                       const __grid_constant__ CUtensorMap x_map,
+                       const __grid_constant__ CUtensorMap w_map) {
+  static_assert(kStages >= 3, "the epilogue's tiles take 3 stages");
   wait_for_previous_kernel();
   const int e = static_cast<int>(blockIdx.z);
   const int64_t first = p.offsets[e], count = p.offsets[e + 1] - first;
@@ -99,74 +105,69 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (t0 >= count) return;
   const int valid_tokens = static_cast<int>(count - t0 < kTokens ? count - t0 : kTokens);
   const int tile_n = (valid_tokens + 31) / 32 * 32;  // token rows the products cover
-  // Weight row r of the block: plain, row m0 + r of w[e]; gated, gate row m0 + r (r < 64) or up
-  // row n + m0 + r - 64.
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kGated ? kTile / 2 : kTile);
-  const auto weight_row = [&](int r) -> int64_t {
-    return kGated && r >= kTile / 2 ? p.n + m0 + r - kTile / 2 : m0 + r;
-  };
-  const uint16_t* w = p.w[e];
+  // The block's weight rows of expert e: plain, rows m0 .. m0 + 127; gated, gate rows m0 .. m0 +
+  // 63 then up rows n + m0 .. n + m0 + 63.
+  const int m0 = static_cast<int>(blockIdx.y) * (kGated ? kTile / 2 : kTile);
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
   const auto weights_stage = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
   const auto rows_stage = [&](int s) { return weights_stage(s) + kBlockBytes; };
+  uint8_t* ring = shared_raw + (base - shared_address(shared_raw));
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);   // the producer's arrival, with the copies' bytes
+      mbarrier_init(&empty[s], 2);  // one arrival a consumer warpgroup
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int k_tiles = static_cast<int>(p.k / kStepK);
 
-  const int chunk = threadIdx.x % 8, copy_row = threadIdx.x / 8;
-  const uint32_t copy_offset = swizzled_chunk_offset(copy_row, chunk);
-  const int64_t k_tiles = p.k / kStepK;
-  // Tile kt of both operands into stage s; token rows past the expert's count are zero-filled,
-  // those past tile_n (never read) skipped.
-  const auto load = [&](int64_t kt, int s) {
-    if (kt < k_tiles) {
-      const int64_t column = kt * kStepK + chunk * 8;
-#pragma unroll
-      for (int i = 0; i < kTile / kCopyRows; ++i) {
-        cp_async_16(weights_stage(s) + copy_offset + i * kCopyRows * 128,
-                    w + weight_row(copy_row + kCopyRows * i) * p.k + column, 16);
-      }
-#pragma unroll
-      for (int i = 0; i < kTokens / kCopyRows; ++i) {
-        const int row = copy_row + kCopyRows * i;
-        const uint32_t at = copy_offset + i * kCopyRows * 128;
-        const bool valid = row < valid_tokens;
-        if (row < tile_n) {
-          cp_async_16(rows_stage(s) + at, p.x + (first + t0 + (valid ? row : 0)) * p.ldx + column,
-                      valid ? 16 : 0);
-        }
+  if (threadIdx.x >= kConsumers) {
+    // The producer: one thread issues every copy. The j-th refill of stage s waits for the
+    // (j - 1)-th completion of its empty barrier (parity (j - 1) % 2).
+    if (threadIdx.x != kConsumers) return;
+    const int row_a = m0, row_b = kGated ? static_cast<int>(p.n) + m0 : m0 + kWeightBox;
+    const int token_row = static_cast<int>(first + t0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      if (kt >= kStages) mbarrier_wait(&empty[s], (kt / kStages - 1) & 1);
+      mbarrier_arrive_expect_bytes(&full[s], static_cast<uint32_t>((kTile + tile_n) * 128));
+      const int column = kt * kStepK;
+      tma_load_3d(weights_stage(s), &w_map, column, row_a, e, &full[s]);
+      tma_load_3d(weights_stage(s) + kWeightBox * 128, &w_map, column, row_b, e, &full[s]);
+      for (int i = 0; i < tile_n / kTokenBox; ++i) {
+        tma_load_2d(rows_stage(s) + i * kTokenBox * 128, &x_map, column, token_row + i * kTokenBox,
+                    &full[s]);
       }
     }
-    cp_async_commit();  // an empty group past the end keeps the waits' counting uniform
-  };
-#pragma unroll
-  for (int s = 0; s < kLead; ++s) load(s, s);
+    return;
+  }
 
   const int warpgroup = threadIdx.x / 128;
   const uint32_t weight_rows = static_cast<uint32_t>(warpgroup) * 64 * 128;  // its 64 rows
   float d[kTokens / 2] = {};
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kLead - 1>();  // tile kt has landed (this thread's copies)
-    fence_proxy_async_shared();  // read by the tensor cores' proxy
-    // Everyone's copies of tile kt have landed, and both warpgroups' products of step kt - 2
-    // are done (the wgmma_wait<1> below), so its stage can be refilled.
-    __syncthreads();
-    load(kt + kLead, static_cast<int>((kt + kLead) % kStages));
-    const int s = static_cast<int>(kt % kStages);
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+    mbarrier_wait(&full[s], (kt / kStages) & 1);  // the copies of tile kt have landed
     wgmma_fence_registers(d);
     wgmma_fence();
-    const uint32_t weights = weights_stage(s) + weight_rows, rows = rows_stage(s);
-    multiply_step<kTokens>(tile_n, d, weights, rows, kt == 0);
+    multiply_step<kTokens>(tile_n, d, weights_stage(s) + weight_rows, rows_stage(s), kt == 0);
     wgmma_commit();
     wgmma_wait<1>();  // step kt - 1's products are done; step kt's run on
     wgmma_fence_registers(d);
+    if (kt > 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
   }
   wgmma_wait<0>();
   wgmma_fence_registers(d);
-  cp_async_wait<0>();
-  __syncthreads();  // the ring is free for the epilogue's tiles
+  // Both warpgroups' products are done, and every copy has landed (each was waited for), so the
+  // ring is free for the epilogue's tiles.
+  named_barrier(1, kConsumers);
 
   // d[4 j + c]: weight row 16 warp + lane / 4 (+ 8 for c >= 2) of the warpgroup's 64, token
   // 8 j + 2 (lane % 4) + c % 2 (wgmma.cuh's accumulator layout).
-  uint8_t* ring = shared_raw + (base - shared_address(shared_raw));
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int row_in_warpgroup = warp * 16 + lane / 4;
   const auto token_of = [&](int j, int c) { return 8 * j + 2 * (lane % 4) + c % 2; };
@@ -180,10 +181,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         tile[token_of(j, c) * kLdPlain + warpgroup * 64 + row_of(c)] = d[4 * j + c];
       }
     }
-    __syncthreads();
+    named_barrier(1, kConsumers);
     // A token's 128 values are 32 float4: a warp stores one token row.
     const int vec = threadIdx.x % 32;
-    for (int t = threadIdx.x / 32; t < valid_tokens; t += kThreads / 32) {
+    for (int t = threadIdx.x / 32; t < valid_tokens; t += kConsumers / 32) {
       const float4 v = *reinterpret_cast<const float4*>(tile + t * kLdPlain + 4 * vec);
       *reinterpret_cast<float4*>(p.y + (first + t0 + t) * p.ldy + m0 + 4 * vec) = v;
     }
@@ -196,11 +197,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int c = 0; c < 4; ++c) products[token_of(j, c) * kLdGated + row_of(c)] = d[4 * j + c];
     }
-    __syncthreads();
+    named_barrier(1, kConsumers);
     const float* gate = reinterpret_cast<const float*>(ring);
     const float* up = reinterpret_cast<const float*>(ring + kGatedTileBytes);
     const int piece = threadIdx.x % 8;
-    for (int t = threadIdx.x / 8; t < valid_tokens; t += kThreads / 8) {
+    for (int t = threadIdx.x / 8; t < valid_tokens; t += kConsumers / 8) {
       const float* g = gate + t * kLdGated + 8 * piece;
       const float* u = up + t * kLdGated + 8 * piece;
       uint32_t packed[4];
@@ -217,13 +218,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <bool kGated>
 void launch(const ExpertGemmParams& p, dim3 grid, cudaStream_t stream) {
+  // x: [x_rows, k], copies of 32 rows; w: [E][weight rows, k], copies of 64 rows of one expert.
+  const int64_t x_dims[] = {p.k, p.x_rows}, x_strides[] = {p.ldx};
+  const int x_box[] = {kStepK, kTokenBox};
+  const CUtensorMap x_map = bf16_tensor_map(p.x, 2, x_dims, x_strides, x_box);
+  const int64_t w_dims[] = {p.k, kGated ? 2 * p.n : p.n, p.num_experts},
+                w_strides[] = {p.k, p.w_stride};
+  const int w_box[] = {kStepK, kWeightBox, 1};
+  const CUtensorMap w_map = bf16_tensor_map(p.w, 3, w_dims, w_strides, w_box);
   switch (p.stages) {
     case 3:
       return launch_large_shared<expert_gemm_kernel<kGated, 3>>(grid, kThreads, kSharedBytes<3>,
-                                                                stream, p);
+                                                                stream, p, x_map, w_map);
     case 4:
       return launch_large_shared<expert_gemm_kernel<kGated, 4>>(grid, kThreads, kSharedBytes<4>,
-                                                                stream, p);
+                                                                stream, p, x_map, w_map);
     default:
       throw ShapeError("expert_gemm: " + str(p.stages) + " stages (the kernel takes 3 or 4)");
   }
@@ -236,24 +245,30 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream) {
   const bool gated = p.act != nullptr;
   const int64_t tile_n = gated ? kTile / 2 : kTile, ld_out = gated ? p.ld_act : p.ldy;
+  const int64_t weight_rows = gated ? 2 * p.n : p.n;
   if (p.num_experts < 1 || p.num_experts > 65535 || p.n < tile_n || p.n % tile_n != 0 ||
       p.k < kStepK || p.k % kStepK != 0 || p.ldx < p.k || p.ldx % 8 != 0 || ld_out < p.n ||
-      ld_out % (gated ? 8 : 4) != 0 || p.max_rows < 0) {
+      ld_out % (gated ? 8 : 4) != 0 || p.max_rows < 0 || p.x_rows < 1 ||
+      p.w_stride < weight_rows * p.k || p.w_stride % 8 != 0 || weight_rows > INT32_MAX ||
+      p.x_rows > INT32_MAX) {
     throw ShapeError("expert_gemm: " + std::to_string(p.num_experts) + " experts, n " + str(p.n) +
-                     ", k " + str(p.k) + ", ldx " + str(p.ldx) + (gated ? ", ld_act " : ", ldy ") +
+                     ", k " + str(p.k) + ", ldx " + str(p.ldx) + ", x_rows " + str(p.x_rows) +
+                     ", w_stride " + str(p.w_stride) + (gated ? ", ld_act " : ", ldy ") +
                      str(ld_out) + ", max_rows " + str(p.max_rows) +
                      (gated ? " (gated; need 1-65535 experts, n a multiple of 64, k of 64, ldx >= "
-                              "k a multiple of 8, ld_act >= n a multiple of 8)"
+                              "k a multiple of 8, ld_act >= n a multiple of 8, "
                             : " (need 1-65535 experts, n a multiple of 128, k of 64, ldx >= k a "
-                              "multiple of 8, ldy >= n a multiple of 4)"));
+                              "multiple of 8, ldy >= n a multiple of 4, ") +
+                     "x_rows >= 1, w_stride >= weight rows x k a multiple of 8)");
   }
   if (p.x == nullptr || p.w == nullptr || p.offsets == nullptr || (!gated && p.y == nullptr)) {
     throw InvalidArgument(
         "expert_gemm: x, w, offsets and y (or act) must be device pointers, "
         "got null");
   }
-  if (!aligned16(p.x) || !aligned16(gated ? static_cast<const void*>(p.act) : p.y)) {
-    throw InvalidArgument(std::string("expert_gemm: x and ") + (gated ? "act" : "y") +
+  if (!aligned16(p.x) || !aligned16(p.w) ||
+      !aligned16(gated ? static_cast<const void*>(p.act) : p.y)) {
+    throw InvalidArgument(std::string("expert_gemm: x, w and ") + (gated ? "act" : "y") +
                           " must be 16-byte aligned");
   }
   const int64_t token_tiles = (p.max_rows + kTokens - 1) / kTokens;

@@ -2,8 +2,9 @@
 // tensor-core instructions (wgmma.cuh), each expert's exact rows instead of cuBLAS's
 // strided-batched product over rows padded to the busiest expert (docs/gpu-kernels.md, "Limits
 // and next steps"). The gated form ends in the MLP's activation, so gate and up never reach
-// global memory. Measured slower than the padded cuBLAS products so far, so the runner takes it
-// only with CudaRunnerOptions::expert_gemm.
+// global memory. Measured as fast as the padded cuBLAS products together (the gated product
+// faster, the plain one slower: docs/benchmarks.md), so the runner takes it only with
+// CudaRunnerOptions::expert_gemm.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,13 +16,16 @@ namespace quantmla::gpu {
 // For the rows r in [offsets[e], offsets[e + 1]) of every expert e, either
 //   plain (act == nullptr): y[r, :] = x[r, :] W_e^T                  (FP32 accumulation and out)
 //   gated (act != nullptr): act[r, :] = bf16(silu(x[r, :] G_e^T) * (x[r, :] U_e^T))
-// where W_e = w[e] is [n, k], and in the gated form w[e] is [2 n, k]: G_e its first n rows (gate),
-// U_e the next n (up), the stacked gate/up of an MLP; the activation is cpu::silu_mul's (FP32).
+// where W_e = w + e w_stride is [n, k], and in the gated form [2 n, k]: G_e its first n rows
+// (gate), U_e the next n (up), the stacked gate/up of an MLP; the activation is cpu::silu_mul's
+// (FP32).
 struct ExpertGemmParams {
-  const uint16_t* x = nullptr;         // [rows, k] BF16 bits, row stride ldx: rows in expert order
-  int64_t ldx = 0;                     // (moe_gather's output)
-  const uint16_t* const* w = nullptr;  // [E] device array -> [n or 2 n, k] BF16 bits, row stride k
-  const int32_t* offsets = nullptr;    // [E + 1] device: a prefix sum from 0
+  const uint16_t* x = nullptr;       // [x_rows, k] BF16 bits, row stride ldx: rows in expert order
+  int64_t ldx = 0;                   // (moe_gather's output)
+  int64_t x_rows = 0;                // rows of x (>= offsets[E]; the copies never read past them)
+  const uint16_t* w = nullptr;       // [E] x [n or 2 n, k] BF16 bits, row stride k, expert e at
+  int64_t w_stride = 0;              // w + e w_stride (elements)
+  const int32_t* offsets = nullptr;  // [E + 1] device: a prefix sum from 0
   int num_experts = 0;
   int64_t n = 0, k = 0;
   float* y = nullptr;  // plain: [rows, n] FP32, row stride ldy
@@ -29,17 +33,16 @@ struct ExpertGemmParams {
   uint16_t* act = nullptr;  // gated: [rows, n] BF16 bits, row stride ld_act
   int64_t ld_act = 0;
   int64_t max_rows = 0;  // >= every expert's count (the busiest, from the host's offsets)
-  // Shared-memory stages of the operand ring (3 or 4, 48 KB each): tiles are copied stages - 2
-  // steps of k ahead of the product (one more stage holds the tile the tensor cores may still be
-  // reading). 4 was the faster on the H200 for V2-Lite's experts (docs/benchmarks.md, "the
-  // prefill's products").
+  // Shared-memory stages of the operand ring (3 or 4, 48 KB each), filled by a producer warp's
+  // tensor-map copies as soon as the products have released them. 4 is the faster on the H200
+  // for V2-Lite's experts (303 against 406 µs gated: docs/benchmarks.md).
   int stages = 4;
 };
 
-// Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0,
-// ld_act % 8 == 0, 16-byte aligned x, weights, y and act (whole 16-byte copies), ldy or ld_act >=
-// n. Throws ShapeError or InvalidArgument (with the values) otherwise. Experts without rows are
-// skipped (their weight pointer may be null).
+// Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, w_stride % 8
+// == 0 and >= the rows of one expert times k, ldy % 4 == 0, ld_act % 8 == 0, 16-byte aligned x,
+// w, y and act, ldy or ld_act >= n, x_rows >= 1. Throws ShapeError or InvalidArgument (with the
+// values) otherwise. Experts without rows are skipped.
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream);
 
 }  // namespace quantmla::gpu

@@ -103,6 +103,26 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* shared, const void* gl
       "l"(global), "r"(bytes), "r"(shared_address(barrier))
       : "memory");
 }
+// Tensor-map copies (TMA): the box of the map at the given coordinates (innermost first) into
+// shared memory at `shared` (1024-byte aligned for the 128-byte swizzle), completing `bytes` of
+// the barrier's transaction count (the whole box, zero-filled where it leaves the tensor). `map`
+// is a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(uint32_t shared, const void* map, int c0, int c1,
+                                            uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared),
+      "l"(map), "r"(c0), "r"(c1), "r"(shared_address(barrier))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t shared, const void* map, int c0, int c1,
+                                            int c2, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(shared),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(barrier))
+      : "memory");
+}
 // A barrier among `threads` threads (a multiple of 32) of the block, id 1-15 (0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -1292,7 +1292,7 @@ class CudaRunner final : public Runner {
       const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
       if (exact) {
-        exact_experts(layer, busiest);
+        exact_experts(layer, slots, busiest);
       } else {
         const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
                                             layer.expert_down.data()};
@@ -1308,7 +1308,7 @@ class CudaRunner final : public Runner {
   }
 
   // CudaRunnerOptions::expert_gemm, where the shapes fit gpu::expert_gemm (and the experts'
-  // weights were uploaded as one block with pointer arrays).
+  // weights sit one stride apart: one tensor map covers them).
   bool exact_experts_fit(const DeviceLayer& layer) const {
     return options_.expert_gemm && layer.expert_stride > 0 && config_.hidden_size % 128 == 0 &&
            config_.moe_intermediate_size % 64 == 0;
@@ -1316,13 +1316,16 @@ class CudaRunner final : public Runner {
 
   // The routed experts of a prefill-sized step over their exact rows, gathered in moe_sort's
   // order in buf_.sorted, into buf_.expert_out (gpu::expert_gemm: gate and up as one [2 inner, d]
-  // operand per expert, ending in the activation; then down); busiest: the largest expert's rows.
-  void exact_experts(const DeviceLayer& layer, int64_t busiest) {
+  // operand per expert, ending in the activation; then down); slots: the rows of all experts,
+  // busiest: the largest expert's.
+  void exact_experts(const DeviceLayer& layer, int64_t slots, int64_t busiest) {
     const int64_t d = config_.hidden_size, inner = config_.moe_intermediate_size;
     gpu::ExpertGemmParams p;
     p.x = buf_.sorted;
     p.ldx = d;
-    p.w = layer.device_gate;
+    p.x_rows = slots;
+    p.w = layer.expert_gate[0];
+    p.w_stride = layer.expert_stride;
     p.offsets = buf_.sort.offsets;
     p.num_experts = static_cast<int>(config_.n_routed_experts);
     p.n = inner;
@@ -1334,7 +1337,7 @@ class CudaRunner final : public Runner {
     p.act = nullptr;
     p.x = buf_.expert_act;
     p.ldx = inner;
-    p.w = layer.device_down;
+    p.w = layer.expert_down[0];
     p.n = d;
     p.k = inner;
     p.y = buf_.expert_out;
