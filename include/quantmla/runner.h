@@ -114,9 +114,10 @@ struct CudaRunnerOptions {
   // Prefill-sized steps run the routed experts through our grouped wgmma product over each
   // expert's exact rows, the activation in its epilogue (gpu::expert_gemm), instead of cuBLAS's
   // strided-batched products padded to the busiest expert, where the shapes allow it (hidden a
-  // multiple of 128, moe_intermediate_size of 64). Off: on the H200 it is still slower (a V2-Lite
-  // 2K prefill 27.6 against 25.1 ms; at the runner's mild routing skew cuBLAS's padded products
-  // waste little); bench_runner --expert-gemm times it beside the default.
+  // multiple of 128, moe_intermediate_size of 64). Off: on the H200 it is no faster (a V2-Lite
+  // 2K prefill 24.43 against 24.46 ms: its gated product beats cuBLAS's padded one and silu_mul,
+  // its down product loses to cuBLAS's; docs/benchmarks.md); bench_runner --expert-gemm times it
+  // beside the default.
   bool expert_gemm = false;
 };
 
