@@ -88,9 +88,12 @@ __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int recor
   }
 }
 
+// The masks of biased_codes: two int4 or two int2 codes, one in the low bits of each half.
+constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
+
 // (bits & mask) | kCodeBias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
-// that two int4 codes sit in the low nibbles of the halves, the BF16 pair 128 + code.
-__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = 0x000f000fu) {
+// that two codes sit in the low bits of the halves, the BF16 pair 128 + code.
+__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = kInt4Pair) {
   uint32_t biased;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(kCodeBias));
   return biased;
@@ -274,12 +277,13 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         for (int s = 0; s < 4; ++s) {
           uint32_t a[4];
           if (int2) {
-            constexpr uint32_t kTwoBits = 0x00030003u;
             const int shift = int2_key_shift(s, 0);
-            a[0] = dequantize_biased_pair(biased_codes(lo[0] >> shift, kTwoBits), s_lo, m_lo);
-            a[1] = dequantize_biased_pair(biased_codes(hi[0] >> shift, kTwoBits), s_hi, m_hi);
-            a[2] = dequantize_biased_pair(biased_codes(lo[0] >> (shift + 2), kTwoBits), s_lo, m_lo);
-            a[3] = dequantize_biased_pair(biased_codes(hi[0] >> (shift + 2), kTwoBits), s_hi, m_hi);
+            a[0] = dequantize_biased_pair(biased_codes(lo[0] >> shift, kInt2Pair), s_lo, m_lo);
+            a[1] = dequantize_biased_pair(biased_codes(hi[0] >> shift, kInt2Pair), s_hi, m_hi);
+            a[2] =
+                dequantize_biased_pair(biased_codes(lo[0] >> (shift + 2), kInt2Pair), s_lo, m_lo);
+            a[3] =
+                dequantize_biased_pair(biased_codes(hi[0] >> (shift + 2), kInt2Pair), s_hi, m_hi);
           } else if (coded) {
             const int shift = 4 * int4_key_nibble(s, 0, 0);
             a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
@@ -409,14 +413,13 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               const int j = 2 * half + jj;
-              constexpr uint32_t kTwoBits = 0x00030003u;
               const int shift = int2_value_shift(j);
               uint32_t a[4];
-              a[0] = dequantize_biased_pair(biased_codes(x01 >> shift, kTwoBits), scale01, min01);
-              a[1] = dequantize_biased_pair(biased_codes(x01 >> (shift + 2), kTwoBits), scale01,
+              a[0] = dequantize_biased_pair(biased_codes(x01 >> shift, kInt2Pair), scale01, min01);
+              a[1] = dequantize_biased_pair(biased_codes(x01 >> (shift + 2), kInt2Pair), scale01,
                                             min01);
-              a[2] = dequantize_biased_pair(biased_codes(x89 >> shift, kTwoBits), scale89, min89);
-              a[3] = dequantize_biased_pair(biased_codes(x89 >> (shift + 2), kTwoBits), scale89,
+              a[2] = dequantize_biased_pair(biased_codes(x89 >> shift, kInt2Pair), scale89, min89);
+              a[3] = dequantize_biased_pair(biased_codes(x89 >> (shift + 2), kInt2Pair), scale89,
                                             min89);
               mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
               mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
