@@ -10,6 +10,9 @@
 // padded products' time follows the rows an expert (every expert given 176 to 256 rows), and
 // silu_mul with the padding rows skipped.
 //
+// --only TEXT runs the rows whose name contains TEXT (bench/gpu/profile-prefill-gemms.sh profiles
+// one kernel that way).
+//
 // Timing: CUDA events around one call, the L2 flushed before each repeat (256 MB written and read
 // back), median of the repeats after 3 warm-ups. Routing: top-6 of 64 experts per token from
 // logits = expert bias (normal, sd --skew) + Gumbel noise, seeded: the busiest expert's rows are
