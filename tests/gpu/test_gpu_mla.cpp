@@ -19,6 +19,7 @@
 
 #include "checks.h"
 #include "decode_reference.h"
+#include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/model_ops.h"
 #include "quantmla/attention.h"
@@ -51,12 +52,11 @@ std::string decode_kernel_name() {
   return forced == nullptr ? "auto" : forced;
 }
 
-// Runs f once per decode kernel that reads `spec`: both where the fragment kernel does (content
-// int4 or int2 g64), with each forced in turn; the tiled one alone otherwise.
+// Runs f once per decode kernel that reads `spec`: both where the fragment kernel does
+// (gpu::fragments_kernel_reads, the plan's own predicate), with each forced in turn; the tiled one
+// alone otherwise.
 void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
-  const CacheFormat format = CacheFormat::parse(spec);
-  if ((format.content.codec != Codec::kInt4 && format.content.codec != Codec::kInt2) ||
-      format.content.group != 64) {
+  if (!gpu::fragments_kernel_reads(CacheFormat::parse(spec))) {
     f();
     return;
   }

@@ -35,7 +35,7 @@
 
 namespace quantmla::gpu {
 
-// The content formats the kernel reads (dispatch.cuh's fragments_kernel_reads at run time).
+// The content formats the kernel reads (decode_kernels.h's fragments_kernel_reads at run time).
 template <class Content>
 inline constexpr bool kFragmentContent =
     std::is_same_v<Content, ContentInt<4, 64>> || std::is_same_v<Content, ContentInt<2, 64>>;

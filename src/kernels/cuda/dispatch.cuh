@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/record_formats.cuh"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
@@ -17,19 +18,9 @@ template <class Content, class Rope>
 void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, int blocks,
                    cudaStream_t stream);
 
-// The two decode kernels: the tiled one (decode_kernel.cuh, every format, 16 or 32 rows a block)
-// and the fragment-dequantizing one (decode_fragments.cuh, content int4 or int2 g64, 16 rows a
-// block).
-enum class DecodeKernel { kTiled, kFragments };
-
 // Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu.
 template <class Content, class Rope>
 void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream);
-
-inline bool fragments_kernel_reads(const CacheFormat& format) {
-  return (format.content.codec == Codec::kInt4 || format.content.codec == Codec::kInt2) &&
-         format.content.group == 64;
-}
 
 inline KeptPairs kept_pairs_of(const PathFormat& rope) {
   KeptPairs kept{};
