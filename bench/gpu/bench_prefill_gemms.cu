@@ -286,34 +286,31 @@ int main(int argc, char** argv) {
 
     // The activation between the padded products (silu_mul over every padded row), to set
     // against expert_gemm's gated form, which includes it.
+    // A kernel timed alone: one row, one "candidate".
+    const auto time_row = [&](const std::string& name, double flops, const auto& call) {
+      if (!wanted(name)) return;
+      Result r{name, flops};
+      r.first_us = r.best_us = r.single_pass_us = bench::median_us_flushed(call, flush, repeats);
+      r.candidates = 1;
+      print(r);
+      results.push_back(r);
+    };
     if (wanted("silu_mul padded") || wanted("silu_mul padding skipped")) {
       DeviceArray<float> gate_up(static_cast<size_t>(64 * padded * 2816));
       DeviceArray<uint16_t> act(static_cast<size_t>(64 * padded * 1408));
       gate_up.fill_bytes(0);
-      Result r{"silu_mul padded", 0.0};
-      r.first_us = r.best_us = r.single_pass_us = bench::median_us_flushed(
-          [&] {
-            gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr);
-          },
-          flush, repeats);
-      r.candidates = 1;
-      print(r);
-      results.push_back(r);
+      time_row("silu_mul padded", 0.0, [&] {
+        gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr);
+      });
       // The same with the padding rows skipped, as the runner calls it (token_of_row -1).
       std::vector<int32_t> token_of_row(static_cast<size_t>(64 * padded), -1);
       for (int e = 0; e < 64; ++e)
         for (int i = 0; i < counts[e]; ++i) token_of_row[e * padded + i] = 0;
       DeviceArray<int32_t> dtoken_of_row(token_of_row);
-      Result skip{"silu_mul padding skipped", 0.0};
-      skip.first_us = skip.best_us = skip.single_pass_us = bench::median_us_flushed(
-          [&] {
-            gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr,
-                          dtoken_of_row.data());
-          },
-          flush, repeats);
-      skip.candidates = 1;
-      print(skip);
-      results.push_back(skip);
+      time_row("silu_mul padding skipped", 0.0, [&] {
+        gpu::silu_mul(gate_up.data(), 2816, act.data(), 1408, 64 * padded, 1408, nullptr,
+                      dtoken_of_row.data());
+      });
     }
 
     // expert_gemm: each expert's exact rows, FP32 out (plain) or the activation (gated: gate and
@@ -329,8 +326,11 @@ int main(int argc, char** argv) {
     const Exact exact[] = {{"experts gate+up expert_gemm", 2816, 2048, false},
                            {"experts gate+up+silu expert_gemm", 1408, 2048, true},
                            {"experts down expert_gemm", 2048, 1408, false}};
+    const auto exact_row = [](const Exact& ex, int stages) {
+      return std::string(ex.name) + " s" + std::to_string(stages);
+    };
     for (const Exact& ex : exact) {
-      if (!wanted(ex.name)) continue;
+      if (!wanted(exact_row(ex, 3)) && !wanted(exact_row(ex, 4))) continue;
       const int64_t weight_rows = ex.gated ? 2 * ex.n : ex.n;
       DeviceArray<uint16_t> w(static_cast<size_t>(64 * weight_rows * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * ex.k));
@@ -349,13 +349,8 @@ int main(int argc, char** argv) {
       p.max_rows = busiest;
       for (int stages = 3; stages <= 4; ++stages) {
         p.stages = stages;
-        Result r{std::string(ex.name) + " s" + std::to_string(stages),
-                 2.0 * real_rows * weight_rows * ex.k};
-        r.first_us = r.best_us = r.single_pass_us =
-            bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, repeats);
-        r.candidates = 1;
-        print(r);
-        results.push_back(r);
+        time_row(exact_row(ex, stages), 2.0 * real_rows * weight_rows * ex.k,
+                 [&] { gpu::expert_gemm(p, nullptr); });
       }
     }
 
@@ -408,12 +403,7 @@ int main(int argc, char** argv) {
           std::printf("%-36s %s\n", name.c_str(), cublasGetStatusName(status));
           continue;
         }
-        Result r{name, 2.0 * real_rows * g.n * g.k};
-        r.first_us = r.best_us = r.single_pass_us =
-            bench::median_us_flushed([&] { QUANTMLA_CUBLAS_CHECK(run()); }, flush, repeats);
-        r.candidates = 1;
-        print(r);
-        results.push_back(r);
+        time_row(name, 2.0 * real_rows * g.n * g.k, [&] { QUANTMLA_CUBLAS_CHECK(run()); });
       }
       cublasDestroy(handle);
     }
