@@ -4,7 +4,8 @@
 // GemmRunner's tuning chooses among, docs/gpu-kernels.md); the routed experts as the runner runs
 // them at prefill (every expert's rows padded to the busiest one's, one strided-batched product).
 // FP32 and BF16 outputs, and the activation between them; and expert_gemm (ours) on the exact
-// rows, plain and gated (the activation included), for each depth of its operand ring; and
+// rows, plain and gated (the activation included), for each depth of its operand ring, and gated
+// over the padded layout's real rows (the runner's ExpertProducts::kOursGated); and
 // cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) on the exact rows, one group an expert, with
 // FP32 and BF16 outputs (a type combination it does not support prints its status). Then how the
 // padded products' time follows the rows an expert (every expert given 176 to 256 rows), and
@@ -352,6 +353,22 @@ int main(int argc, char** argv) {
         time_row(exact_row(ex, stages), 2.0 * real_rows * weight_rows * ex.k,
                  [&] { gpu::expert_gemm(p, nullptr); });
       }
+    }
+    // The gated form over the padded layout's real rows, as the runner's ExpertProducts::
+    // kOursGated calls it before cuBLAS's padded down product.
+    if (wanted("experts gate+up+silu expert_gemm padded s4")) {
+      DeviceArray<uint16_t> w(static_cast<size_t>(64 * 2816 * 2048));
+      DeviceArray<uint16_t> x(static_cast<size_t>(64 * padded * 2048));
+      fill(w, 7), fill(x, 9);
+      DeviceArray<uint16_t> act(static_cast<size_t>(64 * padded * 1408));
+      gpu::ExpertGemmParams p;
+      p.x = x.data(), p.ldx = 2048, p.x_rows = 64 * padded;
+      p.w = w.data(), p.w_stride = 2816 * 2048;
+      p.offsets = doffsets.data(), p.num_experts = 64, p.n = 1408, p.k = 2048;
+      p.act = act.data(), p.ld_act = 1408;
+      p.max_rows = busiest, p.rows_per_expert = padded;
+      time_row("experts gate+up+silu expert_gemm padded s4", 2.0 * real_rows * 2816 * 2048,
+               [&] { gpu::expert_gemm(p, nullptr); });
     }
 
     // cuBLAS's grouped GEMM on the exact rows: expert e's rows [offsets[e], offsets[e + 1]) of x

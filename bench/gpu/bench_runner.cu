@@ -2,11 +2,11 @@
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
 //   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
-//   [--no-fusion] [--quick] [--prefill] [--expert-gemm]
+//   [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours]
 //   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
 //   prefill of P 2K-token prompts; --no-fusion: CudaRunnerOptions::fused_decode off; --quick:
 //   decode of 1, 4 and 16 sequences at 1K, no prefill; --prefill: the prefill rows only;
-//   --expert-gemm: CudaRunnerOptions::expert_gemm on)
+//   --experts: CudaRunnerOptions::expert_products, default cublas)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -140,18 +140,17 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = true;   // --no-pdl: the runner's kernels launched the plain way
-  bool fused = true;          // --no-fusion: the separate kernels of decode steps
-  bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
-  bool prefill_only = false;  // --prefill: no decode rows
-  bool expert_gemm = false;   // --expert-gemm: the routed experts through gpu::expert_gemm
+  bool programmatic = true;        // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;               // --no-fusion: the separate kernels of decode steps
+  bool quick = false;              // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool prefill_only = false;       // --prefill: no decode rows
+  std::string experts = "cublas";  // --experts: CudaRunnerOptions::expert_products
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
     if (flag == "--no-fusion") fused = false;
     if (flag == "--quick") quick = true;
     if (flag == "--prefill") prefill_only = true;
-    if (flag == "--expert-gemm") expert_gemm = true;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -162,14 +161,16 @@ int main(int argc, char** argv) {
     if (flag == "--model") model_dir = argv[++i];
     if (flag == "--json") json_path = argv[++i];
     if (flag == "--repeats") repeats = std::atoi(argv[++i]);
+    if (flag == "--experts") experts = argv[++i];
   }
   const bool only = !only_kind.empty();
-  if (model_dir.empty() ||
+  const bool experts_known = experts == "cublas" || experts == "ours-gated" || experts == "ours";
+  if (model_dir.empty() || !experts_known ||
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(stderr,
                  "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
                  "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
-                 "[--expert-gemm]\n");
+                 "[--experts cublas|ours-gated|ours]\n");
     return 2;
   }
   try {
@@ -185,8 +186,11 @@ int main(int argc, char** argv) {
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
     options.fused_decode = fused;
-    options.expert_gemm = expert_gemm;
-    if (expert_gemm) std::printf("routed experts of prefill steps through expert_gemm\n");
+    using ExpertProducts = CudaRunnerOptions::ExpertProducts;
+    options.expert_products = experts == "ours"         ? ExpertProducts::kOurs
+                              : experts == "ours-gated" ? ExpertProducts::kOursGated
+                                                        : ExpertProducts::kCublas;
+    std::printf("routed experts of prefill steps: %s\n", experts.c_str());
     if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
     if (!fused) std::printf("decode steps launch the separate kernels (no fusion)\n");
     const auto load_start = std::chrono::steady_clock::now();
@@ -317,8 +321,8 @@ int main(int argc, char** argv) {
       out << "{\n  \"device\": \"" << prop.name << "\",\n  \"model\": \"" << model_dir
           << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"gemm_tflops\": " << gemm_tflops
           << ",\n  \"programmatic_launch\": " << (programmatic ? "true" : "false")
-          << ",\n  \"fused_decode\": " << (fused ? "true" : "false")
-          << ",\n  \"expert_gemm\": " << (expert_gemm ? "true" : "false")
+          << ",\n  \"fused_decode\": " << (fused ? "true" : "false") << ",\n  \"experts\": \""
+          << experts << "\""
           << ",\n  \"device_memory_in_use_bytes\": " << weights_bytes
           << ",\n  \"load_s\": " << load_s << ",\n  \"decode\": [\n";
       for (size_t i = 0; i < decode.size(); ++i) {

@@ -111,14 +111,15 @@ struct CudaRunnerOptions {
   // routed experts' products with the mixture's combine in the down product's tail. false: the
   // separate kernels (bench_runner --no-fusion times them side by side).
   bool fused_decode = true;
-  // Prefill-sized steps run the routed experts through our grouped wgmma product over each
-  // expert's exact rows, the activation in its epilogue (gpu::expert_gemm), instead of cuBLAS's
-  // strided-batched products padded to the busiest expert, where the shapes allow it (hidden a
-  // multiple of 128, moe_intermediate_size of 64). Off: on the H200 it is no faster (a V2-Lite
-  // 2K prefill 24.43 against 24.46 ms: its gated product beats cuBLAS's padded one and silu_mul,
-  // its down product loses to cuBLAS's; docs/benchmarks.md); bench_runner --expert-gemm times it
-  // beside the default.
-  bool expert_gemm = false;
+  // How prefill-sized steps multiply the routed experts (decode-sized steps always take the
+  // skinny grouped products). kCublas: cuBLAS's strided-batched products over every expert's rows
+  // padded to the busiest expert's count, silu_mul between them. kOursGated: gate, up and the
+  // activation by our grouped wgmma product (gpu::expert_gemm) over the same padded layout's real
+  // rows only, then cuBLAS's padded down product. kOurs: both products by gpu::expert_gemm over
+  // the exact rows. Ours where the shapes allow (hidden a multiple of 128, moe_intermediate_size
+  // of 64), else kCublas. bench_runner --experts times them side by side (docs/benchmarks.md).
+  enum class ExpertProducts { kCublas, kOursGated, kOurs };
+  ExpertProducts expert_products = ExpertProducts::kCublas;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

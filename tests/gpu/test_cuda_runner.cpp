@@ -200,15 +200,18 @@ void check_fixture(const fs::path& dir, const std::string& name) {
       compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len, vocab),
       moe);
   if (cuda->config().n_routed_experts > 0) {
-    // The routed experts through expert_gemm (CudaRunnerOptions::expert_gemm, off by default):
-    // the prefill's ~150 rows an expert take its path.
-    CudaRunnerOptions exact;
-    exact.expert_gemm = true;
-    const auto with_expert_gemm = make_cuda_runner(model_dir, exact);
-    report(name + " cuda prefill, expert_gemm",
-           compare_rows(prefill_all(*with_expert_gemm, bf16, seqs).data(), logits.data(), 2 * len,
-                        vocab),
-           moe);
+    // The routed experts through expert_gemm (CudaRunnerOptions::expert_products, cuBLAS by
+    // default): the prefill's ~150 rows an expert take its paths.
+    using ExpertProducts = CudaRunnerOptions::ExpertProducts;
+    for (const auto& [products, label] : {std::pair{ExpertProducts::kOursGated, "ours-gated"},
+                                          std::pair{ExpertProducts::kOurs, "ours"}}) {
+      CudaRunnerOptions options;
+      options.expert_products = products;
+      const auto ours = make_cuda_runner(model_dir, options);
+      report(name + " cuda prefill, experts " + label,
+             compare_rows(prefill_all(*ours, bf16, seqs).data(), logits.data(), 2 * len, vocab),
+             moe);
+    }
   }
   // The CPU runner on the same fixture (FP32 engine, exact cache): far inside the bound.
   const Model model = Model::load(model_dir);

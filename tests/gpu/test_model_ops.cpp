@@ -1499,13 +1499,18 @@ void run_pad_layout_errors() {
 // experts, one row, a partial token tile, more than two token tiles, the last expert's last tile
 // reaching past x's rows (the copies' zero fill); every output row written once and the columns
 // past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32; gated:
-// act = bf16(silu(x G^T) * (x U^T)), W = [G; U].
+// act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0: the padded layout, expert
+// e's rows from e rows_per_expert, the padding rows of x random and those of the output untouched.
 void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
-                          int stages, int64_t ld_out) {
+                          int stages, int64_t ld_out, int64_t rows_per_expert = 0) {
   const int experts = static_cast<int>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
-  const int64_t rows = offsets[experts], weight_rows = gated ? 2 * n : n;
+  const auto first_row = [&](int e) {
+    return rows_per_expert > 0 ? e * rows_per_expert : int64_t{offsets[e]};
+  };
+  const int64_t rows = rows_per_expert > 0 ? experts * rows_per_expert : offsets[experts];
+  const int64_t weight_rows = gated ? 2 * n : n;
   std::vector<float> x, w;
   DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(rows * k), 1.0f, &x));
   DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * weight_rows * k), 0.05f, &w));
@@ -1522,6 +1527,7 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
     p.y = y.data(), p.ldy = ld_out;
   }
   p.max_rows = *std::max_element(counts.begin(), counts.end());
+  p.rows_per_expert = rows_per_expert;
   p.stages = stages;
   gpu::expert_gemm(p, kStream);
   sync();
@@ -1541,10 +1547,12 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
   std::vector<double> ref, bound;
   bool rest_untouched = true;
   for (int e = 0; e < experts; ++e) {
-    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+    const int64_t real_end = first_row(e) + counts[e];
+    const int64_t end = rows_per_expert > 0 ? first_row(e) + rows_per_expert : real_end;
+    for (int64_t r = first_row(e); r < end; ++r) {
       for (int64_t c = 0; c < ld_out; ++c) {
         const float value = all[static_cast<size_t>(r * ld_out + c)];
-        if (c >= n) {
+        if (c >= n || r >= real_end) {
           rest_untouched &= std::isnan(value);
           continue;
         }
@@ -1568,12 +1576,13 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
       }
     }
   }
-  std::string shape = std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" +
-                      std::to_string(stages) + " n " + std::to_string(n) + " k " +
-                      std::to_string(k) + " ld " + std::to_string(ld_out) + " rows";
+  std::string shape =
+      std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" + std::to_string(stages) +
+      " n " + std::to_string(n) + " k " + std::to_string(k) + " ld " + std::to_string(ld_out) +
+      (rows_per_expert > 0 ? " padded to " + std::to_string(rows_per_expert) : "") + " rows";
   for (const int32_t c : counts) shape += " " + std::to_string(c);
   check_close(shape, got, ref, bound);
-  expect(rest_untouched, shape + ": columns past n untouched");
+  expect(rest_untouched, shape + ": columns past n and padding rows untouched");
 }
 
 void run_expert_gemm_errors() {
@@ -1606,6 +1615,7 @@ void run_expert_gemm_errors() {
   expect_throws<ShapeError>("expert_gemm ldy 130", [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.stages = 7;
   expect_throws<ShapeError>("expert_gemm 7 stages", [&] { gpu::expert_gemm(bad, kStream); });
+
   // Gated: n counts the activation's columns (64 a block).
   DeviceArray<uint16_t> act(1024);
   bad = p, bad.y = nullptr, bad.act = act.data(), bad.ld_act = 96, bad.n = 96;
@@ -1615,6 +1625,13 @@ void run_expert_gemm_errors() {
   bad.ld_act = 64, bad.act = act.data() + 4;
   expect_throws<InvalidArgument>("expert_gemm act not 16-byte aligned",
                                  [&] { gpu::expert_gemm(bad, kStream); });
+  // The padded layout: an expert's block below the busiest, and x shorter than the blocks.
+  bad = p, bad.rows_per_expert = 3;
+  expect_throws<ShapeError>("expert_gemm rows_per_expert 3 below max_rows 4",
+                            [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.rows_per_expert = 8;
+  expect_throws<ShapeError>("expert_gemm rows_per_expert 8 past x_rows 4",
+                            [&] { gpu::expert_gemm(bad, kStream); });
 }
 
 // The whole expert path: sort, offsets to the host, gather, expert MLPs; against double.
@@ -2267,9 +2284,14 @@ int main(int argc, char** argv) {
           for (int stages = 3; stages <= 4; ++stages) {
             run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, stages,
                                  stages == 4 ? 264 : 256);
+            // The padded layout (the runner's batched experts): blocks of 272 rows.
+            run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, gated, stages, 128,
+                                 272);
           }
           run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
                                4, gated ? 192 : 384);
+          run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
+                               4, gated ? 192 : 384, 240);
         }
       },
       {{"--prefill-attention", &prefill_attention_only}});

@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kStages >= 3, "the epilogue's tiles take 3 stages");
   wait_for_previous_kernel();
   const int e = static_cast<int>(blockIdx.z);
-  const int64_t first = p.offsets[e], count = p.offsets[e + 1] - first;
+  const int64_t count = p.offsets[e + 1] - p.offsets[e];
+  const int64_t first = p.rows_per_expert > 0 ? e * p.rows_per_expert : p.offsets[e];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokens;
   if (t0 >= count) return;
   const int valid_tokens = static_cast<int>(count - t0 < kTokens ? count - t0 : kTokens);
@@ -250,16 +251,20 @@ void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream) {
       p.k < kStepK || p.k % kStepK != 0 || p.ldx < p.k || p.ldx % 8 != 0 || ld_out < p.n ||
       ld_out % (gated ? 8 : 4) != 0 || p.max_rows < 0 || p.x_rows < 1 ||
       p.w_stride < weight_rows * p.k || p.w_stride % 8 != 0 || weight_rows > INT32_MAX ||
-      p.x_rows > INT32_MAX) {
+      p.x_rows > INT32_MAX || p.rows_per_expert < 0 ||
+      (p.rows_per_expert > 0 &&
+       (p.rows_per_expert < p.max_rows || p.x_rows < p.num_experts * p.rows_per_expert))) {
     throw ShapeError("expert_gemm: " + std::to_string(p.num_experts) + " experts, n " + str(p.n) +
                      ", k " + str(p.k) + ", ldx " + str(p.ldx) + ", x_rows " + str(p.x_rows) +
                      ", w_stride " + str(p.w_stride) + (gated ? ", ld_act " : ", ldy ") +
-                     str(ld_out) + ", max_rows " + str(p.max_rows) +
+                     str(ld_out) + ", max_rows " + str(p.max_rows) + ", rows_per_expert " +
+                     str(p.rows_per_expert) +
                      (gated ? " (gated; need 1-65535 experts, n a multiple of 64, k of 64, ldx >= "
                               "k a multiple of 8, ld_act >= n a multiple of 8, "
                             : " (need 1-65535 experts, n a multiple of 128, k of 64, ldx >= k a "
                               "multiple of 8, ldy >= n a multiple of 4, ") +
-                     "x_rows >= 1, w_stride >= weight rows x k a multiple of 8)");
+                     "x_rows >= 1, w_stride >= weight rows x k a multiple of 8, rows_per_expert "
+                     "0 or >= max_rows with x_rows >= experts x rows_per_expert)");
   }
   if (p.x == nullptr || p.w == nullptr || p.offsets == nullptr || (!gated && p.y == nullptr)) {
     throw InvalidArgument(

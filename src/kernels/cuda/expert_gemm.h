@@ -13,7 +13,10 @@
 
 namespace quantmla::gpu {
 
-// For the rows r in [offsets[e], offsets[e + 1]) of every expert e, either
+// For the rows r in [first_e, first_e + count_e) of every expert e, count_e = offsets[e + 1] -
+// offsets[e] and first_e = offsets[e] (the exact layout: experts' rows back to back) or, with
+// rows_per_expert set, e rows_per_expert (cuBLAS's padded layout, moe_pad_layout: rows past an
+// expert's count are neither multiplied into an output nor written), either
 //   plain (act == nullptr): y[r, :] = x[r, :] W_e^T                  (FP32 accumulation and out)
 //   gated (act != nullptr): act[r, :] = bf16(silu(x[r, :] G_e^T) * (x[r, :] U_e^T))
 // where W_e = w + e w_stride is [n, k], and in the gated form [2 n, k]: G_e its first n rows
@@ -33,6 +36,8 @@ struct ExpertGemmParams {
   uint16_t* act = nullptr;  // gated: [rows, n] BF16 bits, row stride ld_act
   int64_t ld_act = 0;
   int64_t max_rows = 0;  // >= every expert's count (the busiest, from the host's offsets)
+  // 0: the exact layout; else the padded one, >= max_rows, with x_rows >= num_experts times it.
+  int64_t rows_per_expert = 0;
   // Shared-memory stages of the operand ring (3 or 4, 48 KB each), filled by a producer warp's
   // tensor-map copies as soon as the products have released them. 4 is the faster on the H200
   // for V2-Lite's experts (303 against 406 µs gated: docs/benchmarks.md).
@@ -41,8 +46,8 @@ struct ExpertGemmParams {
 
 // Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, w_stride % 8
 // == 0 and >= the rows of one expert times k, ldy % 4 == 0, ld_act % 8 == 0, 16-byte aligned x,
-// w, y and act, ldy or ld_act >= n, x_rows >= 1. Throws ShapeError or InvalidArgument (with the
-// values) otherwise. Experts without rows are skipped.
+// w, y and act, ldy or ld_act >= n, x_rows >= 1, rows_per_expert 0 or as above. Throws ShapeError
+// or InvalidArgument (with the values) otherwise. Experts without rows are skipped.
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream);
 
 }  // namespace quantmla::gpu

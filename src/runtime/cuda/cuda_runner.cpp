@@ -36,6 +36,8 @@ namespace {
 
 size_t sz(int64_t count) { return static_cast<size_t>(count); }
 
+using ExpertProducts = CudaRunnerOptions::ExpertProducts;
+
 // Steps of at most this many tokens run their projections through the skinny kernel.
 constexpr int64_t kSkinnyMaxRows = 16;
 
@@ -1282,11 +1284,12 @@ class CudaRunner final : public Runner {
       for (int64_t i = 0; i < e; ++i) {
         busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
       }
-      const bool exact = exact_experts_fit(layer);
+      const bool exact =
+          options_.expert_products == ExpertProducts::kOurs && expert_gemm_fits(layer);
       // Rounded up so that steps of similar sizes share cuBLASLt plans.
       const int64_t padded_rows = (busiest + 15) / 16 * 16;
       if (!exact && layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
-        batched_experts(layer, padded_rows);
+        batched_experts(layer, padded_rows, busiest);
         return;
       }
       const int64_t slots = host_offsets_[e];
@@ -1307,10 +1310,10 @@ class CudaRunner final : public Runner {
     }
   }
 
-  // CudaRunnerOptions::expert_gemm, where the shapes fit gpu::expert_gemm (and the experts'
-  // weights sit one stride apart: one tensor map covers them).
-  bool exact_experts_fit(const DeviceLayer& layer) const {
-    return options_.expert_gemm && layer.expert_stride > 0 && config_.hidden_size % 128 == 0 &&
+  // Whether the shapes fit gpu::expert_gemm (and the experts' weights sit one stride apart: one
+  // tensor map covers them).
+  bool expert_gemm_fits(const DeviceLayer& layer) const {
+    return layer.expert_stride > 0 && config_.hidden_size % 128 == 0 &&
            config_.moe_intermediate_size % 64 == 0;
   }
 
@@ -1348,8 +1351,10 @@ class CudaRunner final : public Runner {
   // The routed experts of a prefill-sized step as two strided-batched GEMMs over all experts at
   // once (one launch fills the GPU, where a GEMM per expert of a few hundred rows leaves most SMs
   // idle): each expert's rows padded with zero rows to the busiest expert's count. The layout is
-  // made on the device from the sort (moe_pad_layout); only the offsets came back, for `rows`.
-  void batched_experts(const DeviceLayer& layer, int64_t rows) {
+  // made on the device from the sort (moe_pad_layout); only the offsets came back, for `rows`
+  // (>= busiest, the largest expert's rows). With ExpertProducts::kOursGated the gate/up product
+  // and the activation are gpu::expert_gemm's over the real rows of the same layout.
+  void batched_experts(const DeviceLayer& layer, int64_t rows, int64_t busiest) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
     const int64_t inner = c.moe_intermediate_size;
@@ -1358,7 +1363,10 @@ class CudaRunner final : public Runner {
                         buf_.experts, buf_.sort.slot_of, n * k, rows, buf_.token_of_row,
                         buf_.padded_slot_of, stream_);
     gpu::moe_gather(buf_.h, d, n, buf_.token_of_row, e * rows, buf_.sorted, d, d, stream_);
-    stats_.padding_flops += 2 * (e * rows - host_offsets_[e]) * 3 * inner * d;
+    const bool gated_ours =
+        options_.expert_products == ExpertProducts::kOursGated && expert_gemm_fits(layer);
+    // Padding rows multiplied: by the down product alone when ours makes the activation.
+    stats_.padding_flops += 2 * (e * rows - host_offsets_[e]) * (gated_ours ? 1 : 3) * inner * d;
     // y_x = x_x W_x^T for every expert x: [rows, k] -> [rows, n], weights one stride apart.
     const auto all_experts = [&](const uint16_t* x, int64_t k, const uint16_t* w, int64_t n,
                                  float* y) {
@@ -1380,12 +1388,30 @@ class CudaRunner final : public Runner {
       p.tune_by_batch_rows = true;
       gemm_->batched(p, stream_);
     };
-    // gate and up stacked: [rows, 2 inner] per expert.
-    all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
     // The padding rows' activations are never read back (moe_combine reads real rows only, and a
     // product's row depends on its own row alone), so they are not computed.
-    gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner, stream_,
-                  buf_.token_of_row);
+    if (gated_ours) {
+      gpu::ExpertGemmParams p;
+      p.x = buf_.sorted;
+      p.ldx = d;
+      p.x_rows = e * rows;
+      p.w = layer.expert_gate[0];
+      p.w_stride = layer.expert_stride;
+      p.offsets = buf_.sort.offsets;
+      p.num_experts = static_cast<int>(e);
+      p.n = inner;
+      p.k = d;
+      p.act = buf_.expert_act;
+      p.ld_act = inner;
+      p.max_rows = busiest;
+      p.rows_per_expert = rows;
+      gpu::expert_gemm(p, stream_);
+    } else {
+      // gate and up stacked: [rows, 2 inner] per expert.
+      all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
+      gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner,
+                    stream_, buf_.token_of_row);
+    }
     all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out);
     gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
                      d, stream_);
