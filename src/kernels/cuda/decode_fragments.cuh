@@ -30,15 +30,18 @@
 #include <type_traits>
 
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/fragment_maps.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace quantmla::gpu {
 
-// The content formats the kernel reads (decode_kernels.h's fragments_kernel_reads at run time).
+// The content formats the kernel reads: decode_kernels.h's fragments_kernel_reads.
 template <class Content>
-inline constexpr bool kFragmentContent =
-    std::is_same_v<Content, ContentInt<4, 64>> || std::is_same_v<Content, ContentInt<2, 64>>;
+inline constexpr bool kFragmentContent = false;
+template <int kBits, int kGroup>
+inline constexpr bool kFragmentContent<ContentInt<kBits, kGroup>> =
+    fragments_kernel_reads(kBits == 4 ? Codec::kInt4 : Codec::kInt2, kGroup);
 
 template <class ContentType, class Rope>
 struct FragmentLayout {

@@ -2,6 +2,8 @@
 // choice (decode.cu) and the GPU test's coverage of both kernels read the same predicate.
 #pragma once
 
+#include <cstdint>
+
 #include "quantmla/cache_format.h"
 
 namespace quantmla::gpu {
@@ -10,10 +12,13 @@ namespace quantmla::gpu {
 // fragment-dequantizing one (decode_fragments.cuh, content int4 or int2 g64, 16 rows a block).
 enum class DecodeKernel { kTiled, kFragments };
 
-// The formats the fragment kernel reads (decode_fragments.cuh's kFragmentContent at compile time).
+// The content formats the fragment kernel reads: the one statement of them, for the plan at run
+// time and for decode_fragments.cuh's kFragmentContent at compile time.
+constexpr bool fragments_kernel_reads(Codec codec, int64_t group) {
+  return (codec == Codec::kInt4 || codec == Codec::kInt2) && group == 64;
+}
 inline bool fragments_kernel_reads(const CacheFormat& format) {
-  return (format.content.codec == Codec::kInt4 || format.content.codec == Codec::kInt2) &&
-         format.content.group == 64;
+  return fragments_kernel_reads(format.content.codec, format.content.group);
 }
 
 }  // namespace quantmla::gpu
