@@ -1,10 +1,10 @@
 // The routed experts' products of a prefill-sized step as one grouped kernel on the warpgroup
-// tensor-core instructions (wgmma.cuh), each expert's exact rows instead of cuBLAS's
+// tensor-core instructions (wgmma.cuh), each expert's real rows only instead of cuBLAS's
 // strided-batched product over rows padded to the busiest expert (docs/gpu-kernels.md, "Limits
 // and next steps"). The gated form ends in the MLP's activation, so gate and up never reach
-// global memory. Measured as fast as the padded cuBLAS products together (the gated product
-// faster, the plain one slower: docs/benchmarks.md), so the runner takes it only with
-// CudaRunnerOptions::expert_gemm.
+// global memory. The gated product is faster than cuBLAS's padded one and silu_mul, the plain one
+// slower than cuBLAS's, and the runner's prefill the same either way within its spread
+// (docs/benchmarks.md), so the runner takes it only when CudaRunnerOptions::expert_products asks.
 #pragma once
 
 #include <cuda_runtime.h>
