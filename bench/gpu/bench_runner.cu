@@ -2,10 +2,11 @@
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
 //   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
-//   [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours]
-//   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache, or a
-//   prefill of P 2K-token prompts; --no-fusion: CudaRunnerOptions::fused_decode off; --quick:
-//   decode of 1, 4 and 16 sequences at 1K, no prefill; --prefill: the prefill rows only;
+//   [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours] [--cache SPEC]
+//   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache (or
+//   --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
+//   CudaRunnerOptions::fused_decode off; --quick: decode of 1, 4 and 16 sequences at 1K, no
+//   prefill; --prefill: the prefill rows only;
 //   --experts: CudaRunnerOptions::expert_products, default cublas)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
@@ -125,6 +126,7 @@ struct DecodeRow {
   int64_t batch, context;
   std::string cache;
   double step_ms = 0, bound_ms = 0;
+  double device_ms = 0, host_queue_ms = 0;  // StepStats: the kernels' span, the host's queueing
   bool fits = true;
   bool graph = false;  // the timed steps replayed a captured CUDA graph
 };
@@ -140,11 +142,12 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = true;        // --no-pdl: the runner's kernels launched the plain way
-  bool fused = true;               // --no-fusion: the separate kernels of decode steps
-  bool quick = false;              // --quick: decode of 1, 4 and 16 sequences at 1K only
-  bool prefill_only = false;       // --prefill: no decode rows
-  std::string experts = "cublas";  // --experts: CudaRunnerOptions::expert_products
+  bool programmatic = true;         // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;                // --no-fusion: the separate kernels of decode steps
+  bool quick = false;               // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool prefill_only = false;        // --prefill: no decode rows
+  std::string experts = "cublas";   // --experts: CudaRunnerOptions::expert_products
+  std::string only_cache = "bf16";  // --cache: the cache format of an --only decode shape
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
@@ -162,15 +165,17 @@ int main(int argc, char** argv) {
     if (flag == "--json") json_path = argv[++i];
     if (flag == "--repeats") repeats = std::atoi(argv[++i]);
     if (flag == "--experts") experts = argv[++i];
+    if (flag == "--cache") only_cache = argv[++i];
   }
   const bool only = !only_kind.empty();
   const bool experts_known = experts == "cublas" || experts == "ours-gated" || experts == "ours";
   if (model_dir.empty() || !experts_known ||
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
-    std::fprintf(stderr,
-                 "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-                 "decode:B|prefill:P] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
-                 "[--experts cublas|ours-gated|ours]\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
+        "decode:B|prefill:P] [--cache SPEC] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
+        "[--experts cublas|ours-gated|ours]\n");
     return 2;
   }
   try {
@@ -206,6 +211,9 @@ int main(int argc, char** argv) {
 
     const CacheShape shape{config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim};
     std::vector<std::string> specs = {"bf16", "content=int4:g64,rope=int4:g64"};
+    if (only && std::find(specs.begin(), specs.end(), only_cache) == specs.end()) {
+      specs = {only_cache};
+    }
     std::vector<std::pair<std::string, int64_t>> longest;
     for (const char* spec : {"bf16", "content=fp8,rope=bf16", "content=int4:g64,rope=int4:g64",
                              "content=int2:g64,rope=int4:g64"}) {
@@ -217,7 +225,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> decode;
     std::mt19937 rng(7);
     for (const std::string& spec : specs) {
-      if ((only && spec != "bf16") || prefill_only) continue;
+      if ((only && spec != only_cache) || prefill_only) continue;
       const CacheFormat format = CacheFormat::parse(spec);
       const std::vector<int64_t> contexts =
           quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};
@@ -244,7 +252,7 @@ int main(int argc, char** argv) {
           const std::vector<SequenceId> seqs = fill_pool(*pool, batch, context, extra);
           std::vector<int32_t> next(static_cast<size_t>(batch));
           for (auto& t : next) t = static_cast<int32_t>(rng() % config.vocab_size);
-          std::vector<double> times;
+          std::vector<double> times, device_times, queue_times;
           int64_t weight_bytes = 0;
           for (int r = 0; r < repeats + 2; ++r) {
             StepBatch step;
@@ -254,17 +262,24 @@ int main(int argc, char** argv) {
             const auto start = std::chrono::steady_clock::now();
             runner->step(step, *pool, {{}, next});
             const double ms = seconds_since(start) * 1e3;
-            if (r >= 2) times.push_back(ms);
+            if (r >= 2) {
+              times.push_back(ms);
+              device_times.push_back(runner->last_step_stats().device_ms);
+              queue_times.push_back(runner->last_step_stats().host_queue_ms);
+            }
             weight_bytes = runner->last_step_stats().weight_bytes_read;
             row.graph = runner->last_step_stats().graph_replayed;
           }
           row.step_ms = bench::median(times);
+          row.device_ms = bench::median(device_times);
+          row.host_queue_ms = bench::median(queue_times);
           row.bound_ms = weight_bytes / (copy_gbps * 1e9) * 1e3;
           std::printf(
-              "%-32s B %4lld ctx %6lld: step %8.3f ms  weight-read bound %7.3f ms  (%.0f%%)%s\n",
+              "%-32s B %4lld ctx %6lld: step %8.3f ms  weight-read bound %7.3f ms  (%.0f%%)%s"
+              "  [kernels %.3f ms, host queueing %.3f ms]\n",
               spec.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
               row.step_ms, row.bound_ms, 100.0 * row.bound_ms / row.step_ms,
-              row.graph ? "  graph" : "");
+              row.graph ? "  graph" : "", row.device_ms, row.host_queue_ms);
           std::fflush(stdout);
           decode.push_back(row);
         }
@@ -330,7 +345,9 @@ int main(int argc, char** argv) {
         out << "    {\"batch\": " << r.batch << ", \"context\": " << r.context << ", \"cache\": \""
             << r.cache << "\", \"fits\": " << (r.fits ? "true" : "false")
             << ", \"graph\": " << (r.graph ? "true" : "false") << ", \"step_ms\": " << r.step_ms
-            << ", \"bound_ms\": " << r.bound_ms << "}" << (i + 1 < decode.size() ? ",\n" : "\n");
+            << ", \"bound_ms\": " << r.bound_ms << ", \"device_ms\": " << r.device_ms
+            << ", \"host_queue_ms\": " << r.host_queue_ms << "}"
+            << (i + 1 < decode.size() ? ",\n" : "\n");
       }
       out << "  ],\n  \"prefill\": [\n";
       for (size_t i = 0; i < prefill.size(); ++i) {

@@ -52,6 +52,12 @@ struct StepStats {
   int64_t gemm_flops = 0;         // 2 m n k over the step's GEMMs
   int64_t padding_flops = 0;      // 2 m n k more on padding rows (prefill's batched experts)
   bool graph_replayed = false;    // the CUDA runner replayed a captured graph of the step
+  // Where a step's wall time goes (CUDA runner): host time from the call to the moment its
+  // kernels were all queued (checks, layout, uploads, plans, the graph launch), and the device
+  // time of its kernels (events around them on the stream: from the uploads' end to the last
+  // kernel's end, so a slow graph launch counts there too).
+  double host_queue_ms = 0;
+  double device_ms = 0;
 };
 
 class Runner {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -432,6 +433,8 @@ class CudaRunner final : public Runner {
     }
     QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     QUANTMLA_CUDA_CHECK(cudaEventCreateWithFlags(&offsets_copied_, cudaEventDisableTiming));
+    QUANTMLA_CUDA_CHECK(cudaEventCreate(&kernels_start_));
+    QUANTMLA_CUDA_CHECK(cudaEventCreate(&kernels_end_));
     if (config_.n_routed_experts > 0) {
       QUANTMLA_CUDA_CHECK(
           cudaMallocHost(&host_offsets_, sizeof(int32_t) * sz(config_.n_routed_experts + 1)));
@@ -480,6 +483,8 @@ class CudaRunner final : public Runner {
     clear_graphs();
     for (PlanWorkspace& w : plan_workspaces_) cudaFree(w.device);
     if (offsets_copied_ != nullptr) cudaEventDestroy(offsets_copied_);
+    if (kernels_start_ != nullptr) cudaEventDestroy(kernels_start_);
+    if (kernels_end_ != nullptr) cudaEventDestroy(kernels_end_);
     if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -521,18 +526,28 @@ class CudaRunner final : public Runner {
           " sequences, the runner was sized for " + std::to_string(options_.max_batch_tokens) +
           " tokens and " + std::to_string(options_.max_sequences) + " sequences");
     }
+    const auto called = std::chrono::steady_clock::now();
     stats_ = {};
     want_logits_ = !outputs.logits.empty();
     want_tokens_ = !outputs.tokens.empty();
     const bool decode_only = n == static_cast<int64_t>(batch.chunks.size());
     const bool graph = decode_only && n <= options_.max_graph_tokens && moe_grouped(n);
     prepare(batch, pool, graph);
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(kernels_start_, stream_));
     if (graph) {
       run_graph(pool);
     } else {
       forward(pool);
     }
+    QUANTMLA_CUDA_CHECK(cudaEventRecord(kernels_end_, stream_));
+    const double queued_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - called)
+            .count();
     finish(batch, pool, outputs);
+    float kernels_ms = 0;
+    QUANTMLA_CUDA_CHECK(cudaEventElapsedTime(&kernels_ms, kernels_start_, kernels_end_));
+    stats_.host_queue_ms = queued_ms;
+    stats_.device_ms = kernels_ms;
   }
 
  private:
@@ -1484,6 +1499,7 @@ class CudaRunner final : public Runner {
   DeviceModel model_;
   Buffers buf_{};
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t kernels_start_ = nullptr, kernels_end_ = nullptr;  // StepStats::device_ms
   cudaEvent_t offsets_copied_ = nullptr;  // the expert offsets of a prefill step are on the host
   std::unique_ptr<gpu::GemmRunner> gemm_;
   StepStats stats_;
