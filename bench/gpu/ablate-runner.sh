@@ -6,7 +6,10 @@
 # and bench_runner times the step; the difference to the full step is the operation's in-step cost.
 # A 3-layer random V2-Lite (one dense, two MoE layers); decode at ctx 1K, BF16 cache, or a prefill.
 #   bash bench/gpu/ablate-runner.sh [SHAPE ...]   SHAPE: decode:B or prefill:P (bench_runner
-#   --only; a bare number B means decode:B; default decode:1); table to stdout and $OUT/ablation.txt
+#   --only; a bare number B means decode:B; default decode:1), or blocks:B: decode:B with whole
+#   blocks of every layer left out (attention, MoE, dense MLP, all three: what is left is the
+#   step's embedding, LM head and sampling); CACHE=SPEC: decode on that cache format (default
+#   bf16); table to stdout and $OUT/ablation.txt
 # Ablating an operation that routing depends on (router, route_sort) changes which experts are
 # read, and so the weight bound and the experts' padding: the decode table prints each run's bound
 # beside its time, the prefill table the padding.
@@ -20,19 +23,25 @@ shapes=("$@")
 source bench/gpu/three-layer-model.sh
 decode_ops=(none q_kv_a write,rope_queries uk decode uv o_proj router route_sort shared experts
   combine mlp)
+attention=input_norm,q_kv_a,write,rope_queries,uk,decode,uv,o_proj
+moe=post_norm,router,route_sort,shared,experts,combine
+block_ops=(none $attention $moe mlp $attention,$moe,mlp)
 prefill_ops=(none input_norm q_kv_a write rope_queries prefill_attention o_proj post_norm router
   route_sort shared experts combine mlp)
 {
-  echo "# QUANTMLA_ABLATE=OP bench_runner --model $model --only SHAPE --repeats 30"
+  echo "# QUANTMLA_ABLATE=OP bench_runner --model $model --only SHAPE --cache ${CACHE:-bf16} --repeats 30"
   for shape in "${shapes[@]}"; do
     [[ $shape == *:* ]] || shape=decode:$shape
-    if [[ $shape == prefill:* ]]; then ops=("${prefill_ops[@]}"); else ops=("${decode_ops[@]}"); fi
+    ops=("${decode_ops[@]}")
+    [[ $shape == prefill:* ]] && ops=("${prefill_ops[@]}")
+    [[ $shape == blocks:* ]] && ops=("${block_ops[@]}") && shape=decode:${shape#blocks:}
     full=""
     for op in "${ops[@]}"; do
       ablate=$op
       [[ $op == none ]] && ablate=""
       line=$(QUANTMLA_ABLATE=$ablate $build/bench/gpu/bench_runner --model $model \
-        --only "$shape" --repeats 30 2>/dev/null | grep -E "ctx|prefill" | tail -1)
+        --only "$shape" --cache "${CACHE:-bf16}" --repeats 30 2>/dev/null |
+        grep -E "ctx|prefill" | tail -1)
       if [[ $shape == prefill:* ]]; then
         step=$(sed -E 's/.*tokens: +([0-9.]+) ms.*/\1/' <<<"$line")
         # In place of a bound: the experts' padding (routing changes it).
@@ -40,10 +49,11 @@ prefill_ops=(none input_norm q_kv_a write rope_queries prefill_attention o_proj 
       else
         step=$(sed -E 's/.*step +([0-9.]+) ms.*/\1/' <<<"$line")
         beside="bound $(sed -E 's/.*bound +([0-9.]+) ms.*/\1/' <<<"$line") ms"
+        beside+=", kernels $(sed -E 's/.*kernels ([0-9.]+) ms.*/\1/' <<<"$line") ms"
       fi
       [[ $op == none ]] && full=$step
       saved=$(python3 -c "print(f'{($full - $step) * 1000:8.1f}')" 2>/dev/null || echo "?")
-      printf "%-11s %-18s step %8s ms  %-16s  saved %s us\n" "$shape" "$op" "$step" "$beside" \
+      printf "%-11s %-18s step %8s ms  %-34s  saved %s us\n" "$shape" "$op" "$step" "$beside" \
         "$saved"
     done
   done
