@@ -1332,16 +1332,17 @@ class CudaRunner final : public Runner {
            config_.moe_intermediate_size % 64 == 0;
   }
 
-  // The routed experts of a prefill-sized step over their exact rows, gathered in moe_sort's
-  // order in buf_.sorted, into buf_.expert_out (gpu::expert_gemm: gate and up as one [2 inner, d]
-  // operand per expert, ending in the activation; then down); slots: the rows of all experts,
-  // busiest: the largest expert's.
-  void exact_experts(const DeviceLayer& layer, int64_t slots, int64_t busiest) {
+  // gpu::expert_gemm's gated product of the routed experts: buf_.sorted's x_rows rows (each
+  // expert's from its offset, or from e rows_per_expert in the padded layout) times gate and up
+  // as one [2 inner, d] operand per expert, the activation into buf_.expert_act; busiest: the
+  // largest expert's rows.
+  gpu::ExpertGemmParams gated_experts(const DeviceLayer& layer, int64_t x_rows, int64_t busiest,
+                                      int64_t rows_per_expert) const {
     const int64_t d = config_.hidden_size, inner = config_.moe_intermediate_size;
     gpu::ExpertGemmParams p;
     p.x = buf_.sorted;
     p.ldx = d;
-    p.x_rows = slots;
+    p.x_rows = x_rows;
     p.w = layer.expert_gate[0];
     p.w_stride = layer.expert_stride;
     p.offsets = buf_.sort.offsets;
@@ -1351,6 +1352,16 @@ class CudaRunner final : public Runner {
     p.act = buf_.expert_act;
     p.ld_act = inner;
     p.max_rows = busiest;
+    p.rows_per_expert = rows_per_expert;
+    return p;
+  }
+
+  // The routed experts of a prefill-sized step over their exact rows, gathered in moe_sort's
+  // order in buf_.sorted, into buf_.expert_out (the gated product, then down); slots: the rows
+  // of all experts, busiest: the largest expert's.
+  void exact_experts(const DeviceLayer& layer, int64_t slots, int64_t busiest) {
+    const int64_t d = config_.hidden_size, inner = config_.moe_intermediate_size;
+    gpu::ExpertGemmParams p = gated_experts(layer, slots, busiest, 0);
     gpu::expert_gemm(p, stream_);
     p.act = nullptr;
     p.x = buf_.expert_act;
@@ -1406,21 +1417,7 @@ class CudaRunner final : public Runner {
     // The padding rows' activations are never read back (moe_combine reads real rows only, and a
     // product's row depends on its own row alone), so they are not computed.
     if (gated_ours) {
-      gpu::ExpertGemmParams p;
-      p.x = buf_.sorted;
-      p.ldx = d;
-      p.x_rows = e * rows;
-      p.w = layer.expert_gate[0];
-      p.w_stride = layer.expert_stride;
-      p.offsets = buf_.sort.offsets;
-      p.num_experts = static_cast<int>(e);
-      p.n = inner;
-      p.k = d;
-      p.act = buf_.expert_act;
-      p.ld_act = inner;
-      p.max_rows = busiest;
-      p.rows_per_expert = rows;
-      gpu::expert_gemm(p, stream_);
+      gpu::expert_gemm(gated_experts(layer, e * rows, busiest, rows), stream_);
     } else {
       // gate and up stacked: [rows, 2 inner] per expert.
       all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
