@@ -7,7 +7,7 @@
 //   --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
 //   CudaRunnerOptions::fused_decode off; --quick: decode of 1, 4 and 16 sequences at 1K, no
 //   prefill; --prefill: the prefill rows only;
-//   --experts: CudaRunnerOptions::expert_products, default cublas)
+//   --experts: CudaRunnerOptions::expert_products, default ours-gated as the runner's)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -142,12 +142,12 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = true;         // --no-pdl: the runner's kernels launched the plain way
-  bool fused = true;                // --no-fusion: the separate kernels of decode steps
-  bool quick = false;               // --quick: decode of 1, 4 and 16 sequences at 1K only
-  bool prefill_only = false;        // --prefill: no decode rows
-  std::string experts = "cublas";   // --experts: CudaRunnerOptions::expert_products
-  std::string only_cache = "bf16";  // --cache: the cache format of an --only decode shape
+  bool programmatic = true;            // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;                   // --no-fusion: the separate kernels of decode steps
+  bool quick = false;                  // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool prefill_only = false;           // --prefill: no decode rows
+  std::string experts = "ours-gated";  // --experts: CudaRunnerOptions::expert_products
+  std::string only_cache = "bf16";     // --cache: the cache format of an --only decode shape
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;

@@ -6,8 +6,8 @@
 #   bash bench/gpu/run-runner.sh [STAGES]
 #   STAGES: any of build,ops,memcheck,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,
 #   nopdl,fusion,gemms,prefill,expertgemm (default build,ops,runner,ppl,bench); prefill: bench's
-#   prefill rows only (bench_runner --prefill); expertgemm: the same with --experts ours-gated
-#   and with --experts ours (CudaRunnerOptions::expert_products); gemms:
+#   prefill rows only (bench_runner --prefill); expertgemm: the same with --experts cublas
+#   and with --experts ours (CudaRunnerOptions::expert_products; ours-gated is the default); gemms:
 #   bench_prefill_gemms (a 2K prefill's products: cuBLASLt's first algorithm against its best, the
 #   padded routed experts against expert_gemm); memcheck: compute-sanitizer over the GPU
 #   checks' kernels (test_gpu_mla --quick, test_model_ops --prefill-attention, test_fused_ops);
@@ -193,7 +193,7 @@ fi
 if has expertgemm; then
   [[ -d /tmp/v2-lite ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
-  for experts in ours-gated ours; do
+  for experts in cublas ours; do
     echo "== prefill with the routed experts' products: $experts (CudaRunnerOptions::expert_products)"
     $build/bench/gpu/bench_runner --model /tmp/v2-lite --prefill --experts $experts \
       --json "$out/runner-experts-$experts.json" 2>&1 | tee "$out/bench-runner-experts-$experts.txt" ||

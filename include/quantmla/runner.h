@@ -119,13 +119,15 @@ struct CudaRunnerOptions {
   bool fused_decode = true;
   // How prefill-sized steps multiply the routed experts (decode-sized steps always take the
   // skinny grouped products). kCublas: cuBLAS's strided-batched products over every expert's rows
-  // padded to the busiest expert's count, silu_mul between them. kOursGated: gate, up and the
-  // activation by our grouped wgmma product (gpu::expert_gemm) over the same padded layout's real
-  // rows only, then cuBLAS's padded down product. kOurs: both products by gpu::expert_gemm over
-  // the exact rows. Ours where the shapes allow (hidden a multiple of 128, moe_intermediate_size
-  // of 64), else kCublas. bench_runner --experts times them side by side (docs/benchmarks.md).
+  // padded to the busiest expert's count, silu_mul between them. kOursGated (the default: the
+  // fastest pair of products, and a 2K prefill of V2-Lite 2-3% faster than kCublas measured in
+  // one process pair after another, docs/benchmarks.md): gate, up and the activation by our
+  // grouped wgmma product (gpu::expert_gemm) over the same padded layout's real rows only, then
+  // cuBLAS's padded down product. kOurs: both products by gpu::expert_gemm over the exact rows.
+  // Ours where the shapes allow (hidden a multiple of 128, moe_intermediate_size of 64), else
+  // kCublas. bench_runner --experts times them side by side.
   enum class ExpertProducts { kCublas, kOursGated, kOurs };
-  ExpertProducts expert_products = ExpertProducts::kCublas;
+  ExpertProducts expert_products = ExpertProducts::kOursGated;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

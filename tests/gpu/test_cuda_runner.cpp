@@ -200,16 +200,16 @@ void check_fixture(const fs::path& dir, const std::string& name) {
       compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len, vocab),
       moe);
   if (cuda->config().n_routed_experts > 0) {
-    // The routed experts through expert_gemm (CudaRunnerOptions::expert_products, cuBLAS by
-    // default): the prefill's ~150 rows an expert take its paths.
+    // The routed experts' other forms (CudaRunnerOptions::expert_products; the checks above ran
+    // the default, kOursGated): the prefill's ~150 rows an expert take their paths.
     using ExpertProducts = CudaRunnerOptions::ExpertProducts;
-    for (const auto& [products, label] : {std::pair{ExpertProducts::kOursGated, "ours-gated"},
-                                          std::pair{ExpertProducts::kOurs, "ours"}}) {
+    for (const auto& [products, label] :
+         {std::pair{ExpertProducts::kCublas, "cublas"}, std::pair{ExpertProducts::kOurs, "ours"}}) {
       CudaRunnerOptions options;
       options.expert_products = products;
-      const auto ours = make_cuda_runner(model_dir, options);
+      const auto other = make_cuda_runner(model_dir, options);
       report(name + " cuda prefill, experts " + label,
-             compare_rows(prefill_all(*ours, bf16, seqs).data(), logits.data(), 2 * len, vocab),
+             compare_rows(prefill_all(*other, bf16, seqs).data(), logits.data(), 2 * len, vocab),
              moe);
     }
   }

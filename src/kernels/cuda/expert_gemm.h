@@ -3,8 +3,8 @@
 // strided-batched product over rows padded to the busiest expert (docs/gpu-kernels.md, "Limits
 // and next steps"). The gated form ends in the MLP's activation, so gate and up never reach
 // global memory. The gated product is faster than cuBLAS's padded one and silu_mul, the plain one
-// slower than cuBLAS's, and the runner's prefill the same either way within its spread
-// (docs/benchmarks.md), so the runner takes it only when CudaRunnerOptions::expert_products asks.
+// slower than cuBLAS's (docs/benchmarks.md), so the runner's default
+// (CudaRunnerOptions::expert_products, kOursGated) takes the gated one and cuBLAS's down product.
 #pragma once
 
 #include <cuda_runtime.h>
