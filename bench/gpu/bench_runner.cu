@@ -7,7 +7,7 @@
 //   --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
 //   CudaRunnerOptions::fused_decode off; --quick: decode of 1, 4 and 16 sequences at 1K, no
 //   prefill; --prefill: the prefill rows only;
-//   --experts: CudaRunnerOptions::expert_products, default ours-gated as the runner's)
+//   --experts: CudaRunnerOptions::expert_products, default the runner's own)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -142,12 +142,12 @@ int main(int argc, char** argv) {
   int repeats = 10;
   std::string only_kind;  // --only decode:B | prefill:P
   int64_t only_size = 0;
-  bool programmatic = true;            // --no-pdl: the runner's kernels launched the plain way
-  bool fused = true;                   // --no-fusion: the separate kernels of decode steps
-  bool quick = false;                  // --quick: decode of 1, 4 and 16 sequences at 1K only
-  bool prefill_only = false;           // --prefill: no decode rows
-  std::string experts = "ours-gated";  // --experts: CudaRunnerOptions::expert_products
-  std::string only_cache = "bf16";     // --cache: the cache format of an --only decode shape
+  bool programmatic = true;   // --no-pdl: the runner's kernels launched the plain way
+  bool fused = true;          // --no-fusion: the separate kernels of decode steps
+  bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
+  bool prefill_only = false;  // --prefill: no decode rows
+  std::string experts;        // --experts: CudaRunnerOptions::expert_products (empty: the runner's)
+  std::string only_cache = "bf16";  // --cache: the cache format of an --only decode shape
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--no-pdl") programmatic = false;
@@ -168,7 +168,19 @@ int main(int argc, char** argv) {
     if (flag == "--cache") only_cache = argv[++i];
   }
   const bool only = !only_kind.empty();
-  const bool experts_known = experts == "cublas" || experts == "ours-gated" || experts == "ours";
+  using ExpertProducts = CudaRunnerOptions::ExpertProducts;
+  const std::pair<const char*, ExpertProducts> expert_names[] = {
+      {"cublas", ExpertProducts::kCublas},
+      {"ours-gated", ExpertProducts::kOursGated},
+      {"ours", ExpertProducts::kOurs}};
+  CudaRunnerOptions options;
+  bool experts_known = experts.empty();
+  for (const auto& [name, products] : expert_names) {
+    if (experts == name) options.expert_products = products, experts_known = true;
+  }
+  for (const auto& [name, products] : expert_names) {
+    if (options.expert_products == products) experts = name;
+  }
   if (model_dir.empty() || !experts_known ||
       (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
     std::fprintf(
@@ -186,15 +198,10 @@ int main(int argc, char** argv) {
     std::printf("%s: copy %.0f GB/s (read + write), cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
                 copy_gbps, gemm_tflops);
 
-    CudaRunnerOptions options;
     options.max_batch_tokens = 8192;
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
     options.fused_decode = fused;
-    using ExpertProducts = CudaRunnerOptions::ExpertProducts;
-    options.expert_products = experts == "ours"         ? ExpertProducts::kOurs
-                              : experts == "ours-gated" ? ExpertProducts::kOursGated
-                                                        : ExpertProducts::kCublas;
     std::printf("routed experts of prefill steps: %s\n", experts.c_str());
     if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
     if (!fused) std::printf("decode steps launch the separate kernels (no fusion)\n");
