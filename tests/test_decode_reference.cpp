@@ -115,45 +115,57 @@ TEST(DecodeReference, KernelValuesAreTheDecodedValuesInBf16) {
   }
 }
 
-// The exact reference against attention_reference over the same (kernel) key values: only the
-// rounding of P to BF16 (a relative 2^-8 per weight) parts them.
-TEST(DecodeReference, ExactArithmeticIsAttentionWithProbabilitiesInBf16) {
-  std::mt19937_64 rng = seeded("ExactArithmeticIsAttentionWithProbabilitiesInBf16");
+// The exact reference against attention_reference over the same key values (the tile's BF16
+// values; for FP16 code operands the decoded values, which the kernel uses unrounded): only the
+// rounding of P (a relative 2^-8 per weight in BF16, 2^-11 in FP16) parts them.
+TEST(DecodeReference, ExactArithmeticIsAttentionWithProbabilitiesRounded) {
+  std::mt19937_64 rng = seeded("ExactArithmeticIsAttentionWithProbabilitiesRounded");
   const int s_q = 2, heads = 16;
   const std::vector<int32_t> lens = {2, 65, 300};
   const float scale = 1.0f / std::sqrt(192.0f);
-  const Fixture f = make_fixture("content=int4:g64,rope=int4:g64", lens, s_q, heads, rng);
-  const FaithfulResult ref =
-      faithful_decode(f.cache, f.q, s_q, heads, scale, make_blocks(lens, s_q, heads, 2), 32);
-  for (size_t b = 0; b < lens.size(); ++b) {
-    std::vector<float> keys(static_cast<size_t>(lens[b]) * kKeyDim);
-    double largest = 0.0;
-    for (int pos = 0; pos < lens[b]; ++pos) {
-      float* row = keys.data() + static_cast<size_t>(pos) * kKeyDim;
-      const uint8_t* rec = f.cache.record(static_cast<int>(b), pos);
-      kernel_path_values(f.cache.format.content, rec, kLatentDim, row);
-      kernel_path_values(f.cache.format.rope, rec + f.cache.content_bytes, kRopeDim,
-                         row + kLatentDim);
-      for (int d = 0; d < kLatentDim; ++d) largest = std::max<double>(largest, std::fabs(row[d]));
-    }
-    std::vector<float> q(static_cast<size_t>(s_q) * heads * kKeyDim);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_to_f32(f.q[b * q.size() + i]);
-    std::vector<float> out(static_cast<size_t>(s_q) * heads * kLatentDim), lse(s_q * heads);
-    AttentionParams p;
-    p.q = q.data(), p.q_row_stride = heads * kKeyDim, p.q_head_stride = kKeyDim;
-    p.kv = keys.data(), p.kv_row_stride = kKeyDim;
-    p.out = out.data(), p.out_row_stride = heads * kLatentDim, p.out_head_stride = kLatentDim;
-    p.lse = lse.data();
-    p.n_q = s_q, p.num_heads = heads, p.kv_lora_rank = kLatentDim, p.rope_dim = kRopeDim;
-    p.q_pos0 = lens[b] - s_q, p.softmax_scale = scale;
-    attention_reference(p);
-    const size_t first = b * s_q * heads;
-    for (size_t r = 0; r < static_cast<size_t>(s_q * heads); ++r) {
-      EXPECT_NEAR(ref.lse[first + r], lse[r], 1e-5 * (1.0 + std::fabs(lse[r])));
-      for (int d = 0; d < kLatentDim; ++d) {
-        ASSERT_NEAR(ref.out[(first + r) * kLatentDim + d], out[r * kLatentDim + d],
-                    0x1.0p-8 * largest + 1e-6)
-            << "sequence " << b << " row " << r << " channel " << d;
+  for (const Operands operands : {Operands::kBf16Tile, Operands::kFp16Codes}) {
+    const Fixture f = make_fixture("content=int4:g64,rope=int4:g64", lens, s_q, heads, rng);
+    const bool codes = operands == Operands::kFp16Codes;
+    const FaithfulResult ref =
+        faithful_decode(f.cache, f.q, s_q, heads, scale, make_blocks(lens, s_q, heads, 2),
+                        codes ? 64 : 32, Mutation::kNone, Arithmetic::kExact, operands);
+    for (size_t b = 0; b < lens.size(); ++b) {
+      std::vector<float> keys(static_cast<size_t>(lens[b]) * kKeyDim);
+      double largest = 0.0;
+      for (int pos = 0; pos < lens[b]; ++pos) {
+        float* row = keys.data() + static_cast<size_t>(pos) * kKeyDim;
+        const uint8_t* rec = f.cache.record(static_cast<int>(b), pos);
+        if (codes) {
+          decode_path(f.cache.format.content, rec, kLatentDim, row);
+        } else {
+          kernel_path_values(f.cache.format.content, rec, kLatentDim, row);
+        }
+        kernel_path_values(f.cache.format.rope, rec + f.cache.content_bytes, kRopeDim,
+                           row + kLatentDim);
+        for (int d = 0; d < kLatentDim; ++d) largest = std::max<double>(largest, std::fabs(row[d]));
+      }
+      std::vector<float> q(static_cast<size_t>(s_q) * heads * kKeyDim);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_to_f32(f.q[b * q.size() + i]);
+      std::vector<float> out(static_cast<size_t>(s_q) * heads * kLatentDim), lse(s_q * heads);
+      AttentionParams p;
+      p.q = q.data(), p.q_row_stride = heads * kKeyDim, p.q_head_stride = kKeyDim;
+      p.kv = keys.data(), p.kv_row_stride = kKeyDim;
+      p.out = out.data(), p.out_row_stride = heads * kLatentDim, p.out_head_stride = kLatentDim;
+      p.lse = lse.data();
+      p.n_q = s_q, p.num_heads = heads, p.kv_lora_rank = kLatentDim, p.rope_dim = kRopeDim;
+      p.q_pos0 = lens[b] - s_q, p.softmax_scale = scale;
+      attention_reference(p);
+      const size_t first = b * s_q * heads;
+      for (size_t r = 0; r < static_cast<size_t>(s_q * heads); ++r) {
+        // FP16 code operands: the sum adds the rounded P (2^-11 of each weight at most).
+        EXPECT_NEAR(ref.lse[first + r], lse[r],
+                    codes ? 0x1.0p-11 : 1e-5 * (1.0 + std::fabs(lse[r])));
+        for (int d = 0; d < kLatentDim; ++d) {
+          ASSERT_NEAR(ref.out[(first + r) * kLatentDim + d], out[r * kLatentDim + d],
+                      0x1.0p-8 * largest + 1e-6)
+              << "sequence " << b << " row " << r << " channel " << d << " operands "
+              << static_cast<int>(operands);
+        }
       }
     }
   }
@@ -168,25 +180,39 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
     int s_q, heads;
     std::vector<int32_t> lens;
     int pages_per_run, step_keys;
+    Operands operands = Operands::kBf16Tile;
   };
   const Case cases[] = {
       {"content=int4:g64,rope=int4:g64", 1, 16, {1, 63, 65, 300}, 0, 32},
       {"content=int2:g64,rope=int4:g64", 2, 16, {2, 130, 700}, 3, 32},
       {"content=fp8,rope=bf16", 1, 32, {64, 500}, 2, 64},
       {"content=bf16,rope=bf16", 2, 16, {1000}, 0, 64},
+      {"content=int4:g64,rope=int4:g64", 1, 16, {1, 63, 65, 300}, 0, 64, Operands::kFp16Codes},
+      {"content=int2:g64,rope=bf16", 2, 16, {2, 130, 700}, 3, 64, Operands::kFp16Codes},
+      {"content=int4:g64:clip0.95,rope=int4:g64:bf16pairs=0+21",
+       1,
+       16,
+       {500},
+       2,
+       64,
+       Operands::kFp16Codes},
   };
   for (const Case& c : cases) {
     const Fixture f = make_fixture(c.spec, c.lens, c.s_q, c.heads, rng);
     const std::vector<Block> blocks = make_blocks(c.lens, c.s_q, c.heads, c.pages_per_run);
     const float scale = 1.0f / std::sqrt(192.0f);
     const FaithfulResult exact =
-        faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks, c.step_keys);
-    const FaithfulResult fp32 = faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks,
-                                                c.step_keys, Mutation::kNone, Arithmetic::kFp32);
+        faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks, c.step_keys, Mutation::kNone,
+                        Arithmetic::kExact, c.operands);
+    const FaithfulResult fp32 =
+        faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks, c.step_keys, Mutation::kNone,
+                        Arithmetic::kFp32, c.operands);
     const FaithfulComparison cmp = compare_faithful(to_bf16(fp32.out), to_f32(fp32.lse), exact);
-    std::printf("%-40s s_q %d H %d: err/allowed max %.3f RMS %.4f lse %.3f, %d of %zu equal\n",
-                c.spec.c_str(), c.s_q, c.heads, cmp.worst, cmp.rms, cmp.worst_lse, cmp.exact,
-                exact.out.size());
+    std::printf(
+        "%-40s s_q %d H %d operands %d: err/allowed max %.3f RMS %.4f lse %.3f, %d of %zu "
+        "equal\n",
+        c.spec.c_str(), c.s_q, c.heads, static_cast<int>(c.operands), cmp.worst, cmp.rms,
+        cmp.worst_lse, cmp.exact, exact.out.size());
     EXPECT_EQ(cmp.nan, 0);
     EXPECT_LE(cmp.worst, 1.0) << c.spec;
     EXPECT_LE(cmp.rms, kFaithfulRms) << c.spec;
@@ -202,21 +228,28 @@ TEST(DecodeReference, EveryMutationFailsTheComparison) {
   const int s_q = 2, heads = 16;
   const float scale = 1.0f / std::sqrt(192.0f);
   const std::vector<Block> blocks = make_blocks(lens, s_q, heads, 0);
-  for (const std::string spec :
-       {"content=int4:g64,rope=int4:g64", "content=fp8,rope=bf16", "content=bf16,rope=bf16"}) {
+  const std::pair<const char*, Operands> cases[] = {
+      {"content=int4:g64,rope=int4:g64", Operands::kBf16Tile},
+      {"content=fp8,rope=bf16", Operands::kBf16Tile},
+      {"content=bf16,rope=bf16", Operands::kBf16Tile},
+      {"content=int4:g64,rope=int4:g64", Operands::kFp16Codes},
+      {"content=int2:g64,rope=bf16", Operands::kFp16Codes}};
+  for (const auto& [spec, operands] : cases) {
     Fixture f = make_fixture(spec, lens, s_q, heads, rng);
     aim_row0_at_last_key(f.cache, f.q);
-    const FaithfulResult ref = faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 32);
+    const int step = operands == Operands::kFp16Codes ? 64 : 32;
+    const FaithfulResult ref = faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, step,
+                                               Mutation::kNone, Arithmetic::kExact, operands);
     for (const Mutation m : {Mutation::kNone, Mutation::kGroupScale, Mutation::kWrongPage,
                              Mutation::kDroppedKey, Mutation::kCausal}) {
       if (m == Mutation::kGroupScale && f.cache.format.content.codec == Codec::kBF16) continue;
-      const FaithfulResult mutated =
-          faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 32, m);
+      const FaithfulResult mutated = faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, step,
+                                                     m, Arithmetic::kExact, operands);
       const FaithfulComparison cmp =
           compare_faithful(to_bf16(mutated.out), to_f32(mutated.lse), ref);
       const bool passes = cmp.nan == 0 && cmp.worst <= 1.0 && cmp.rms <= kFaithfulRms;
-      std::printf("%-40s mutation %d: err/allowed max %.3g RMS %.3g\n", spec.c_str(),
-                  static_cast<int>(m), cmp.worst, cmp.rms);
+      std::printf("%-40s operands %d mutation %d: err/allowed max %.3g RMS %.3g\n", spec,
+                  static_cast<int>(operands), static_cast<int>(m), cmp.worst, cmp.rms);
       EXPECT_EQ(passes, m == Mutation::kNone) << spec << " mutation " << static_cast<int>(m);
     }
   }

@@ -92,8 +92,8 @@ class MlaDecodePlan {
   // What the kernel's roundings depend on besides the inputs, for references that follow its
   // arithmetic (tests): each block's sequence, query rows [first_row, first_row + rows) of its
   // s_q x num_heads, pages [page_begin, page_end) and whether it writes a partial result (merged
-  // by the combine kernel through the log-sum-exps); and the keys of one online-softmax step
-  // (P is rounded to BF16 against the running maximum of each step).
+  // by the combine kernel through the log-sum-exps); the keys of one online-softmax step (P is
+  // rounded against the running maximum of each step); and the products' operands.
   struct Block {
     int batch = 0;
     int first_row = 0;
@@ -104,6 +104,12 @@ class MlaDecodePlan {
   };
   std::vector<Block> blocks() const;
   int keys_per_step() const;
+  // The products' operands: kBf16Tile, every key's values rounded to BF16 as the tiled kernel's
+  // tile holds them, and P rounded to BF16; kFp16Codes (the fragment kernel on int g64 content),
+  // the codes exact in FP16, each group's scale and minimum applied to the scores' partial sums
+  // and to P (P rounded to FP16, P times a scale rounded again), the RoPE key as in the tile.
+  enum class Operands { kBf16Tile, kFp16Codes };
+  Operands operands() const;
 
   struct State;
   const State& state() const { return *state_; }

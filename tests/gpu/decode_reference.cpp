@@ -7,7 +7,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "kernels/cuda/fragment_maps.h"
 #include "quantmla/dtype.h"
+#include "quantmla/error.h"
 
 namespace quantmla::testing {
 
@@ -128,6 +130,37 @@ void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q) {
 
 namespace {
 
+// Round to FP16 (nearest even, subnormals kept), through float: exact for a BF16 value times a
+// power of two and for a product of two FP16 values.
+double f16_round(double v) { return f16_to_f32(f32_to_f16(static_cast<float>(v))); }
+
+// The unit in the last place of FP16 at |v| (2^-24 below the normal range).
+double f16_ulp(double v) {
+  return std::ldexp(1.0, std::max(std::ilogb(std::max(std::fabs(v), 0x1.0p-40)), -14) - 10);
+}
+
+// One key of int g64 content as the fragment kernel multiplies it: its codes and each group's FP16
+// scale and minimum.
+struct CodedKey {
+  uint8_t codes[kLatentDim];
+  double scale[kLatentDim / 64], minimum[kLatentDim / 64];
+};
+
+CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
+  const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };
+  const int bits = f.bits();
+  CodedKey key;
+  for (int i = 0; i < kLatentDim; ++i) {
+    key.codes[i] = static_cast<uint8_t>((rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1));
+  }
+  for (int g = 0; g < kLatentDim / 64; ++g) {
+    const uint8_t* sm = rec + kLatentDim * bits / 8 + 4 * (g == 0 ? scale_group : g);
+    key.scale[g] = f16_to_f32(u16(sm));
+    key.minimum[g] = f16_to_f32(u16(sm + 2));
+  }
+  return key;
+}
+
 // One run of keys of one query row, as one block of the kernel takes it.
 struct RunResult {
   std::vector<double> out, flip, magnitude;  // [kLatentDim]: acc / sum, and the allowances' parts
@@ -141,7 +174,14 @@ struct RunResult {
 FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
                                int num_heads, float softmax_scale,
                                const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,
-                               Mutation mutation, Arithmetic arithmetic) {
+                               Mutation mutation, Arithmetic arithmetic, Operands operands) {
+  const bool codes = operands == Operands::kFp16Codes;
+  const PathFormat& content = cache.format.content;
+  const bool int2 = content.codec == Codec::kInt2;
+  if (codes && !((content.codec == Codec::kInt4 || int2) && content.group == 64)) {
+    throw InvalidArgument("faithful_decode: FP16 code operands need int g64 content, not " +
+                          cache.format.to_string());
+  }
   const int batch = static_cast<int>(cache.lens.size());
   const int rows_per_seq = s_q * num_heads;
   // FP32 arithmetic: every sum rounded to FP32 after each addition (exact in double first).
@@ -182,6 +222,18 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   if (mutation == Mutation::kGroupScale) {
     decode_key(0, heavy, 1, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim);
   }
+  // The fragment kernel's operands: every key's codes, scales and minimums (the RoPE key as above).
+  std::vector<std::vector<CodedKey>> coded(static_cast<size_t>(batch));
+  if (codes) {
+    for (int b = 0; b < batch; ++b) {
+      for (int pos = 0; pos < cache.lens[b]; ++pos) {
+        const bool moved = mutation == Mutation::kWrongPage && b == 0 && pos / kPageTokens == 1;
+        const bool wrong_scale = mutation == Mutation::kGroupScale && b == 0 && pos == heavy;
+        coded[b].push_back(coded_key(
+            content, cache.record(moved ? 1 : b, moved ? pos % kPageTokens : pos), wrong_scale));
+      }
+    }
+  }
 
   const auto run_keys = [&](int b, int r, int first_key, int end_key) {
     const int len = cache.lens[b];
@@ -191,6 +243,23 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     run.out.assign(kLatentDim, 0.0);
     run.flip.assign(kLatentDim, 0.0);
     run.magnitude.assign(kLatentDim, 0.0);
+    // The fragment kernel's Q: content channels in FP16 after scaling by 2^(e_r - p) (exact
+    // unless below FP16's normal range), and each group's sum of Q.
+    std::vector<double> q_codes(kLatentDim), q_sums(kLatentDim / 64, 0.0),
+        q_squares(kLatentDim / 64, 0.0);
+    if (codes) {
+      double peak = 0.0;
+      for (int d = 0; d < kLatentDim; ++d) peak = std::max(peak, std::fabs(q_value(b, r, d)));
+      const int e_r = peak > 0.0 ? std::clamp(8 - std::ilogb(peak), -100, 100) : 0;
+      for (int d = 0; d < kLatentDim; ++d) {
+        const int position =
+            int2 ? gpu::int2_key_code_position(d % 64) : gpu::int4_code_position(d % 64);
+        q_codes[d] =
+            std::ldexp(f16_round(std::ldexp(q_value(b, r, d), e_r - position)), position - e_r);
+        q_sums[d / 64] += q_value(b, r, d);
+        q_squares[d / 64] += q_value(b, r, d) * q_value(b, r, d);
+      }
+    }
     float row_max = -INFINITY;
     double row_sum = 0.0;
     std::vector<float> x(static_cast<size_t>(step_keys));
@@ -204,7 +273,21 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         if (mutation == Mutation::kDroppedKey && b == 0 && r == 0 && key == heavy) continue;
         const float* k = keys[b].data() + static_cast<size_t>(key) * kKeyDim;
         double s = 0.0, squares = 0.0;
-        for (int d = 0; d < kKeyDim; ++d) {
+        if (codes) {
+          // Each group's scale (Q . codes) + min sum(Q); the terms of both sums add to the squares.
+          const CodedKey& c = coded[b][static_cast<size_t>(key)];
+          for (int g = 0; g < kLatentDim / 64; ++g) {
+            double part = 0.0;
+            for (int d = 64 * g; d < 64 * g + 64; ++d) {
+              const double term = q_codes[d] * c.codes[d];
+              part = round(part + term);
+              squares += term * term * c.scale[g] * c.scale[g];
+            }
+            s = round(round(s + round(c.scale[g] * part)) + c.minimum[g] * q_sums[g]);
+            squares += c.minimum[g] * c.minimum[g] * q_squares[g];
+          }
+        }
+        for (int d = codes ? kLatentDim : 0; d < kKeyDim; ++d) {
           const double term = q_value(b, r, d) * k[d];
           s = round(s + term), squares += term * term;
         }
@@ -227,23 +310,56 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         run.out[d] = round(run.out[d] * alpha), run.flip[d] *= alpha, run.magnitude[d] *= alpha;
       }
       double sum = 0.0;
+      // The largest P scale of each 16 keys and group (the subnormal products' window).
+      std::vector<double> window(static_cast<size_t>(step_keys / 16) * (kLatentDim / 64), 0.0);
       for (int j = 0; j < step_keys; ++j) {
         if (x[j] == -INFINITY) continue;
         const float p = fp32 ? std::exp2f(x[j] - reference)
                              : static_cast<float>(std::exp2(static_cast<double>(x[j] - reference)));
-        sum = round(sum + p);
-        const uint16_t bits = f32_to_bf16(p);
-        const double rounded = bf16_to_f32(bits);
-        // Near a BF16 rounding tie the kernel's p may round the other way: within exp2f's 2 ulp
-        // (4 here) plus what the FP32 scores move it by (both the logit and the maximum).
+        // Near a rounding tie the kernel's p may round the other way: within exp2f's 2 ulp (4
+        // here) plus what the FP32 scores move it by (both the logit and the maximum), in units
+        // of p's FP32 ulp.
         const double near = 4.0 + 2.0 * 0.6931471805599453 * score[j] * 0x1.0p24;
-        const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
-        const double flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
+        double rounded, flip;
+        if (codes) {
+          rounded = f16_round(p);
+          const double unit = f16_ulp(p);
+          const double tie = std::fabs(p - std::floor(p / unit) * unit - unit / 2);
+          flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
+          sum = round(sum + rounded);
+        } else {
+          const uint16_t bits = f32_to_bf16(p);
+          rounded = bf16_to_f32(bits);
+          const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
+          flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
+          sum = round(sum + p);
+        }
         const float* v = keys[b].data() + static_cast<size_t>(key0 + j) * kKeyDim;
-        for (int d = 0; d < kLatentDim; ++d) {
-          run.out[d] = round(run.out[d] + rounded * v[d]);
-          run.flip[d] += flip * std::fabs(v[d]);
-          run.magnitude[d] += rounded * std::fabs(v[d]);
+        if (codes) {
+          const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
+          for (int g = 0; g < kLatentDim / 64; ++g) {
+            const double scaled = f16_round(rounded * c.scale[g]);
+            double& largest = window[static_cast<size_t>(j / 16) * (kLatentDim / 64) + g];
+            largest = std::max(largest, std::fabs(scaled));
+            for (int d = 64 * g; d < 64 * g + 64; ++d) {
+              const double value = std::fabs(c.scale[g] * c.codes[d] + c.minimum[g]);
+              run.out[d] = round(round(run.out[d] + scaled * c.codes[d]) + rounded * c.minimum[g]);
+              run.flip[d] += flip * value + (flip > 0.0 ? f16_ulp(scaled) * c.codes[d] : 0.0);
+              run.magnitude[d] += rounded * value;
+            }
+          }
+        } else {
+          for (int d = 0; d < kLatentDim; ++d) {
+            run.out[d] = round(run.out[d] + rounded * v[d]);
+            run.flip[d] += flip * std::fabs(v[d]);
+            run.magnitude[d] += rounded * std::fabs(v[d]);
+          }
+        }
+      }
+      if (codes) {
+        for (size_t w = 0; w < window.size(); ++w) {
+          const int g = static_cast<int>(w % (kLatentDim / 64));
+          for (int d = 64 * g; d < 64 * g + 64; ++d) run.flip[d] += 17.0 * 0x1.0p-12 * window[w];
         }
       }
       row_sum = round(round(row_sum * alpha) + sum);

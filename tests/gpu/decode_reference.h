@@ -86,13 +86,23 @@ void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q);
 // addition and exp2f for exp2 (a stand-in for the kernel, to test the allowances on the host).
 enum class Arithmetic { kExact, kFp32 };
 
+using Operands = gpu::MlaDecodePlan::Operands;
+
 // The outputs and log-sum-exps of a decode call over `cache`, block by block as the kernel takes
-// them (MlaDecodePlan::blocks(), keys_per_step()); q: [batch, s_q, heads, 576] BF16 bits.
+// them (MlaDecodePlan::blocks(), keys_per_step(), operands()); q: [batch, s_q, heads, 576] BF16
+// bits. Operands::kFp16Codes (int g64 content only) follows decode_fragments.cuh: scores
+// sum(q~ scale code) + sum(q min) exactly, q~ Q as the kernel holds it in FP16 (each row times a
+// power of two, each channel divided by 2^p of its code's position: fragment_maps.h); P rounded to
+// FP16 and the row sums adding the rounded P; values sum(fp16(P scale) code + P min). Its products
+// of FP16 subnormal codes and P may lose bits below the largest product's window (measured on the
+// H200: 2^-17 of the sum of magnitudes); the allowance takes a 24-bit window, 2^-12 of the largest
+// P scale of each 16 keys and group, 17 terms a product.
 FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
                                int num_heads, float softmax_scale,
                                const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,
                                Mutation mutation = Mutation::kNone,
-                               Arithmetic arithmetic = Arithmetic::kExact);
+                               Arithmetic arithmetic = Arithmetic::kExact,
+                               Operands operands = Operands::kBf16Tile);
 
 struct FaithfulComparison {
   double worst = 0.0;      // max over outputs of |error| / allowed

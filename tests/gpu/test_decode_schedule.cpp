@@ -142,6 +142,10 @@ void check_fragment_maps() {
           // Word 2t + (s >> 1) of the group, nibble int4_key_nibble: channel 8 word + nibble.
           expect(channel == 8 * (2 * t + (s >> 1)) + int4_key_nibble(s, h, e),
                  "int4_key_channel agrees with the word and nibble read");
+          // Shifted by int4_key_word_shift, the nibble sits at int4_code_position of its half.
+          expect(4 * int4_key_nibble(s, h, e) - int4_key_word_shift(s) ==
+                     int4_code_position(channel) + 16 * e,
+                 "int4 key code position of channel " + std::to_string(channel));
           // The B fragment's k index 2t + e (h = 0) or 2t + 8 + e (h = 1) of k-step s: each k
           // index of a k-step is one channel, and the 16 of a k-step are distinct.
           const int bf16 = bf16_key_channel(s, t, h, e);
@@ -158,6 +162,7 @@ void check_fragment_maps() {
       // Row g, g + 8: low and high nibble of byte j of code word g.
       const int word = row % 8, nibble = 2 * j + row / 8;
       expect(channel == 8 * word + nibble, "int4_value_channel agrees with the byte read");
+      expect(4 * (row / 8) == int4_code_position(channel), "int4 value code position");
     }
   }
   // Int2: word t of the group, the code at bit int2_key_shift (+ 16 for the high half).
@@ -174,6 +179,10 @@ void check_fragment_maps() {
           const int bit = int2_key_shift(s, h) + 16 * e;
           expect(channel == 16 * t + bit / 2 && bit % 2 == 0,
                  "int2_key_channel agrees with the word and bits read");
+          // Shifted by int2_key_word_shift, within FP16's 10 mantissa bits.
+          const int position = int2_key_shift(s, h) - int2_key_word_shift(s, h);
+          expect(position == int2_key_code_position(channel) && position >= 0 && position <= 8,
+                 "int2 key code position of channel " + std::to_string(channel));
         }
       }
     }
@@ -188,6 +197,8 @@ void check_fragment_maps() {
       const int code = (int2_value_shift(j) + 2 * (row / 8)) / 2;
       expect(channel == 16 * word + 4 * byte + code,
              "int2_value_channel agrees with the byte read");
+      expect(int2_value_shift(j) + 2 * (row / 8) == int2_value_code_position(channel),
+             "int2 value code position");
     }
   }
   for (int c = 0; c < 64; ++c) {

@@ -289,7 +289,8 @@ void run_decode_case(const DecodeCase& test) {
   const FaithfulComparison f =
       compare_faithful(out, lse,
                        faithful_decode(cache, q, test.s_q, test.num_heads, softmax_scale,
-                                       plan.blocks(), plan.keys_per_step()));
+                                       plan.blocks(), plan.keys_per_step(), Mutation::kNone,
+                                       testing::Arithmetic::kExact, plan.operands()));
   std::snprintf(line, sizeof line,
                 "  kernel's arithmetic: err/allowed max %.3f, RMS %.4f, lse %.3f; %d of %zu "
                 "outputs bit-equal, NaN %d",
@@ -321,10 +322,10 @@ void run_mutation_checks(const std::string& spec) {
       {Mutation::kCausal, "causal mask off by one at s_q = 2"}};
   for (const auto& [mutation, name] : mutations) {
     if (mutation == Mutation::kGroupScale && format.content.codec == Codec::kBF16) continue;
-    const FaithfulComparison f =
-        compare_faithful(out, lse,
-                         faithful_decode(cache, q, s_q, heads, softmax_scale, plan.blocks(),
-                                         plan.keys_per_step(), mutation));
+    const FaithfulComparison f = compare_faithful(
+        out, lse,
+        faithful_decode(cache, q, s_q, heads, softmax_scale, plan.blocks(), plan.keys_per_step(),
+                        mutation, testing::Arithmetic::kExact, plan.operands()));
     const bool passes = f.nan == 0 && f.worst <= 1.0 && f.rms <= kFaithfulRms;
     char line[256];
     std::snprintf(line, sizeof line, "mutation %-36s %s %s: err/allowed max %.3g, RMS %.3g -> %s",

@@ -111,8 +111,9 @@ struct PlanLayout {
 // from 32K (0.143 against 0.170 ms) but slower at 4K (0.050 against 0.040: its blocks fill Q's
 // fragments from global memory and its runs are short), at batch 1 equal. INT2: faster at every
 // batch and context measured (batch 1, 4K: 0.023 against 0.027 ms; batch 16, 4K: 0.033 against
-// 0.040; batch 16, 128K: 0.475 against 0.607), its keys costing half the conversion. A plan in a
-// workspace must choose from the batch alone (a captured step keeps its kernel), so the rule is
+// 0.040; batch 16, 128K: 0.475 against 0.607), its keys costing half the conversion. The same
+// holds with FP16 code operands (2026-12-03: INT4 at batch 16, 32K 0.136, 4K 0.048 ms). A plan in
+// a workspace must choose from the batch alone (a captured step keeps its kernel), so the rule is
 // by batch.
 int fragments_min_batch(const CacheFormat& format) {
   return format.content.codec == Codec::kInt2 ? 1 : 32;
@@ -338,6 +339,10 @@ int MlaDecodePlan::keys_per_step() const {
                      : DecodeLayout<Content, Rope, 1>::kStepKeys;
   });
   return keys;
+}
+
+MlaDecodePlan::Operands MlaDecodePlan::operands() const {
+  return state_->kernel == DecodeKernel::kFragments ? Operands::kFp16Codes : Operands::kBf16Tile;
 }
 
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,

@@ -1,34 +1,45 @@
-// The fragment-dequantizing decode kernel (issue 15's second kernel) for int4 or int2 g64 content:
-// the tensor cores' operands are built in registers straight from the raw records, with no BF16
-// tile in shared memory (the tiled kernel's dequantized tile cost more shared-memory traffic a page
-// than the whole budget of a 3x speed-up: docs/gpu-kernels.md).
+// The fragment decode kernel (issue 15's second kernel) for int4 or int2 g64 content: the tensor
+// cores multiply with the codes themselves, built in registers straight from the raw records, with
+// no dequantized tile in shared memory (the tiled kernel's BF16 tile cost more shared-memory
+// traffic a page than the whole budget of a 3x speed-up: docs/gpu-kernels.md), and each group's
+// scale and minimum are applied where they cost least: to the scores' partial sums and to P.
 //
 // One block per WorkItem of 16 query rows. Warp 4 is the producer: its lane 0 streams whole pages
 // (64 records) into a ring of shared-memory stages with bulk copies that complete on a barrier per
 // stage, and refills a stage when the consumers have freed it. Once a page has landed, the
-// producer's lanes rewrite its FP16 {scale, min} words as BF16 pairs in place and zero the records
-// past the sequence's end (arbitrary pool bytes, which could decode to NaN and poison P V even
-// where P is 0), then mark the stage ready. Warps 0-3 consume, per page:
-//   1. Scores, transposed: S^T = K Q^T (M = 16 keys a warp, N = the 16 rows, K = 576 channels in
-//      36 k-steps). Each A fragment is dequantized from the key's code words (fragment_maps.h: lane
-//      t takes words 2t, 2t + 1 of a group, one shift and mask a BF16 pair); the B fragments of Q
-//      are stored once per block in fragment order (one 16-byte load a k-step).
+// producer's lanes zero the records past the sequence's end (arbitrary pool bytes, which could
+// hold NaN scales and poison P V even where P is 0) and rewrite an int4 RoPE key's FP16
+// {scale, min} word as BF16, then mark the stage ready. Warps 0-3 consume, per page:
+//   1. Scores, transposed: S^T = K Q^T (M = 16 keys a warp, N = the 16 rows). A content group g
+//      contributes scale_g (Q . codes) + min_g sum(Q): its four k-steps multiply the codes, exact
+//      in FP16 (one LOP3 puts 1024 + code * 2^p in each half, one HSUB2 removes the 1024;
+//      fragment_maps.h), by Q in FP16 with channel c divided by 2^p(c) and each row scaled by a
+//      power of two 2^e_r that keeps it in FP16's range; the group's partial sums are then scaled
+//      by the key's scale in FP32. The minimums of all eight groups take one more MMA (A = the
+//      keys' FP16 minimums, B = each row's group sums of Q, split into two FP16 halves). The RoPE
+//      key is dequantized to BF16 as in the tiled kernel and multiplies Q in BF16 (times 2^e_r).
 //   2. Online softmax per row (the rows are S^T's columns): the page's maximum over the four warps
-//      through shared memory, P = exp2 in FP32, rounded to BF16 into P^T in shared memory.
+//      through shared memory, P = exp2 in FP32, rounded to FP16 into P^T in shared memory; the
+//      row sums add the rounded P.
 //   3. Output, transposed: O^T += V^T P^T (M = 128 channels a warp, two g64 groups; K = the page's
-//      64 keys; N = the 16 rows). A fragment rows 16 j + g, +8 of a group are the two nibbles of
-//      byte j of code word g, so a byte of each of four keys gives one register pair.
+//      64 keys; N = the 16 rows). An A fragment is the codes as FP16 subnormals (one mask: code *
+//      2^(p - 24)), the B fragment P times the key's group scale (one HMUL2 per register pair, FP16
+//      rounding); A fragment rows 16 j + g, +8 of a group are the two nibbles of byte j of code
+//      word g, so a byte of each of four keys gives one register pair. Each warp adds its own 16
+//      keys' sum(P min_g) for all eight groups with one MMA (A = the minimums), summed over the
+//      warps at the end, when 2^(24 - p) restores each output channel.
 // Int2 g64 content the same way with fragment_maps.h's int2 maps: one code word of a key a group
-// for the scores (a shift by two bits a register), and for V^T two bytes of each of four keys a
-// pair of m-tiles.
-// The values are those of the tiled kernel's tile (bf16(code x bf16(scale) + bf16(min)), one
-// rounding) and P rounds as there, against each page's running maximum, so the kernel-arithmetic
-// reference (tests/gpu/decode_reference.h) checks both with keys_per_step = 64.
+// for the scores, and for V^T two bytes of each of four keys a pair of m-tiles.
+// The kernel-arithmetic reference (tests/gpu/decode_reference.h, MlaDecodePlan::Operands::
+// kFp16Codes) follows these roundings: exact scores up to FP32 sums, P in FP16, P * scale in FP16.
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/decode_kernel.cuh"
 #include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/fragment_maps.h"
@@ -54,11 +65,12 @@ struct FragmentLayout {
   static constexpr int kRows = 16;
   static constexpr int kStepKeys = kPageTokens;   // keys per softmax step
   static constexpr int kKeySteps = kKeyDim / 16;  // k-steps of the scores: 32 content, 4 RoPE
+  static constexpr int kGroups = kLatentDim / 64;
   static constexpr int kMaxRecordBytes = Content::kBytes + Rope::kMaxBytes;
   static constexpr int kStageBytes = (kPageTokens * kMaxRecordBytes + 127) / 128 * 128;
   static constexpr int kQueryBytes = kKeySteps * 32 * 16;  // Q's B fragments, 16 bytes a lane
   static constexpr int kProbStride =
-      kPageTokens + 8;  // BF16; 144-byte rows: ldmatrix conflict-free
+      kPageTokens + 8;  // FP16; 144-byte rows: ldmatrix conflict-free
   static constexpr int kProbBytes = kRows * kProbStride * 2;
   static constexpr int kExchangeBytes = kConsumerWarps * kRows * 4;
   static constexpr int kFixedBytes = kQueryBytes + kProbBytes + kExchangeBytes;
@@ -66,44 +78,75 @@ struct FragmentLayout {
   static constexpr int kFitStages = (kSharedLimitTwoBlocks - kFixedBytes - 96) / kStageBytes;
   static constexpr int kStages = kFitStages < 4 ? kFitStages : 4;
   static constexpr int kSharedBytes = kStages * kStageBytes + kFixedBytes + 3 * kStages * 8;
-  // {scale, min} words of a record: one per content group, and the int4 RoPE key's.
-  static constexpr int kScaleWords = kLatentDim / 64 + (Rope::kIsBf16 ? 0 : 1);
   static_assert(kStages >= 2 && kSharedBytes <= kSharedLimitTwoBlocks);
   static_assert(kStageBytes % 128 == 0 && kQueryBytes % 128 == 0 && kProbBytes % 16 == 0);
+  // P^T's buffer is scratch before the first page (each row's largest |Q| and its group sums of Q)
+  // and after the last (each warp's sum(P min) of the eight groups).
+  static_assert(kProbBytes >= (kRows + kRows * kGroups) * 4 &&
+                kProbBytes >= kConsumerWarps * kGroups * kRows * 4);
 };
 
 // The producer's work on a landed page: records past `valid` zeroed (codes, scales and minimums 0
-// decode to 0), the valid records' FP16 {scale, min} words rewritten as BF16 {scale, min}
-// (scale_min_bf16, the tiled kernel's rounding), so the consumers convert nothing.
-template <class Layout>
+// give the value 0), and an int4 RoPE key's FP16 {scale, min} word rewritten as BF16
+// (scale_min_bf16, the tiled kernel's rounding) for the BF16 RoPE product.
+template <class Layout, class Rope>
 __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int record_bytes, int lane) {
   using Content = typename Layout::Content;
   uint32_t* const tail = reinterpret_cast<uint32_t*>(page + valid * record_bytes);
   const int tail_words = (kPageTokens - valid) * record_bytes / 4;
   for (int w = lane; w < tail_words; w += 32) tail[w] = 0;
-  for (int u = lane; u < valid * Layout::kScaleWords; u += 32) {
-    const int r = u / Layout::kScaleWords;
-    const int k = u % Layout::kScaleWords;
-    const int offset =
-        k < kLatentDim / 64 ? Content::kCodeBytes + 4 * k : Content::kBytes + RopeInt4::kCodeBytes;
-    uint32_t* const word = reinterpret_cast<uint32_t*>(page + r * record_bytes + offset);
-    *word = bf16x2_bits(scale_min_bf16(*word));
+  if constexpr (!Rope::kIsBf16) {
+    for (int r = lane; r < valid; r += 32) {
+      uint32_t* const word = reinterpret_cast<uint32_t*>(page + r * record_bytes + Content::kBytes +
+                                                         RopeInt4::kCodeBytes);
+      *word = bf16x2_bits(scale_min_bf16(*word));
+    }
   }
 }
 
 // The masks of biased_codes: two int4 or two int2 codes, one in the low bits of each half.
 constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
+constexpr uint32_t kHalf1024 = 0x64006400u;  // FP16 1024.0 twice, as bits
 
-// (bits & mask) | kCodeBias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
-// that two codes sit in the low bits of the halves, the BF16 pair 128 + code.
-__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = kInt4Pair) {
+// (bits & mask) | bias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
+// that two codes sit in the low bits of the halves and bias kCodeBias, the BF16 pair 128 + code.
+__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = kInt4Pair,
+                                                 uint32_t bias = kCodeBias) {
   uint32_t biased;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(kCodeBias));
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(bias));
   return biased;
+}
+
+// Two codes at bit p of each half (bits & mask, mask = the pair mask << p) -> the FP16 pair
+// code * 2^p, exact: 1024 + code * 2^p (code * 2^p < 1024) less 1024.
+__device__ __forceinline__ uint32_t exact_code_pair(uint32_t bits, uint32_t mask) {
+  const uint32_t pair = biased_codes(bits, mask, kHalf1024);
+  const __half2 value = __hsub2(*reinterpret_cast<const __half2*>(&pair),
+                                __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+  return *reinterpret_cast<const uint32_t*>(&value);
 }
 
 __device__ __forceinline__ uint32_t with_half(uint32_t pair, int e, uint32_t value) {
   return e == 0 ? (pair & 0xffff0000u) | (value & 0xffffu) : (pair & 0xffffu) | (value << 16);
+}
+
+__device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float f16_low(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(bits & 0xffffu)));
+}
+
+// 2^k as a float, for |k| <= 126 (a multiplication by it is exact).
+__device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((127 + k) << 23); }
+
+// A BF16 pair times 2^k (exact in BF16's exponent range).
+__device__ __forceinline__ uint32_t bf16x2_times_power(uint32_t bits, int k) {
+  const float lo = __uint_as_float(bits << 16) * power_of_two(k);
+  const float hi = __uint_as_float(bits & 0xffff0000u) * power_of_two(k);
+  return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
 }
 
 template <class ContentType, class Rope>
@@ -161,9 +204,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     for (int i = 0; i < num_pages; ++i) {
       const int stage = i % L::kStages;
       mbarrier_wait(full + stage, (i / L::kStages) & 1);
-      prepare_page<L>(stages + stage * L::kStageBytes,
-                      min(kPageTokens, seq_len - (item.page_begin + i) * kPageTokens),
-                      p.record_bytes, lane);
+      prepare_page<L, Rope>(stages + stage * L::kStageBytes,
+                            min(kPageTokens, seq_len - (item.page_begin + i) * kPageTokens),
+                            p.record_bytes, lane);
       fence_proxy_async_shared();  // these writes before any later bulk copy into the stage
       __syncwarp();
       if (lane == 0) {
@@ -181,59 +224,126 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     return;
   }
 
-  // Q's B fragments in k-step order: for k-step ks and lane l, {b0, b1} of rows 0-7, then of rows
-  // 8-15, in the channel order of fragment_maps.h.
+  // Each row's power of two 2^e_r (max |Q content| 2^e_r in [256, 512) unless |e_r| > 100, so that
+  // Q's content channels, divided by up to 2^8 for their codes' positions, and their group sums, up
+  // to 2^15, are FP16 numbers) and its group sums of Q in FP32, through P^T's buffer: thread r * 8
+  // + group reads row r's 64 channels of the group.
   const int rows_per_seq = p.s_q * p.num_heads;
   const int first_row = item.row_tile * L::kRows;
+  const uint16_t* const q =
+      p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim;
+  float* const row_peak = reinterpret_cast<float*>(probs);  // [row]
+  float* const group_sums = row_peak + L::kRows;            // [row][group]
   {
-    const uint16_t* q =
-        p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim;
-    for (int i = tid; i < L::kKeySteps * 32; i += L::kConsumers) {
-      const int ks = i / 32;
-      const int s = ks % 4;
-      const int fg = (i % 32) / 4;
-      const int ft = i % 4;
-      uint32_t r[4];
+    const int row = tid / L::kGroups, group = tid % L::kGroups;
+    const uint4* const chunk = reinterpret_cast<const uint4*>(q + row * kKeyDim + 64 * group);
+    float peak = 0.0f, sum = 0.0f;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const uint16_t* row = q + (8 * n + fg) * kKeyDim;
-        if (ks >= 32 && Rope::kIsBf16) {
-          // Channel order: register h holds channels (c, c + 1), c = bf16_key_channel(s, t, h, 0).
+    for (int i = 0; i < 8; ++i) {
+      const uint4 v = chunk[i];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            r[2 * n + h] = *reinterpret_cast<const uint32_t*>(row + kLatentDim +
-                                                              bf16_key_channel(s, ft, h, 0));
-          }
-        } else {
-          // Registers h = 0, 1 hold channels (c + h, c + h + d): two words, two byte permutes;
-          // d = 4 for int4 codes (the RoPE key's included), 8 for int2 content.
-          const bool int2 = L::kInt2 && ks < 32;
-          const int c = (ks < 32 ? 64 * (ks / 4) : kLatentDim) +
-                        (int2 ? int2_key_channel(s, ft, 0, 0) : int4_key_channel(s, ft, 0, 0));
-          const uint32_t first = *reinterpret_cast<const uint32_t*>(row + c);
-          const uint32_t second = *reinterpret_cast<const uint32_t*>(row + c + (int2 ? 8 : 4));
-          r[2 * n] = __byte_perm(first, second, 0x5410);
-          r[2 * n + 1] = __byte_perm(first, second, 0x7632);
-        }
+      for (int w = 0; w < 4; ++w) {
+        const float lo = __uint_as_float(words[w] << 16),
+                    hi = __uint_as_float(words[w] & 0xffff0000u);
+        peak = fmaxf(peak, fmaxf(fabsf(lo), fabsf(hi)));
+        sum += lo;
+        sum += hi;
       }
-      q_frags[i] = make_uint4(r[0], r[1], r[2], r[3]);
     }
+#pragma unroll
+    for (int offset = 1; offset < L::kGroups; offset <<= 1) {
+      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
+    }
+    if (group == 0) row_peak[row] = peak;
+    group_sums[row * L::kGroups + group] = sum;
+  }
+  named_barrier(1, L::kConsumers);
+  const auto row_exponent = [&](int row) {
+    const float peak = row_peak[row];
+    return peak > 0.0f ? max(min(8 - ilogbf(peak), 100), -100) : 0;
+  };
+  // Q's B fragments in k-step order: for k-step ks and lane l, {b0, b1} of rows 0-7, then of rows
+  // 8-15, in the channel order of fragment_maps.h; content in FP16, the RoPE key in BF16.
+  for (int i = tid; i < L::kKeySteps * 32; i += L::kConsumers) {
+    const int ks = i / 32;
+    const int s = ks % 4;
+    const int fg = (i % 32) / 4;
+    const int ft = i % 4;
+    uint32_t r[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const uint16_t* row = q + (8 * n + fg) * kKeyDim;
+      const int e_r = row_exponent(8 * n + fg);
+      if (ks < 32) {
+        // Registers h = 0, 1 hold channels (c + h, c + h + d), d = 4 (int4) or 8 (int2), each
+        // divided by 2^p of its code's position.
+        const int d = L::kInt2 ? 8 : 4;
+        const int c = 64 * (ks / 4) +
+                      (L::kInt2 ? int2_key_channel(s, ft, 0, 0) : int4_key_channel(s, ft, 0, 0));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const auto scaled = [&](int channel) {
+            const int position =
+                L::kInt2 ? int2_key_code_position(channel % 64) : int4_code_position(channel % 64);
+            return from_bf16_bits(row[channel]) * power_of_two(e_r - position);
+          };
+          r[2 * n + h] = f16x2_bits(scaled(c + h), scaled(c + h + d));
+        }
+      } else if (Rope::kIsBf16) {
+        // Channel order: register h holds channels (c, c + 1), c = bf16_key_channel(s, t, h, 0).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          r[2 * n + h] = bf16x2_times_power(
+              *reinterpret_cast<const uint32_t*>(row + kLatentDim + bf16_key_channel(s, ft, h, 0)),
+              e_r);
+        }
+      } else {
+        // Registers h = 0, 1 hold channels (c + h, c + h + 4): two words, two byte permutes.
+        const int c = kLatentDim + int4_key_channel(s, ft, 0, 0);
+        const uint32_t first = *reinterpret_cast<const uint32_t*>(row + c);
+        const uint32_t second = *reinterpret_cast<const uint32_t*>(row + c + 4);
+        r[2 * n] = bf16x2_times_power(__byte_perm(first, second, 0x5410), e_r);
+        r[2 * n + 1] = bf16x2_times_power(__byte_perm(first, second, 0x7632), e_r);
+      }
+    }
+    q_frags[i] = make_uint4(r[0], r[1], r[2], r[3]);
+  }
+  // The minimums' B fragments (k index 2t + e: group 2t + e's sum of Q times 2^e_r, its FP16
+  // rounding; 2t + 8 + e: the rest, rounded again) for rows g and 8 + g: registers, for every page.
+  uint32_t min_frags[4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const int row = 8 * n + g;
+    const int e_r = row_exponent(row);
+    float high[2], low[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float sum = group_sums[row * L::kGroups + 2 * t + e] * power_of_two(e_r);
+      high[e] = __half2float(__float2half_rn(sum));
+      low[e] = sum - high[e];
+    }
+    min_frags[2 * n] = f16x2_bits(high[0], high[1]);
+    min_frags[2 * n + 1] = f16x2_bits(low[0], low[1]);
   }
 
   // This thread's four rows (S^T's and O^T's columns): n-tile n, half e -> row 8n + 2t + e.
   int limit[2][2];  // keys visible to the row: those before it
-  float row_max[2][2], row_sum[2][2];
+  float row_max[2][2], row_sum[2][2], logit_scale[2][2];
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      limit[n][e] = seq_len - p.s_q + (first_row + 8 * n + 2 * t + e) / p.num_heads + 1;
+      const int row = 8 * n + 2 * t + e;
+      limit[n][e] = seq_len - p.s_q + (first_row + row) / p.num_heads + 1;
       row_max[n][e] = -INFINITY;
       row_sum[n][e] = 0.0f;  // this thread's keys only; summed over the block at the end
+      logit_scale[n][e] = p.scale_log2 * power_of_two(-row_exponent(row));
     }
   }
-  float acc[2][4][2][4] = {};       // O^T: [group of the warp][m-tile][n-tile][register]
-  named_barrier(1, L::kConsumers);  // Q's fragments are in place
+  float acc[2][4][2][4] = {};  // O^T: [group of the warp][m-tile][n-tile][register]
+  float min_acc[2][4] = {};    // sum(P min) of group g over this warp's keys: [n-tile][register]
+  named_barrier(1, L::kConsumers);  // Q's fragments in place, the scratch read
 
   for (int i = 0; i < num_pages; ++i) {
     const int stage_index = i % L::kStages;
@@ -241,88 +351,123 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     const int key0 = (item.page_begin + i) * kPageTokens;
     mbarrier_wait(ready + stage_index, (i / L::kStages) & 1);
 
-    // 1. Scores of keys 16 warp + g and + 8 against the 16 rows; even and odd k-steps accumulate
-    // apart so that consecutive MMAs do not wait on each other.
-    float sc[2][2][4] = {};
+    // 1. Scores of keys 16 warp + g and + 8 against the 16 rows, in units of 2^-e_r.
+    float sc[2][4] = {};
     {
       const uint8_t* const rec_lo = stage + (16 * warp + g) * p.record_bytes;
       const uint8_t* const rec_hi = rec_lo + 8 * p.record_bytes;
       const uint4* const qf = q_frags + lane;
 #pragma unroll
-      for (int group = 0; group < 9; ++group) {
-        constexpr bool kRopeBf16 = Rope::kIsBf16;
-        const bool coded = group < 8 || !kRopeBf16;
-        uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
-        __nv_bfloat162 s_lo{}, m_lo{}, s_hi{}, m_hi{};
-        const bool int2 = L::kInt2 && group < 8;
-        if (coded) {
-          const int scales =
-              group < 8 ? Content::kCodeBytes + 4 * group : Content::kBytes + RopeInt4::kCodeBytes;
-          if (int2) {
-            // Word t of the group's 4 (16 bytes a group).
-            lo[0] = load_u32(rec_lo + 16 * group + 4 * t);
-            hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
-          } else {
-            const int codes = group < 8 ? 32 * group : Content::kBytes;
-            lo[0] = load_u32(rec_lo + codes + 8 * t);
-            lo[1] = load_u32(rec_lo + codes + 8 * t + 4);
-            hi[0] = load_u32(rec_hi + codes + 8 * t);
-            hi[1] = load_u32(rec_hi + codes + 8 * t + 4);
-          }
-          const __nv_bfloat162 sm_lo = bf16x2_from_bits(load_u32(rec_lo + scales));
-          const __nv_bfloat162 sm_hi = bf16x2_from_bits(load_u32(rec_hi + scales));
-          s_lo = __low2bfloat162(sm_lo);
-          m_lo = __high2bfloat162(sm_lo);
-          s_hi = __low2bfloat162(sm_hi);
-          m_hi = __high2bfloat162(sm_hi);
+      for (int group = 0; group < L::kGroups; ++group) {
+        const uint8_t* const scales = Content::kCodeBytes + 4 * group + rec_lo;
+        const float scale_lo = f16_low(load_u32(scales));
+        const float scale_hi = f16_low(load_u32(scales + 8 * p.record_bytes));
+        uint32_t lo[2], hi[2];
+        if constexpr (L::kInt2) {
+          lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
+          hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
+          lo[1] = lo[0] >> 10;
+          hi[1] = hi[0] >> 10;
+        } else {
+          lo[0] = load_u32(rec_lo + 32 * group + 8 * t);  // words 2t, 2t + 1
+          lo[1] = load_u32(rec_lo + 32 * group + 8 * t + 4);
+          hi[0] = load_u32(rec_hi + 32 * group + 8 * t);
+          hi[1] = load_u32(rec_hi + 32 * group + 8 * t + 4);
         }
+        float part[2][4] = {};
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t a[4];
-          if (int2) {
-            const int shift = int2_key_shift(s, 0);
-            a[0] = dequantize_biased_pair(biased_codes(lo[0] >> shift, kInt2Pair), s_lo, m_lo);
-            a[1] = dequantize_biased_pair(biased_codes(hi[0] >> shift, kInt2Pair), s_hi, m_hi);
-            a[2] =
-                dequantize_biased_pair(biased_codes(lo[0] >> (shift + 2), kInt2Pair), s_lo, m_lo);
-            a[3] =
-                dequantize_biased_pair(biased_codes(hi[0] >> (shift + 2), kInt2Pair), s_hi, m_hi);
-          } else if (coded) {
-            const int shift = 4 * int4_key_nibble(s, 0, 0);
-            a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
-            a[1] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> shift), s_hi, m_hi);
-            a[2] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> (shift + 4)), s_lo, m_lo);
-            a[3] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> (shift + 4)), s_hi, m_hi);
-            if (group == 8) {
-              // RoPE pairs kept in BF16 overwrite their two channels (h = 0 and 1, one half).
-              for (int n = 0; n < p.kept.count; ++n) {
-                const FragmentPlace place = int4_key_place(2 * p.kept.pairs[n]);
-                if (place.t == t && place.s == s) {
-                  const int offset = Content::kBytes + RopeInt4::kBaseBytes + 4 * n;
-                  const uint32_t kept_lo = load_u32(rec_lo + offset);
-                  const uint32_t kept_hi = load_u32(rec_hi + offset);
-                  a[0] = with_half(a[0], place.e, kept_lo);
-                  a[2] = with_half(a[2], place.e, kept_lo >> 16);
-                  a[1] = with_half(a[1], place.e, kept_hi);
-                  a[3] = with_half(a[3], place.e, kept_hi >> 16);
-                }
-              }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t word_lo, word_hi, mask;
+            if constexpr (L::kInt2) {
+              const int shifted = int2_key_word_shift(s, h) != 0;
+              word_lo = lo[shifted];
+              word_hi = hi[shifted];
+              mask = kInt2Pair << (int2_key_shift(s, h) - int2_key_word_shift(s, h));
+            } else {
+              word_lo = lo[s >> 1] >> int4_key_word_shift(s);
+              word_hi = hi[s >> 1] >> int4_key_word_shift(s);
+              mask = kInt4Pair << (4 * h);
             }
-          } else {
-            const int offset = Content::kBytes + 2 * (16 * s + 2 * t);
-            a[0] = load_u32(rec_lo + offset);
-            a[1] = load_u32(rec_hi + offset);
-            a[2] = load_u32(rec_lo + offset + 16);
-            a[3] = load_u32(rec_hi + offset + 16);
+            a[2 * h] = exact_code_pair(word_lo, mask);
+            a[2 * h + 1] = exact_code_pair(word_hi, mask);
           }
           const uint4 b = qf[32 * (4 * group + s)];
-          mma_bf16_16x8x16(sc[s & 1][0], a, b.x, b.y);
-          mma_bf16_16x8x16(sc[s & 1][1], a, b.z, b.w);
+          mma_f16_16x8x16(part[0], a, b.x, b.y);
+          mma_f16_16x8x16(part[1], a, b.z, b.w);
         }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          sc[n][0] = fmaf(scale_lo, part[n][0], sc[n][0]);
+          sc[n][1] = fmaf(scale_lo, part[n][1], sc[n][1]);
+          sc[n][2] = fmaf(scale_hi, part[n][2], sc[n][2]);
+          sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
+        }
+      }
+      {
+        // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
+        const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
+        const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
+        uint32_t a[4];
+        a[0] = a[2] = __byte_perm(load_u32(words_lo), load_u32(words_lo + 4), 0x7632);
+        a[1] = a[3] = __byte_perm(load_u32(words_hi), load_u32(words_hi + 4), 0x7632);
+        mma_f16_16x8x16(sc[0], a, min_frags[0], min_frags[1]);
+        mma_f16_16x8x16(sc[1], a, min_frags[2], min_frags[3]);
+      }
+      // The RoPE key in BF16, as the tiled kernel's tile holds it.
+      uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
+      __nv_bfloat162 s_lo{}, m_lo{}, s_hi{}, m_hi{};
+      if constexpr (!Rope::kIsBf16) {
+        const int scales = Content::kBytes + RopeInt4::kCodeBytes;
+        lo[0] = load_u32(rec_lo + Content::kBytes + 8 * t);
+        lo[1] = load_u32(rec_lo + Content::kBytes + 8 * t + 4);
+        hi[0] = load_u32(rec_hi + Content::kBytes + 8 * t);
+        hi[1] = load_u32(rec_hi + Content::kBytes + 8 * t + 4);
+        const __nv_bfloat162 sm_lo = bf16x2_from_bits(load_u32(rec_lo + scales));
+        const __nv_bfloat162 sm_hi = bf16x2_from_bits(load_u32(rec_hi + scales));
+        s_lo = __low2bfloat162(sm_lo);
+        m_lo = __high2bfloat162(sm_lo);
+        s_hi = __low2bfloat162(sm_hi);
+        m_hi = __high2bfloat162(sm_hi);
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        if constexpr (Rope::kIsBf16) {
+          const int offset = Content::kBytes + 2 * (16 * s + 2 * t);
+          a[0] = load_u32(rec_lo + offset);
+          a[1] = load_u32(rec_hi + offset);
+          a[2] = load_u32(rec_lo + offset + 16);
+          a[3] = load_u32(rec_hi + offset + 16);
+        } else {
+          const int shift = 4 * int4_key_nibble(s, 0, 0);
+          a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
+          a[1] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> shift), s_hi, m_hi);
+          a[2] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> (shift + 4)), s_lo, m_lo);
+          a[3] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> (shift + 4)), s_hi, m_hi);
+          // RoPE pairs kept in BF16 overwrite their two channels (h = 0 and 1, one half).
+          for (int n = 0; n < p.kept.count; ++n) {
+            const FragmentPlace place = int4_key_place(2 * p.kept.pairs[n]);
+            if (place.t == t && place.s == s) {
+              const int offset = Content::kBytes + RopeInt4::kBaseBytes + 4 * n;
+              const uint32_t kept_lo = load_u32(rec_lo + offset);
+              const uint32_t kept_hi = load_u32(rec_hi + offset);
+              a[0] = with_half(a[0], place.e, kept_lo);
+              a[2] = with_half(a[2], place.e, kept_lo >> 16);
+              a[1] = with_half(a[1], place.e, kept_hi);
+              a[3] = with_half(a[3], place.e, kept_hi >> 16);
+            }
+          }
+        }
+        const uint4 b = qf[32 * (4 * L::kGroups + s)];
+        mma_bf16_16x8x16(sc[0], a, b.x, b.y);
+        mma_bf16_16x8x16(sc[1], a, b.z, b.w);
       }
     }
 
-    // 2. Online softmax: sc[.][n][e] is key g, sc[.][n][2 + e] key g + 8, of row 8n + 2t + e.
+    // 2. Online softmax: sc[n][e] is key g, sc[n][2 + e] key g + 8, of row 8n + 2t + e.
     float x[2][4];
     float page_max[2][2];
     const int key_lo = key0 + 16 * warp + g;
@@ -330,10 +475,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float s_lo = sc[0][n][e] + sc[1][n][e];
-        const float s_hi = sc[0][n][2 + e] + sc[1][n][2 + e];
-        x[n][e] = key_lo < limit[n][e] ? s_lo * p.scale_log2 : -INFINITY;
-        x[n][2 + e] = key_lo + 8 < limit[n][e] ? s_hi * p.scale_log2 : -INFINITY;
+        x[n][e] = key_lo < limit[n][e] ? sc[n][e] * logit_scale[n][e] : -INFINITY;
+        x[n][2 + e] = key_lo + 8 < limit[n][e] ? sc[n][2 + e] * logit_scale[n][e] : -INFINITY;
         page_max[n][e] = fmaxf(x[n][e], x[n][2 + e]);
 #pragma unroll
         for (int offset = 4; offset < 32; offset <<= 1) {
@@ -360,47 +503,67 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         const float reference = new_max == -INFINITY ? 0.0f : new_max;
         alpha[n][e] = exp2f(row_max[n][e] - reference);
         row_max[n][e] = new_max;
-        const float p_lo = exp2f(x[n][e] - reference);
-        const float p_hi = exp2f(x[n][2 + e] - reference);
-        row_sum[n][e] = row_sum[n][e] * alpha[n][e] + (p_lo + p_hi);
+        const __half p_lo = __float2half_rn(exp2f(x[n][e] - reference));
+        const __half p_hi = __float2half_rn(exp2f(x[n][2 + e] - reference));
+        row_sum[n][e] = row_sum[n][e] * alpha[n][e] + (__half2float(p_lo) + __half2float(p_hi));
         uint16_t* const prob_row = probs + row * L::kProbStride + 16 * warp + g;
-        prob_row[0] = __bfloat16_as_ushort(__float2bfloat16_rn(p_lo));
-        prob_row[8] = __bfloat16_as_ushort(__float2bfloat16_rn(p_hi));
+        prob_row[0] = __half_as_ushort(p_lo);
+        prob_row[8] = __half_as_ushort(p_hi);
       }
     }
     named_barrier(1, L::kConsumers);  // P^T complete
 
     // 3. O^T += V^T P^T over this warp's groups 2 warp, 2 warp + 1.
 #pragma unroll
-    for (int gl = 0; gl < 2; ++gl)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int e = 0; e < 2; ++e) {
+        min_acc[n][e] *= alpha[n][e];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int gl = 0; gl < 2; ++gl)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
+          for (int j = 0; j < 4; ++j) {
             acc[gl][j][n][e] *= alpha[n][e];
             acc[gl][j][n][2 + e] *= alpha[n][e];
           }
-#pragma unroll
-    for (int ks = 0; ks < kPageTokens / 16; ++ks) {
-      uint32_t b[4];  // rows 0-7: keys 16 ks + [0, 8), [8, 16); rows 8-15: the same
+      }
+    const int rb = p.record_bytes;
+    // P^T's B fragments of keys 16 ks + [0, 16): rows 0-7 in b[0], b[1], rows 8-15 in b[2], b[3].
+    const auto load_probs = [&](int ks, uint32_t(&b)[4]) {
       ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride +
                                     16 * ks + 8 * ((lane / 8) % 2)));
-      const uint8_t* const keys = stage + (16 * ks + 2 * t) * p.record_bytes;
-      const int rb = p.record_bytes;
+    };
+    {
+      // This warp's keys 16 warp + [0, 16): A row g (< 8) = group g's minimums, rows g + 8 zero.
+      uint32_t b[4];
+      load_probs(warp, b);
+      const uint8_t* const mins = stage + (16 * warp + 2 * t) * rb + Content::kCodeBytes + 4 * g;
+      uint32_t a[4] = {__byte_perm(load_u32(mins), load_u32(mins + rb), 0x7632), 0,
+                       __byte_perm(load_u32(mins + 8 * rb), load_u32(mins + 9 * rb), 0x7632), 0};
+      mma_f16_16x8x16(min_acc[0], a, b[0], b[1]);
+      mma_f16_16x8x16(min_acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kPageTokens / 16; ++ks) {
+      uint32_t b[4];
+      load_probs(ks, b);
+      const uint8_t* const keys = stage + (16 * ks + 2 * t) * rb;
 #pragma unroll
       for (int gl = 0; gl < 2; ++gl) {
         const int group = 2 * warp + gl;
+        // P times the FP16 scales of keys 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1], b[3]).
         const uint8_t* const scales = keys + Content::kCodeBytes + 4 * group;
-        // BF16 {scale, min} of keys 2t, 2t + 1 (and + 8, + 9) -> the pairs (scale, scale), (min,
-        // min) of two keys.
-        const uint32_t sm0 = load_u32(scales), sm1 = load_u32(scales + rb);
-        const uint32_t sm8 = load_u32(scales + 8 * rb), sm9 = load_u32(scales + 9 * rb);
-        const __nv_bfloat162 scale01 = bf16x2_from_bits(__byte_perm(sm0, sm1, 0x5410));
-        const __nv_bfloat162 min01 = bf16x2_from_bits(__byte_perm(sm0, sm1, 0x7632));
-        const __nv_bfloat162 scale89 = bf16x2_from_bits(__byte_perm(sm8, sm9, 0x5410));
-        const __nv_bfloat162 min89 = bf16x2_from_bits(__byte_perm(sm8, sm9, 0x7632));
+        const uint32_t scale01 = __byte_perm(load_u32(scales), load_u32(scales + rb), 0x5410);
+        const uint32_t scale89 =
+            __byte_perm(load_u32(scales + 8 * rb), load_u32(scales + 9 * rb), 0x5410);
+        uint32_t pb[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const __half2 scaled =
+              __hmul2(*reinterpret_cast<const __half2*>(&b[r]),
+                      *reinterpret_cast<const __half2*>(r % 2 == 0 ? &scale01 : &scale89));
+          pb[r] = *reinterpret_cast<const uint32_t*>(&scaled);
+        }
         if constexpr (L::kInt2) {
           // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
           // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
@@ -415,17 +578,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
                 __byte_perm(load_u32(word + 8 * rb), load_u32(word + 9 * rb), select);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
-              const int j = 2 * half + jj;
-              const int shift = int2_value_shift(j);
-              uint32_t a[4];
-              a[0] = dequantize_biased_pair(biased_codes(x01 >> shift, kInt2Pair), scale01, min01);
-              a[1] = dequantize_biased_pair(biased_codes(x01 >> (shift + 2), kInt2Pair), scale01,
-                                            min01);
-              a[2] = dequantize_biased_pair(biased_codes(x89 >> shift, kInt2Pair), scale89, min89);
-              a[3] = dequantize_biased_pair(biased_codes(x89 >> (shift + 2), kInt2Pair), scale89,
-                                            min89);
-              mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
-              mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
+              const uint32_t mask = kInt2Pair << int2_value_shift(jj);
+              uint32_t a[4] = {x01 & mask, x01 & (mask << 2), x89 & mask, x89 & (mask << 2)};
+              mma_f16_16x8x16(acc[gl][2 * half + jj][0], a, pb[0], pb[1]);
+              mma_f16_16x8x16(acc[gl][2 * half + jj][1], a, pb[2], pb[3]);
             }
           }
         } else {
@@ -437,13 +593,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
             // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high row g + 8.
             const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
             const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
-            uint32_t a[4];
-            a[0] = dequantize_biased_pair(biased_codes(x01), scale01, min01);
-            a[1] = dequantize_biased_pair(biased_codes(x01 >> 4), scale01, min01);
-            a[2] = dequantize_biased_pair(biased_codes(x89), scale89, min89);
-            a[3] = dequantize_biased_pair(biased_codes(x89 >> 4), scale89, min89);
-            mma_bf16_16x8x16(acc[gl][j][0], a, b[0], b[1]);
-            mma_bf16_16x8x16(acc[gl][j][1], a, b[2], b[3]);
+            uint32_t a[4] = {x01 & kInt4Pair, x01 & (kInt4Pair << 4), x89 & kInt4Pair,
+                             x89 & (kInt4Pair << 4)};
+            mma_f16_16x8x16(acc[gl][j][0], a, pb[0], pb[1]);
+            mma_f16_16x8x16(acc[gl][j][1], a, pb[2], pb[3]);
           }
         }
       }
@@ -452,9 +605,14 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     if (lane == 0) mbarrier_arrive(empty + stage_index);  // this warp is done with the stage
   }
 
-  // Channel of an output column's row g of m-tile j (row g + 8 is the next channel).
+  // Channel of an output column's row g of m-tile j (row g + 8 is the next channel), and its
+  // code's position (the subnormal code * 2^(p - 24): times 2^(24 - p) restores it).
   const auto value_channel = [](int j, int row) {
     return L::kInt2 ? int2_value_channel(j, row) : int4_value_channel(j, row);
+  };
+  const auto code_factor = [](int channel) {
+    return power_of_two(
+        24 - (L::kInt2 ? int2_value_code_position(channel) : int4_code_position(channel)));
   };
 
   // Each row's sum over its 8 lanes g and the four warps (the exchange's last readers passed the
@@ -471,7 +629,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       if (g == 0) exchange[warp * L::kRows + 8 * n + 2 * t + e] = row_sum[n][e];
     }
   }
-  named_barrier(1, L::kConsumers);
+  named_barrier(1, L::kConsumers);  // every warp past its last P V: P^T's buffer is scratch
+  float* const min_sums = reinterpret_cast<float*>(probs);  // [warp][group][row]
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -480,8 +639,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       total[n][e] = exchange[row];
 #pragma unroll
       for (int w = 1; w < L::kConsumerWarps; ++w) total[n][e] += exchange[w * L::kRows + row];
+      min_sums[(warp * L::kGroups + g) * L::kRows + row] = min_acc[n][e];
     }
   }
+  named_barrier(1, L::kConsumers);
 
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
@@ -493,6 +654,22 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
       const float lse =
           sum > 0.0f ? (row_max[n][e] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+      float value[2][4][2];  // [group of the warp][m-tile][row g, g + 8], normalized
+#pragma unroll
+      for (int gl = 0; gl < 2; ++gl) {
+        const int group = 2 * warp + gl;
+        float min_sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < L::kConsumerWarps; ++w) {
+          min_sum += min_sums[(w * L::kGroups + group) * L::kRows + local_row];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int channel = value_channel(j, g);
+          value[gl][j][0] = (acc[gl][j][n][e] * code_factor(channel) + min_sum) * inverse;
+          value[gl][j][1] = (acc[gl][j][n][2 + e] * code_factor(channel + 1) + min_sum) * inverse;
+        }
+      }
       if (item.partial < 0) {
         uint16_t* const out =
             p.out + (static_cast<int64_t>(item.batch) * rows_per_seq + row) * kLatentDim;
@@ -501,8 +678,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int channel = 64 * (2 * warp + gl) + value_channel(j, g);
-            *reinterpret_cast<uint32_t*>(out + channel) = bf16x2_bits(
-                __floats2bfloat162_rn(acc[gl][j][n][e] * inverse, acc[gl][j][n][2 + e] * inverse));
+            *reinterpret_cast<uint32_t*>(out + channel) =
+                bf16x2_bits(__floats2bfloat162_rn(value[gl][j][0], value[gl][j][1]));
           }
         }
         if (warp == 0 && g == 0 && p.lse != nullptr) {
@@ -517,7 +694,7 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
           for (int j = 0; j < 4; ++j) {
             const int channel = 64 * (2 * warp + gl) + value_channel(j, g);
             *reinterpret_cast<float2*>(out + channel) =
-                make_float2(acc[gl][j][n][e] * inverse, acc[gl][j][n][2 + e] * inverse);
+                make_float2(value[gl][j][0], value[gl][j][1]);
           }
         }
         if (warp == 0 && g == 0) p.partial_lse[item.partial * L::kRows + local_row] = lse;

@@ -1,4 +1,4 @@
-// The fragment-dequantizing decode kernel (decode_fragments.cuh) for content int4 g64, both RoPE
+// The fragment decode kernel (decode_fragments.cuh) for content int4 g64, both RoPE
 // formats.
 #include <cuda_runtime.h>
 

@@ -9,7 +9,7 @@
 namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block) and the
-// fragment-dequantizing one (decode_fragments.cuh, content int4 or int2 g64, 16 rows a block).
+// fragment one (decode_fragments.cuh, content int4 or int2 g64, 16 rows a block).
 enum class DecodeKernel { kTiled, kFragments };
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run

@@ -1,4 +1,4 @@
-// Index maps of the fragment-dequantizing decode kernel (decode_fragments.cuh): which cache channel
+// Index maps of the fragment decode kernel (decode_fragments.cuh): which cache channel
 // each register half of an mma.m16n8k16 fragment holds when the fragments are built straight from
 // a record's int4 or int2 codes, without a BF16 tile in shared memory. Plain constexpr functions,
 // so that the host test (test_decode_schedule.cpp) checks them exhaustively and the kernel uses the
@@ -71,6 +71,27 @@ QUANTMLA_HOST_DEVICE constexpr int int2_value_channel(int j, int row) {
 }
 // The shift of that byte's code of row g (+ 2 for row g + 8) after the byte moved to bit 0.
 QUANTMLA_HOST_DEVICE constexpr int int2_value_shift(int j) { return 4 * (j % 2); }
+
+// The kernel multiplies with the codes themselves: a register half holds code * 2^p, p the code's
+// bit position in its 16-bit half once the word is shifted as below, so that one mask isolates it
+// (scores: an exact FP16 value, 1024 + code * 2^p less 1024; values: the FP16 subnormal
+// code * 2^(p - 24)). The kernel divides Q's channel (scores) or the output's (values) by 2^p.
+// Int4 keys: word 2t + (s >> 1) of k-step s shifted right by
+QUANTMLA_HOST_DEVICE constexpr int int4_key_word_shift(int s) { return 8 * (s & 1); }
+// so that the code of channel c sits at (keys and values alike)
+QUANTMLA_HOST_DEVICE constexpr int int4_code_position(int channel) { return 4 * (channel % 2); }
+// Int2 keys: word t shifted right by 10 for the codes 5-7 of a half (past FP16's 10 mantissa bits
+// otherwise), so that the code of channel c sits at
+QUANTMLA_HOST_DEVICE constexpr int int2_key_word_shift(int s, int h) {
+  return 2 * s + h >= 5 ? 10 : 0;
+}
+QUANTMLA_HOST_DEVICE constexpr int int2_key_code_position(int channel) {
+  return channel % 8 <= 4 ? 2 * (channel % 8) : 2 * (channel % 8) - 10;
+}
+// Int2 values: the byte's code of channel c at
+QUANTMLA_HOST_DEVICE constexpr int int2_value_code_position(int channel) {
+  return 2 * (channel % 4);
+}
 
 // The kernel loads Q for a k-step as two words, channels (c, c + 1) and (c + 4, c + 5), and a BF16
 // path's registers as one word each: the maps must keep those neighbours (checked for every
