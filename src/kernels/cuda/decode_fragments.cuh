@@ -84,6 +84,7 @@ struct FragmentLayout {
   // and after the last (each warp's sum(P min) of the eight groups).
   static_assert(kProbBytes >= (kRows + kRows * kGroups) * 4 &&
                 kProbBytes >= kConsumerWarps * kGroups * kRows * 4);
+  static_assert(kConsumers == kRows * kGroups);  // the Q prologue: a thread a row and group
 };
 
 // The producer's work on a landed page: records past `valid` zeroed (codes, scales and minimums 0
@@ -104,7 +105,8 @@ __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int recor
   }
 }
 
-// The masks of biased_codes: two int4 or two int2 codes, one in the low bits of each half.
+// Two int4 or two int2 codes, one in the low bits of each half (the masks of biased_codes, shifted
+// by a code's position for exact_code_pair and the values' subnormal operands).
 constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
 constexpr uint32_t kHalf1024 = 0x64006400u;  // FP16 1024.0 twice, as bits
 
