@@ -5,12 +5,14 @@
 #   bash bench/gpu/run-serve.sh [NUM_PROMPTS INPUT_LEN OUTPUT_LEN]   (default 256 512 128)
 # DECODE_KERNELS="auto tiled": workload P once per decode kernel (QUANTMLA_DECODE_KERNEL; the
 # "tiled" run's files end in -tiled), to see how much of a kernel's gain reaches the whole job.
+# TAG=NAME: the files are named h200-v2-lite-NAME-... (e.g. TAG=decode-heavy for 128 256 1024).
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 n=${1:-256} input=${2:-512} output=${3:-128}
+name=h200-v2-lite${TAG:+-$TAG}
 build=build-gpu-full
 bash bench/gpu/device-build.sh quantmla || exit 1
 [[ -f /tmp/v2-lite/config.json ]] ||
@@ -25,10 +27,10 @@ for kernel in ${DECODE_KERNELS:-auto}; do
   suffix=$([[ $kernel == auto ]] || echo "-$kernel")
   echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak), decode kernel $kernel"
   QUANTMLA_DECODE_KERNEL=$kernel $build/quantmla bench-serve "${common[@]}" \
-    --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/h200-v2-lite-pressure$suffix.json" \
-    --plot "$out/h200-v2-lite-pressure$suffix.svg" 2>"$out/p$suffix.err"
+    --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/$name-pressure$suffix.json" \
+    --plot "$out/$name-pressure$suffix.svg" 2>"$out/p$suffix.err"
 done
 echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
 $build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
-  --json "$out/h200-v2-lite-no-pressure.json" --plot "$out/h200-v2-lite-no-pressure.svg" 2>"$out/u.err"
+  --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" 2>"$out/u.err"
 tail -n 3 "$out"/p*.err "$out/u.err"
