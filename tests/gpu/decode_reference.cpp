@@ -320,22 +320,12 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         // here) plus what the FP32 scores move it by (both the logit and the maximum), in units
         // of p's FP32 ulp.
         const double near = 4.0 + 2.0 * 0.6931471805599453 * score[j] * 0x1.0p24;
-        double rounded, flip;
         if (codes) {
-          rounded = f16_round(p);
+          const double rounded = f16_round(p);
           const double unit = f16_ulp(p);
           const double tie = std::fabs(p - std::floor(p / unit) * unit - unit / 2);
-          flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
+          const double flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
           sum = round(sum + rounded);
-        } else {
-          const uint16_t bits = f32_to_bf16(p);
-          rounded = bf16_to_f32(bits);
-          const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
-          flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
-          sum = round(sum + p);
-        }
-        const float* v = keys[b].data() + static_cast<size_t>(key0 + j) * kKeyDim;
-        if (codes) {
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
           for (int g = 0; g < kLatentDim / 64; ++g) {
             const double scaled = f16_round(rounded * c.scale[g]);
@@ -349,6 +339,11 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
             }
           }
         } else {
+          const double rounded = bf16_to_f32(f32_to_bf16(p));
+          const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
+          const double flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
+          sum = round(sum + p);
+          const float* v = keys[b].data() + static_cast<size_t>(key0 + j) * kKeyDim;
           for (int d = 0; d < kLatentDim; ++d) {
             run.out[d] = round(run.out[d] + rounded * v[d]);
             run.flip[d] += flip * std::fabs(v[d]);
