@@ -310,8 +310,9 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         run.out[d] = round(run.out[d] * alpha), run.flip[d] *= alpha, run.magnitude[d] *= alpha;
       }
       double sum = 0.0;
-      // The largest P scale of each 16 keys and group (the subnormal products' window).
-      std::vector<double> window(static_cast<size_t>(step_keys / 16) * (kLatentDim / 64), 0.0);
+      // The largest P scale of the step's keys a group (the subnormal products' window): the
+      // kernel's 16-key tiles may take the keys in any order, so each tile is bounded by it.
+      std::vector<double> window(kLatentDim / 64, 0.0);
       for (int j = 0; j < step_keys; ++j) {
         if (x[j] == -INFINITY) continue;
         const float p = fp32 ? std::exp2f(x[j] - reference)
@@ -329,7 +330,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
           for (int g = 0; g < kLatentDim / 64; ++g) {
             const double scaled = f16_round(rounded * c.scale[g]);
-            double& largest = window[static_cast<size_t>(j / 16) * (kLatentDim / 64) + g];
+            double& largest = window[static_cast<size_t>(g)];
             largest = std::max(largest, std::fabs(scaled));
             for (int d = 64 * g; d < 64 * g + 64; ++d) {
               const double value = std::fabs(c.scale[g] * c.codes[d] + c.minimum[g]);
@@ -352,9 +353,9 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         }
       }
       if (codes) {
-        for (size_t w = 0; w < window.size(); ++w) {
-          const int g = static_cast<int>(w % (kLatentDim / 64));
-          for (int d = 64 * g; d < 64 * g + 64; ++d) run.flip[d] += 17.0 * 0x1.0p-12 * window[w];
+        for (int g = 0; g < kLatentDim / 64; ++g) {
+          const double tiles = step_keys / 16 * window[static_cast<size_t>(g)];
+          for (int d = 64 * g; d < 64 * g + 64; ++d) run.flip[d] += 17.0 * 0x1.0p-12 * tiles;
         }
       }
       row_sum = round(round(row_sum * alpha) + sum);

@@ -96,7 +96,8 @@ using Operands = gpu::MlaDecodePlan::Operands;
 // FP16 and the row sums adding the rounded P; values sum(fp16(P scale) code + P min). Its products
 // of FP16 subnormal codes and P may lose bits below the largest product's window (measured on the
 // H200: 2^-17 of the sum of magnitudes); the allowance takes a 24-bit window, 2^-12 of the largest
-// P scale of each 16 keys and group, 17 terms a product.
+// P scale of a group's 16-key tile (bounded by the step's largest, the tiles' key order being the
+// kernel's), 17 terms a product.
 FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
                                int num_heads, float softmax_scale,
                                const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,

@@ -208,10 +208,80 @@ void check_fragment_maps() {
   }
 }
 
+// The fragment kernel's key orders for int4 content (fragment_maps.h): bijections onto a page's 64
+// keys, P^T's column map their inverse, and, for every record of an odd number of words, each
+// shared-memory load of the kernel free of bank conflicts (distinct addresses in distinct banks).
+void check_key_orders() {
+  const auto conflict_free = [](const std::vector<int>& words) {
+    std::array<int, 32> bank_word;
+    bank_word.fill(-1);
+    for (const int w : words) {
+      int& held = bank_word[w % 32];
+      if (held != -1 && held != w) return false;
+      held = w;
+    }
+    return true;
+  };
+  for (const bool spread : {false, true}) {
+    std::array<int, 64> scores{}, values{};
+    for (int w = 0; w < 4; ++w) {
+      for (int row = 0; row < 16; ++row) {
+        ++scores[score_key(w, row, spread) % 64];
+      }
+    }
+    for (int ks = 0; ks < 4; ++ks) {
+      for (int k = 0; k < 16; ++k) {
+        const int key = value_key(ks, k, spread);
+        ++values[key % 64];
+        expect(value_column(key, spread) == 16 * ks + k,
+               "value_column inverts value_key at k-tile " + std::to_string(ks) + ", k " +
+                   std::to_string(k));
+      }
+    }
+    for (int key = 0; key < 64; ++key) {
+      expect(scores[key] == 1 && values[key] == 1,
+             "key " + std::to_string(key) + " taken exactly once by each order");
+    }
+  }
+  for (int words = 1; words < 200; words += 2) {  // every odd record size
+    const std::string at = " with records of " + std::to_string(words) + " words";
+    for (int w = 0; w < 4; ++w) {
+      for (int half = 0; half < 2; ++half) {
+        for (int word = 0; word < 2; ++word) {
+          // Scores: lane (g, t) reads word 2t + word of its key's group (and the scales).
+          std::vector<int> codes, scales;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4, t = lane % 4;
+            codes.push_back(score_key(w, g + 8 * half, true) * words + 2 * t + word);
+            scales.push_back(score_key(w, g + 8 * half, true) * words);
+          }
+          expect(conflict_free(codes) && conflict_free(scales),
+                 "score loads of warp " + std::to_string(w) + at);
+        }
+      }
+    }
+    for (int ks = 0; ks < 4; ++ks) {
+      for (const int k0 : {0, 1, 8, 9}) {
+        // Values: lane (g, t) reads word g of key k0 + 2t, and its scale.
+        std::vector<int> codes, scales;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          const int key = value_key(ks, k0 + 2 * t, true);
+          codes.push_back(key * words + g);
+          scales.push_back(key * words);
+        }
+        expect(conflict_free(codes) && conflict_free(scales),
+               "value loads of k-tile " + std::to_string(ks) + at);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   check_fragment_maps();
+  check_key_orders();
   int cases = 0;
   for (const int heads : {16, 32, 48, 64, 128}) {
     for (const int s_q : {1, 2}) {

@@ -343,6 +343,12 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       logit_scale[n][e] = p.scale_log2 * power_of_two(-row_exponent(row));
     }
   }
+  // This thread's keys of a page in the scores (A rows g and g + 8 of the warp) and their columns
+  // of P^T, in the order that spreads the loads over the banks (fragment_maps.h).
+  const bool spread = !L::kInt2 && p.record_bytes / 4 % 2 == 1;
+  const int key_lo = score_key(warp, g, spread);
+  const int key_hi = score_key(warp, g + 8, spread);
+  const int column_lo = value_column(key_lo, spread), column_hi = value_column(key_hi, spread);
   float acc[2][4][2][4] = {};  // O^T: [group of the warp][m-tile][n-tile][register]
   float min_acc[2][4] = {};    // sum(P min) of group g over this warp's keys: [n-tile][register]
   named_barrier(1, L::kConsumers);  // Q's fragments in place, the scratch read
@@ -356,14 +362,14 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     // 1. Scores of keys 16 warp + g and + 8 against the 16 rows, in units of 2^-e_r.
     float sc[2][4] = {};
     {
-      const uint8_t* const rec_lo = stage + (16 * warp + g) * p.record_bytes;
-      const uint8_t* const rec_hi = rec_lo + 8 * p.record_bytes;
+      const uint8_t* const rec_lo = stage + key_lo * p.record_bytes;
+      const uint8_t* const rec_hi = stage + key_hi * p.record_bytes;
       const uint4* const qf = q_frags + lane;
 #pragma unroll
       for (int group = 0; group < L::kGroups; ++group) {
-        const uint8_t* const scales = Content::kCodeBytes + 4 * group + rec_lo;
-        const float scale_lo = f16_low(load_u32(scales));
-        const float scale_hi = f16_low(load_u32(scales + 8 * p.record_bytes));
+        const int scales = Content::kCodeBytes + 4 * group;
+        const float scale_lo = f16_low(load_u32(rec_lo + scales));
+        const float scale_hi = f16_low(load_u32(rec_hi + scales));
         uint32_t lo[2], hi[2];
         if constexpr (L::kInt2) {
           lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
@@ -472,13 +478,12 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     // 2. Online softmax: sc[n][e] is key g, sc[n][2 + e] key g + 8, of row 8n + 2t + e.
     float x[2][4];
     float page_max[2][2];
-    const int key_lo = key0 + 16 * warp + g;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        x[n][e] = key_lo < limit[n][e] ? sc[n][e] * logit_scale[n][e] : -INFINITY;
-        x[n][2 + e] = key_lo + 8 < limit[n][e] ? sc[n][2 + e] * logit_scale[n][e] : -INFINITY;
+        x[n][e] = key0 + key_lo < limit[n][e] ? sc[n][e] * logit_scale[n][e] : -INFINITY;
+        x[n][2 + e] = key0 + key_hi < limit[n][e] ? sc[n][2 + e] * logit_scale[n][e] : -INFINITY;
         page_max[n][e] = fmaxf(x[n][e], x[n][2 + e]);
 #pragma unroll
         for (int offset = 4; offset < 32; offset <<= 1) {
@@ -508,9 +513,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         const __half p_lo = __float2half_rn(exp2f(x[n][e] - reference));
         const __half p_hi = __float2half_rn(exp2f(x[n][2 + e] - reference));
         row_sum[n][e] = row_sum[n][e] * alpha[n][e] + (__half2float(p_lo) + __half2float(p_hi));
-        uint16_t* const prob_row = probs + row * L::kProbStride + 16 * warp + g;
-        prob_row[0] = __half_as_ushort(p_lo);
-        prob_row[8] = __half_as_ushort(p_hi);
+        uint16_t* const prob_row = probs + row * L::kProbStride;
+        prob_row[column_lo] = __half_as_ushort(p_lo);
+        prob_row[column_hi] = __half_as_ushort(p_hi);
       }
     }
     named_barrier(1, L::kConsumers);  // P^T complete
@@ -535,13 +540,23 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride +
                                     16 * ks + 8 * ((lane / 8) % 2)));
     };
+    // The records of k-tile ks's keys at the MMA's k indices 2t, 2t + 1, 2t + 8, 2t + 9.
+    const auto value_records = [&](int ks, const uint8_t*(&records)[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        records[i] = stage + value_key(ks, 2 * t + i % 2 + 8 * (i / 2), spread) * rb;
+      }
+    };
     {
-      // This warp's keys 16 warp + [0, 16): A row g (< 8) = group g's minimums, rows g + 8 zero.
+      // k-tile `warp`: A row g (< 8) = group g's minimums of its keys, rows g + 8 zero.
       uint32_t b[4];
       load_probs(warp, b);
-      const uint8_t* const mins = stage + (16 * warp + 2 * t) * rb + Content::kCodeBytes + 4 * g;
-      uint32_t a[4] = {__byte_perm(load_u32(mins), load_u32(mins + rb), 0x7632), 0,
-                       __byte_perm(load_u32(mins + 8 * rb), load_u32(mins + 9 * rb), 0x7632), 0};
+      const uint8_t* records[4];
+      value_records(warp, records);
+      const int mins = Content::kCodeBytes + 4 * g;
+      uint32_t a[4] = {
+          __byte_perm(load_u32(records[0] + mins), load_u32(records[1] + mins), 0x7632), 0,
+          __byte_perm(load_u32(records[2] + mins), load_u32(records[3] + mins), 0x7632), 0};
       mma_f16_16x8x16(min_acc[0], a, b[0], b[1]);
       mma_f16_16x8x16(min_acc[1], a, b[2], b[3]);
     }
@@ -549,15 +564,18 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     for (int ks = 0; ks < kPageTokens / 16; ++ks) {
       uint32_t b[4];
       load_probs(ks, b);
-      const uint8_t* const keys = stage + (16 * ks + 2 * t) * rb;
+      const uint8_t* records[4];
+      value_records(ks, records);
 #pragma unroll
       for (int gl = 0; gl < 2; ++gl) {
         const int group = 2 * warp + gl;
-        // P times the FP16 scales of keys 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1], b[3]).
-        const uint8_t* const scales = keys + Content::kCodeBytes + 4 * group;
-        const uint32_t scale01 = __byte_perm(load_u32(scales), load_u32(scales + rb), 0x5410);
+        // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
+        // b[3]).
+        const int scales = Content::kCodeBytes + 4 * group;
+        const uint32_t scale01 =
+            __byte_perm(load_u32(records[0] + scales), load_u32(records[1] + scales), 0x5410);
         const uint32_t scale89 =
-            __byte_perm(load_u32(scales + 8 * rb), load_u32(scales + 9 * rb), 0x5410);
+            __byte_perm(load_u32(records[2] + scales), load_u32(records[3] + scales), 0x5410);
         uint32_t pb[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -570,14 +588,14 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
           // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
           // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
           // 2 more (fragment_maps.h).
-          const uint8_t* const codes = keys + 16 * group + 4 * (g / 4);
           const uint32_t select = (g % 4) | (4 + g % 4) << 8;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const uint8_t* const word = codes + 8 * half;
-            const uint32_t x01 = __byte_perm(load_u32(word), load_u32(word + rb), select);
+            const int word = 16 * group + 4 * (g / 4) + 8 * half;
+            const uint32_t x01 =
+                __byte_perm(load_u32(records[0] + word), load_u32(records[1] + word), select);
             const uint32_t x89 =
-                __byte_perm(load_u32(word + 8 * rb), load_u32(word + 9 * rb), select);
+                __byte_perm(load_u32(records[2] + word), load_u32(records[3] + word), select);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
               const uint32_t mask = kInt2Pair << int2_value_shift(jj);
@@ -587,9 +605,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
             }
           }
         } else {
-          const uint8_t* const codes = keys + 32 * group + 4 * g;
-          const uint32_t w0 = load_u32(codes), w1 = load_u32(codes + rb);
-          const uint32_t w8 = load_u32(codes + 8 * rb), w9 = load_u32(codes + 9 * rb);
+          const int codes = 32 * group + 4 * g;
+          const uint32_t w0 = load_u32(records[0] + codes), w1 = load_u32(records[1] + codes);
+          const uint32_t w8 = load_u32(records[2] + codes), w9 = load_u32(records[3] + codes);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high row g + 8.

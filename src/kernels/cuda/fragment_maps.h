@@ -93,6 +93,34 @@ QUANTMLA_HOST_DEVICE constexpr int int2_value_code_position(int channel) {
   return 2 * (channel % 4);
 }
 
+// The order in which the kernel takes a page's 64 keys for int4 content, chosen so that its
+// shared-memory loads of the records are free of bank conflicts when a record is an odd number of
+// 32-bit words (`spread`: an int4 RoPE key with an even number of kept pairs). Records are
+// contiguous in a stage, so in the natural order the lanes' keys land 4 to a bank. With an even
+// number of words (a BF16 RoPE key) no order spreads them further than the natural one (2 to a
+// bank); int2 content keeps it too (2 to a bank in the scores only, and the spread order measured
+// 4% slower there).
+// Scores: warp w's A-tile row `row` (lane group g takes rows g and g + 8; lane (g, t) reads words
+// 2t and 2t + 1 of its key's group, so the 8 keys' banks must be {0, 8, 16, 24} and those plus
+// one, up to a shift) is key
+QUANTMLA_HOST_DEVICE constexpr int score_key(int w, int row, bool spread) {
+  return spread ? 32 * (row / 8) + 8 * (row % 8 / 2) + 2 * w + row % 2 : 16 * w + row;
+}
+// Values: the MMA's k index k (0..15) of k-tile ks (0..3) is key (lane t takes k = 2t, 2t + 1,
+// 2t + 8, 2t + 9 and reads word g of each, so each of those four keys' banks must be 8 apart
+// over t)
+QUANTMLA_HOST_DEVICE constexpr int value_key(int ks, int k, bool spread) {
+  const int slot = 4 * ks + 2 * (k / 8) + k % 2;  // 0..15
+  return spread ? 32 * (slot / 8) + slot % 8 + 8 * (k % 8 / 2) : 16 * ks + k;
+}
+// and the column of P^T (16 ks + k) that holds a key's probability.
+QUANTMLA_HOST_DEVICE constexpr int value_column(int key, bool spread) {
+  if (!spread) return key;
+  const int slot = 8 * (key / 32) + key % 8;
+  const int q = slot % 4;
+  return 16 * (slot / 4) + 2 * (key % 32 / 8) + q % 2 + 8 * (q / 2);
+}
+
 // The kernel loads Q for a k-step as two words, channels (c, c + 1) and (c + 4, c + 5), and a BF16
 // path's registers as one word each: the maps must keep those neighbours (checked for every
 // k-step and lane by the host test too).
