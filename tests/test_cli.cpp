@@ -473,6 +473,10 @@ TEST_F(CliTest, BenchServeRefusesBadBudgets) {
   expect_failure(
       run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 1KiB"),
       {"hold no page"});
+  // The batch-invariant mode is the CUDA runner's; on the CPU it is refused, not ignored.
+  expect_failure(run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 "
+                         "--batch-invariant"),
+                 {"--batch-invariant is a mode of the CUDA runner"});
 }
 
 TEST_F(CliTest, RenderChatPrintsTheReferencePrompt) {

@@ -6,6 +6,10 @@
 # DECODE_KERNELS="auto tiled": workload P once per decode kernel (QUANTMLA_DECODE_KERNEL; the
 # "tiled" run's files end in -tiled), to see how much of a kernel's gain reaches the whole job.
 # TAG=NAME: the files are named h200-v2-lite-NAME-... (e.g. TAG=decode-heavy for 128 256 1024).
+# BATCH_INVARIANT=1: workload P only, with --batch-invariant (the runner's reproducible mode), into
+# ...-pressure-batch-invariant.json: the greedy check with and without preemption in that mode,
+# and what the mode costs beside the default run's figures.
+# FORMATS="SPEC ...": the cache formats (default bf16, fp8, int4/int4 and int2/int4).
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,18 +23,28 @@ bash bench/gpu/device-build.sh quantmla || exit 1
   $build/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite --seed 1 2>/dev/null | tail -1
 # V2-Lite BF16: 27 layers x 1152 bytes a token.
 peak=$((n * (input + output) * 27 * 1152))
-formats=(--cache bf16 --cache content=fp8,rope=bf16 --cache content=int4:g64,rope=int4:g64
-  --cache content=int2:g64,rope=int4:g64)
+formats=()
+for spec in ${FORMATS:-bf16 content=fp8,rope=bf16 content=int4:g64,rope=int4:g64 \
+  content=int2:g64,rope=int4:g64}; do
+  formats+=(--cache "$spec")
+done
 common=(--device cuda --model /tmp/v2-lite --num-prompts "$n" --input-len "$input"
   --output-len "$output" --seed 0 "${formats[@]}")
+mode=
+if [[ -n ${BATCH_INVARIANT:-} ]]; then
+  common+=(--batch-invariant)
+  mode=-batch-invariant
+fi
 for kernel in ${DECODE_KERNELS:-auto}; do
-  suffix=$([[ $kernel == auto ]] || echo "-$kernel")
+  suffix=$([[ $kernel == auto ]] || echo "-$kernel")$mode
   echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak), decode kernel $kernel"
   QUANTMLA_DECODE_KERNEL=$kernel $build/quantmla bench-serve "${common[@]}" \
     --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/$name-pressure$suffix.json" \
     --plot "$out/$name-pressure$suffix.svg" 2>"$out/p$suffix.err"
 done
-echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
-$build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
-  --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" 2>"$out/u.err"
-tail -n 3 "$out"/p*.err "$out/u.err"
+if [[ -z $mode ]]; then
+  echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
+  $build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
+    --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" 2>"$out/u.err"
+fi
+tail -n 3 "$out"/*.err

@@ -53,6 +53,17 @@ struct MlaDecodeWorkspace {
   size_t bytes = 0;
 };
 
+// How a plan in a workspace splits its work. kFillDevice: the split that fills the device for
+// these lengths (each sequence's share of the concurrent blocks), the kernel and its row tiles
+// chosen by the batch. kBatchInvariant: each query row's arithmetic depends on its own sequence's
+// length and its position only, never on the rest of the batch or on the s_q of its call (a
+// token decoded alone, in a batch, or recomputed inside a prefill chunk gets the same bits): runs
+// of kBatchInvariantPagesPerSplit pages from the first, one 16-row tile a block, the kernel chosen
+// by the format alone, and every run merged by the combine kernel (a row's later runs inside a
+// chunk are masked to weight 0, which adds exact zeros). Not with a fixed grid.
+enum class DecodeSplit { kFillDevice, kBatchInvariant };
+inline constexpr int kBatchInvariantPagesPerSplit = 8;
+
 // How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
 // on the device; sequences split into several runs are merged by a combine kernel through their
@@ -74,13 +85,16 @@ class MlaDecodePlan {
   // written to the same workspace; otherwise exactly the schedule's blocks. The workspace must
   // stay untouched until the plan's calls have run. Throws InvalidArgument as the first
   // constructor, and for a workspace smaller than workspace_bytes or not 256-byte aligned.
+  // split: see DecodeSplit (kBatchInvariant with fixed_grid throws InvalidArgument).
   MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens, int s_q,
-                int num_heads, const MlaDecodeWorkspace& workspace, bool fixed_grid, void* stream);
+                int num_heads, const MlaDecodeWorkspace& workspace, bool fixed_grid, void* stream,
+                DecodeSplit split = DecodeSplit::kFillDevice);
   // Workspace bytes of a fixed-grid plan of `batch` sequences (any lengths).
   static size_t workspace_bytes(const CacheFormat& format, int batch, int s_q, int num_heads);
   // Workspace bytes of a plan of these lengths that launches its own grid.
   static size_t workspace_bytes(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
-                                int s_q, int num_heads);
+                                int s_q, int num_heads,
+                                DecodeSplit split = DecodeSplit::kFillDevice);
 
   ~MlaDecodePlan();
   MlaDecodePlan(MlaDecodePlan&&) noexcept;

@@ -128,6 +128,16 @@ struct CudaRunnerOptions {
   // kCublas. bench_runner --experts times them side by side.
   enum class ExpertProducts { kCublas, kOursGated, kOurs };
   ExpertProducts expert_products = ExpertProducts::kOursGated;
+  // A token's arithmetic never depends on what shares its step, so its logits are the same bits
+  // alone, in any batch, in a prefill chunk of any size, or recomputed after a preemption (vLLM's
+  // VLLM_BATCH_INVARIANT, SGLang's deterministic inference): every product by one cuBLASLt
+  // algorithm per shape whatever the rows (GemmRunner's batch_invariant), the routed experts over
+  // their exact rows by gpu::expert_gemm (one cuBLASLt product per expert where its shapes do
+  // not fit), prefill chunks through the decode kernel, and decode plans
+  // split by a fixed page count (DecodeSplit::kBatchInvariant). Turns off what would vary the
+  // arithmetic by the step's size: the skinny kernel, fused_decode, the expanded prefill
+  // attention, CUDA graphs. Slower (docs/serving.md has the figures); for reproducible outputs.
+  bool batch_invariant = false;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -389,6 +390,106 @@ void check_graphs(const fs::path& model_dir, uint64_t seed) {
         "programmatic dependent launches changed logits or sampled tokens");
 }
 
+// One sequence's logits three ways (BatchInvariance): (alone) its prompt in one chunk, then its
+// tokens decoded one a step; (mixed) the prompt in chunks of 37 and 63 beside other sequences'
+// prefills, then decoded beside two other sequences; (recomputed) prompt and decoded tokens as one
+// chunk, every row's logits, as a preempted request is prefilled again. Rows: the logits after
+// the prompt and after each decoded token.
+struct ThreeWays {
+  std::vector<float> alone, mixed, recomputed;
+};
+ThreeWays run_three_ways(Runner& runner, const CacheFormat& format, uint64_t seed) {
+  constexpr int kPrompt = 100, kSteps = 6;
+  const int64_t vocab = runner.config().vocab_size;
+  std::mt19937_64 rng(seed + 2);
+  const auto random_ids = [&](int count) {
+    std::vector<int32_t> ids(static_cast<size_t>(count));
+    for (auto& id : ids) id = std::uniform_int_distribution<int32_t>(0, int32_t(vocab) - 1)(rng);
+    return ids;
+  };
+  const std::vector<int32_t> a = random_ids(kPrompt + kSteps), b = random_ids(150 + kSteps),
+                             c = random_ids(30 + kSteps);
+  const std::span<const int32_t> as(a), bs(b), cs(c);
+  ThreeWays out;
+  std::vector<float> logits(static_cast<size_t>((kPrompt + kSteps) * vocab));
+  const auto keep = [&](std::vector<float>& into, int64_t row) {
+    into.insert(into.end(), logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+  };
+  {
+    auto pool = runner.make_pool(format, 16);
+    const SequenceId s = pool->add_sequence();
+    pool->reserve(s, kPrompt + kSteps);
+    runner.step({{{s, as.first(kPrompt), LogitRows::kLast, {}}}}, *pool,
+                {std::span(logits).first(vocab), {}});
+    keep(out.alone, 0);
+    for (int t = 0; t < kSteps; ++t) {
+      runner.step({{{s, as.subspan(kPrompt + t, 1), LogitRows::kLast, {}}}}, *pool,
+                  {std::span(logits).first(vocab), {}});
+      keep(out.alone, 0);
+    }
+  }
+  {
+    auto pool = runner.make_pool(format, 16);
+    const SequenceId sa = pool->add_sequence(), sb = pool->add_sequence(),
+                     sc = pool->add_sequence();
+    pool->reserve(sa, kPrompt + kSteps);
+    pool->reserve(sb, 150 + kSteps);
+    pool->reserve(sc, 30 + kSteps);
+    runner.step(
+        {{{sa, as.first(37), LogitRows::kNone, {}}, {sb, bs.first(150), LogitRows::kNone, {}}}},
+        *pool, {});
+    runner.step({{{sc, cs.first(30), LogitRows::kNone, {}},
+                  {sa, as.subspan(37, kPrompt - 37), LogitRows::kLast, {}}}},
+                *pool, {std::span(logits).first(vocab), {}});
+    keep(out.mixed, 0);
+    for (int t = 0; t < kSteps; ++t) {
+      runner.step({{{sb, bs.subspan(150 + t, 1), LogitRows::kLast, {}},
+                    {sa, as.subspan(kPrompt + t, 1), LogitRows::kLast, {}},
+                    {sc, cs.subspan(30 + t, 1), LogitRows::kLast, {}}}},
+                  *pool, {std::span(logits).first(3 * vocab), {}});
+      keep(out.mixed, 1);
+    }
+  }
+  {
+    auto pool = runner.make_pool(format, 16);
+    const SequenceId s = pool->add_sequence();
+    pool->reserve(s, kPrompt + kSteps);
+    runner.step({{{s, as, LogitRows::kAll, {}}}}, *pool, {logits, {}});
+    for (int row = kPrompt - 1; row < kPrompt + kSteps; ++row) keep(out.recomputed, row);
+  }
+  return out;
+}
+
+// The batch-invariant runner (CudaRunnerOptions::batch_invariant) gives the three ways the same
+// bits; the default runner, for comparison, is printed (its products and attention splits follow
+// the step's size, so its rows may differ).
+void check_batch_invariance(const fs::path& model_dir, const std::string& spec, uint64_t seed) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  CudaRunnerOptions options;
+  options.batch_invariant = true;
+  ThreeWays invariant, fast;
+  {
+    const auto runner = make_cuda_runner(model_dir, options);
+    invariant = run_three_ways(*runner, format, seed);
+  }
+  {
+    const auto runner = make_cuda_runner(model_dir);
+    fast = run_three_ways(*runner, format, seed);
+  }
+  const size_t mixed = count_differences(invariant.alone, invariant.mixed);
+  const size_t recomputed = count_differences(invariant.alone, invariant.recomputed);
+  bool finite = true;
+  for (const float v : invariant.alone) finite = finite && std::isfinite(v);
+  std::printf(
+      "%-48s batch-invariant: %zu (mixed) and %zu (recomputed) of %zu logits differ from the "
+      "alone run; default runner: %zu and %zu\n",
+      (model_dir.filename().string() + " " + spec).c_str(), mixed, recomputed,
+      invariant.alone.size(), count_differences(fast.alone, fast.mixed),
+      count_differences(fast.alone, fast.recomputed));
+  check(finite && mixed == 0 && recomputed == 0,
+        "batch-invariant runner: a sequence's logits changed with its step's company or chunking");
+}
+
 // Bad steps are refused before any work, with the runner and the pool still usable after.
 void check_refusals(const fs::path& model_dir) {
   const auto cuda = make_cuda_runner(model_dir);
@@ -464,6 +565,9 @@ int main(int argc, char** argv) {
       for (const char* name : {"mla-moe16-v2", "mla-moe16-v3"}) {
         check_fixture(fixtures, name);
         check_graphs(fixtures / name, seed);  // routed and shared experts (mla-tiny has none)
+        for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
+          check_batch_invariance(fixtures / name, spec, seed);
+        }
       }
     }
     for (const fs::path& model : models) {
@@ -475,6 +579,7 @@ int main(int argc, char** argv) {
       absorbed.prefill_expanded_max_context = 0;
       check_against_cpu(model, "bf16", seed, absorbed, " (absorbed prefill)");
       check_graphs(model, seed);
+      check_batch_invariance(model, "content=int2:g64,rope=int4:g64", seed);
       check_refusals(model);
     }
   } catch (const std::exception& e) {

@@ -30,14 +30,17 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
+// always_combine: every run a partial result and every (sequence, row tile) combined, one run too
+// (the batch-invariant plans).
 void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_sm,
-                    int per_split, int max_tiles) {
-  const std::string name = "lens " + std::to_string(lens.size()) + " first " +
-                           std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
-                           std::to_string(heads) + " sms " + std::to_string(sms) + "x" +
-                           std::to_string(per_sm) + " split " + std::to_string(per_split) +
-                           " max tiles " + std::to_string(max_tiles);
-  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
+                    int per_split, int max_tiles, bool always_combine = false) {
+  const std::string name =
+      "lens " + std::to_string(lens.size()) + " first " + std::to_string(lens[0]) + " s_q " +
+      std::to_string(s_q) + " heads " + std::to_string(heads) + " sms " + std::to_string(sms) +
+      "x" + std::to_string(per_sm) + " split " + std::to_string(per_split) + " max tiles " +
+      std::to_string(max_tiles) + (always_combine ? " always combined" : "");
+  const DecodeSchedule schedule =
+      plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles, always_combine);
   const int rows = s_q * heads;
   expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
   expect(schedule.rows_per_block == (rows % 32 == 0 && max_tiles == 2 ? 32 : 16),
@@ -64,7 +67,8 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
       for (const WorkItem& item : list) {
         expect(item.page_begin == next, name + ": runs contiguous and ordered");
         next = item.page_end;
-        expect((list.size() > 1) == (item.partial >= 0), name + ": partial iff split");
+        expect((list.size() > 1 || always_combine) == (item.partial >= 0),
+               name + (always_combine ? ": every run partial" : ": partial iff split"));
         if (per_split > 0)
           expect(item.page_end - item.page_begin <= per_split, name + ": run size");
       }
@@ -294,6 +298,9 @@ int main() {
                 std::vector<int32_t>(128, 4096)}) {
             for (const int max_tiles : {1, 2}) {
               check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
+              if (per_split > 0) {
+                check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles, true);
+              }
               ++cases;
             }
           }

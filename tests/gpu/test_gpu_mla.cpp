@@ -300,6 +300,72 @@ void run_decode_case(const DecodeCase& test) {
          test.format + line);
 }
 
+// Batch-invariant plans (gpu::DecodeSplit::kBatchInvariant): a token's query rows get the same
+// bits, outputs and log-sum-exps, decoded alone (s_q 1), beside other sequences, and inside a
+// prefill chunk of s_q 8 (beside another sequence's chunk) whose later keys are masked for it:
+// what a recomputed request needs to reproduce its tokens. first_len: the first token's length;
+// 505 puts the chunk across the first boundary of runs (kBatchInvariantPagesPerSplit pages).
+void run_batch_invariance_case(const std::string& spec, int first_len) {
+  constexpr int kHeads = 16, kChunk = 8;
+  constexpr int kTokenElements = kHeads * kKeyDim;  // one token's queries
+  constexpr int kTokenOutputs = kHeads * kLatentDim;
+  const CacheFormat format = CacheFormat::parse(spec);
+  const int32_t other = 64 * gpu::kBatchInvariantPagesPerSplit + 1;  // two runs, the last short
+  const HostCache cache = make_cache(format, {first_len + kChunk - 1, 777, other});
+  std::vector<uint16_t> q(static_cast<size_t>(3) * kChunk * kTokenElements);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
+  const auto token = [&](int sequence, int i) {
+    const auto begin = q.begin() + (static_cast<size_t>(sequence) * kChunk + i) * kTokenElements;
+    return std::vector<uint16_t>(begin, begin + kTokenElements);
+  };
+  const float softmax_scale = 1.0f / std::sqrt(192.0f);
+  // One call over the cache's first lens.size() sequences (their pages as written).
+  const auto run = [&](const std::vector<int32_t>& lens, int s_q,
+                       const std::vector<uint16_t>& call_q) {
+    HostCache call = cache;
+    call.lens = lens;
+    DeviceDecode device(call, call_q, s_q, kHeads, softmax_scale);
+    const size_t bytes = gpu::MlaDecodePlan::workspace_bytes(format, lens, s_q, kHeads,
+                                                             gpu::DecodeSplit::kBatchInvariant);
+    DeviceArray<uint8_t> workspace(bytes);
+    const gpu::MlaDecodePlan plan(format, lens, s_q, kHeads, {workspace.data(), bytes}, false,
+                                  nullptr, gpu::DecodeSplit::kBatchInvariant);
+    return device.run(plan);
+  };
+  const std::vector<uint16_t> chunk_q(q.begin(), q.begin() + 2 * kChunk * kTokenElements);
+  const auto [chunk_out, chunk_lse] = run({first_len + kChunk - 1, 777}, kChunk, chunk_q);
+  int differing = 0, nan = 0;
+  for (int i = 0; i < kChunk; ++i) {
+    const auto [alone_out, alone_lse] = run({first_len + i}, 1, token(0, i));
+    std::vector<uint16_t> beside_q = token(0, i);
+    for (const int sequence : {1, 2}) {
+      const std::vector<uint16_t> t = token(sequence, i);
+      beside_q.insert(beside_q.end(), t.begin(), t.end());
+    }
+    const auto [beside_out, beside_lse] = run({first_len + i, 777, other}, 1, beside_q);
+    const auto chunk_row = chunk_out.begin() + static_cast<size_t>(i) * kTokenOutputs;
+    for (const auto* outputs : {&alone_out, &beside_out}) {
+      differing += !std::equal(chunk_row, chunk_row + kTokenOutputs, outputs->begin());
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const float in_chunk = chunk_lse[static_cast<size_t>(i) * kHeads + h];
+      for (const float lse : {alone_lse[h], beside_lse[h]}) {
+        differing += std::memcmp(&in_chunk, &lse, sizeof lse) != 0;
+      }
+    }
+    for (size_t j = 0; j < kTokenOutputs; ++j) nan += std::isnan(bf16_to_f32(chunk_row[j]));
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "batch-invariant decode %-44s %s lengths %d..%d: %d of %d token calls differ from "
+                "the chunk's rows, NaN %d",
+                spec.c_str(), decode_kernel_name().c_str(), first_len, first_len + kChunk - 1,
+                differing, 2 * kChunk * (1 + kHeads), nan);
+  std::printf("%s\n", line);
+  expect(differing == 0 && nan == 0, line);
+}
+
 // The faithful comparison must fail for each kernel bug a mutation stands for (format, heads and
 // lengths chosen so that every mutation has one: s_q = 2, sequence 0 longer than a page).
 void run_mutation_checks(const std::string& spec) {
@@ -636,6 +702,11 @@ int main(int argc, char** argv) {
         }
         run_mutation_checks("content=fp8,rope=bf16");
         run_mutation_checks("content=bf16,rope=bf16");
+        for (const std::string& spec : kFormats) {
+          for_each_decode_kernel(spec, [&] {
+            for (const int first_len : {1, 505}) run_batch_invariance_case(spec, first_len);
+          });
+        }
         for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);
         for (const std::string& spec : kFormats) run_gather_case(spec);
         for (const std::string& spec : kFormats) run_fused_write_case(spec, 500);

@@ -409,6 +409,90 @@ void run_tuned_batched_case(int64_t m, int64_t m_same_bucket, int64_t n, int64_t
                                            " without timing again");
 }
 
+// A batch-invariant GemmRunner: each row of y is the same bits whatever m is (1 to 1000 rows, the
+// decode steps' skinny sizes and the prefill's), for plain products (FP32 and BF16 out, beta 1,
+// unaligned strides) and the per-head batched ones of MLA's absorption (x's heads interleaved in
+// its rows), with x and y at another row offset too (a group later in the step). The algorithm of
+// a shape is fixed at its first call, so every m runs it.
+void run_batch_invariant_gemm_cases() {
+  gpu::GemmRunner gemm(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr,
+                       gpu::GemmRunner::kDefaultTuneMinRows, /*batch_invariant=*/true);
+  constexpr int64_t kRows = 1000;
+  const int64_t row_counts[] = {kRows, 1, 2, 7, 16, 17, 64, 255, 256, 300, 513};
+  struct Shape {
+    int64_t n, k, pad;
+    DType out;
+    float beta;
+  };
+  for (const Shape& shape :
+       {Shape{576, 2048, 0, DType::kF32, 0.0f}, Shape{2048, 1408, 0, DType::kF32, 1.0f},
+        Shape{3072, 2048, 0, DType::kBF16, 0.0f}, Shape{129, 104, 8, DType::kF32, 0.0f}}) {
+    const int64_t ldx = shape.k + shape.pad, ldy = shape.n + shape.pad;
+    const size_t y_bytes = shape.out == DType::kF32 ? 4 : 2;
+    // Two extra rows so that a call may start one row in (another alignment of x and y).
+    DeviceArray<uint16_t> x(random_bf16(static_cast<size_t>((kRows + 2) * ldx), 1.0f));
+    DeviceArray<uint16_t> w(random_bf16(static_cast<size_t>(shape.n * shape.k), 0.05f));
+    const std::vector<float> y0 = random_f32(static_cast<size_t>((kRows + 2) * ldy), 1.0f);
+    std::vector<uint8_t> first;  // kRows rows, the reference
+    int differing = 0;
+    for (const int64_t m : row_counts) {
+      for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+        if (m == kRows && offset == 1) continue;
+        DeviceArray<float> y(y0);
+        uint8_t* y_at = reinterpret_cast<uint8_t*>(y.data()) + offset * ldy * y_bytes;
+        gemm.linear(m, shape.n, shape.k, x.data() + offset * ldx, ldx, w.data(), shape.k, y_at, ldy,
+                    shape.out, shape.beta, kStream);
+        sync();
+        const std::vector<float> all = y.download();
+        const uint8_t* bytes = reinterpret_cast<const uint8_t*>(all.data());
+        // Row r of this call is x's row offset + r; compare it with the reference's same row
+        // (beta 1 adds the same y0 row).
+        if (first.empty()) first.assign(bytes, bytes + (kRows + 2) * ldy * y_bytes);
+        for (int64_t r = 0; r < m; ++r) {
+          const size_t at = static_cast<size_t>((offset + r) * ldy) * y_bytes;
+          differing += std::memcmp(bytes + at, first.data() + at, shape.n * y_bytes) != 0;
+        }
+      }
+    }
+    const std::string name = "batch-invariant linear n " + std::to_string(shape.n) + " k " +
+                             std::to_string(shape.k) + " pad " + std::to_string(shape.pad) + " " +
+                             std::string(dtype_name(shape.out)) + " beta " +
+                             std::to_string(shape.beta);
+    std::printf("%s: %d rows differ from the %lld-row product's\n", name.c_str(), differing,
+                static_cast<long long>(kRows));
+    expect(differing == 0, name + ": every row the same bits at every m");
+  }
+  // W_UK's product over 16 heads: x [m, 16 heads, 192] (q_nope at the head's start), W [16] x
+  // [128 nope rows of 256, 512] read [k 128, n 512], y [m, 16 heads, 576] (the first 512 columns).
+  constexpr int64_t kHeads = 16, kQk = 192, kNope = 128, kRank = 512, kOutStride = 576;
+  DeviceArray<uint16_t> x(random_bf16(static_cast<size_t>(kRows * kHeads * kQk), 1.0f));
+  DeviceArray<uint16_t> w(random_bf16(static_cast<size_t>(kHeads * 256 * kRank), 0.05f));
+  std::vector<uint16_t> reference;
+  int differing = 0;
+  for (const int64_t m : row_counts) {
+    DeviceArray<uint16_t> y(static_cast<size_t>(kRows * kHeads * kOutStride));
+    gpu::BatchedGemmParams p;
+    p.batch = kHeads, p.m = m, p.n = kRank, p.k = kNope;
+    p.x = x.data(), p.ldx = kHeads * kQk, p.stride_x = kQk;
+    p.w = w.data(), p.ldw = kRank, p.stride_w = 256 * kRank, p.op_w = gpu::GemmOp::kN;
+    p.y = y.data(), p.ldy = kHeads * kOutStride, p.stride_y = kOutStride;
+    p.out_dtype = DType::kBF16;
+    gemm.batched(p, kStream);
+    sync();
+    const std::vector<uint16_t> got = y.download();
+    if (reference.empty()) reference = got;
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const size_t at = static_cast<size_t>((r * kHeads + h) * kOutStride);
+        differing +=
+            !std::equal(got.begin() + at, got.begin() + at + kRank, reference.begin() + at);
+      }
+    }
+  }
+  std::printf("batch-invariant batched (W_UK over 16 heads): %d head rows differ\n", differing);
+  expect(differing == 0, "batch-invariant batched: every head row the same bits at every m");
+}
+
 void run_gemm_errors(gpu::GemmRunner& gemm) {
   DeviceArray<uint16_t> a(64 * 64);
   DeviceArray<float> y(64 * 64);
@@ -2212,6 +2296,7 @@ int main(int argc, char** argv) {
         run_tuned_gemm_case(2048, 1500, 2048, 2048);
         run_tuned_gemm_case(1000, 600, 3648, 2048);
         run_tuned_batched_case(224, 176, 2816, 2048);
+        run_batch_invariant_gemm_cases();
         run_skinny_cases();
 
         run_embed_case();

@@ -21,6 +21,7 @@ namespace {
 struct BenchServeOptions {
   std::string model = kDefaultModel;
   std::string device = "cpu";
+  bool batch_invariant = false;
   ServeWorkload workload;
   std::vector<std::string> caches;
   std::string cache_memory = "64MiB";
@@ -95,20 +96,20 @@ void run_bench_serve(const BenchServeOptions& options) {
     return;
   }
   std::unique_ptr<Model> model;
-  const std::unique_ptr<Runner> runner =
-      make_runner(options.device, options.model, {}, model, &options.scheduler);
+  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model,
+                                                     &options.scheduler, options.batch_invariant);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
   const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
   std::vector<std::string> caches = options.caches;
   if (caches.empty()) caches = {"bf16"};
   std::fprintf(stderr,
                "bench-serve: %lld requests (input %lld, output %lld, range %.2f, seed %llu) "
-               "on %s, %lld bytes of cache\n",
+               "on %s%s, %lld bytes of cache\n",
                static_cast<long long>(requests.size()),
                static_cast<long long>(options.workload.input_len),
                static_cast<long long>(options.workload.output_len), options.workload.range_ratio,
                static_cast<unsigned long long>(options.workload.seed), runner->device().c_str(),
-               static_cast<long long>(bytes));
+               options.batch_invariant ? " (batch-invariant)" : "", static_cast<long long>(bytes));
   std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache", "pages",
               "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
               "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
@@ -200,6 +201,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                                 {"seed", options.workload.seed},
                                 {"max_batched_tokens", options.scheduler.max_batched_tokens},
                                 {"max_seqs", options.scheduler.max_seqs},
+                                {"batch_invariant", options.batch_invariant},
                                 {"cache_memory_bytes", bytes},
                                 {"formats", formats},
                                 {"preemption_check", check}};
@@ -234,6 +236,7 @@ void add_bench_serve(CLI::App& app) {
       "scheduler on a cache byte budget, for each --cache format");
   cmd->add_option("--model", o->model, "Model directory")->capture_default_str();
   add_device_option(*cmd, o->device);
+  add_batch_invariant_option(*cmd, o->batch_invariant);
   cmd->add_option("--num-prompts", o->workload.num_prompts, "Requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -23,6 +23,7 @@ namespace {
 struct ServeCliOptions {
   std::string model = kDefaultModel;
   std::string device = "cpu";
+  bool batch_invariant = false;
   std::string cache;
   std::string cache_memory = "256MiB";
   SchedulerOptions scheduler;
@@ -60,8 +61,8 @@ void run_serve(ServeCliOptions options) {
           ? ChatTemplate::from_model_dir(dir)
           : std::optional<ChatTemplate>(ChatTemplate::from_file(options.chat_template));
   std::unique_ptr<Model> model;
-  const std::unique_ptr<Runner> runner =
-      make_runner(options.device, options.model, {}, model, &options.scheduler);
+  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model,
+                                                     &options.scheduler, options.batch_invariant);
   const CacheFormat format = device_cache(options.device, options.model, options.cache, "bf16");
   const ModelConfig& c = runner->config();
   const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};
@@ -123,6 +124,7 @@ void add_serve(CLI::App& app) {
                                      "/v1/chat/completions, /v1/models, /health, /metrics)");
   cmd->add_option("--model", o->model, "Model directory")->capture_default_str();
   add_device_option(*cmd, o->device);
+  add_batch_invariant_option(*cmd, o->batch_invariant);
   cmd->add_option("--cache", o->cache,
                   "Cache format (default: the spec calibrate recorded, else bf16)");
   cmd->add_option("--cache-memory", o->cache_memory,

@@ -31,14 +31,18 @@ Model load_transformed(const std::string& dir, const TransformOption& option);
 
 // --device cpu|cuda: the backend a command runs on.
 void add_device_option(CLI::App& cmd, std::string& device);
+// --batch-invariant: the CUDA runner's reproducible mode (CudaRunnerOptions::batch_invariant).
+void add_batch_invariant_option(CLI::App& cmd, bool& batch_invariant);
 // The engine a command runs: the CPU runner over a model loaded (with its transform) into `holder`,
 // or the CUDA runner over the checkpoint (which refuses a transform: it uploads the weights as
 // stored). scheduler: the steps a serving command's scheduler makes (--max-batched-tokens,
 // --max-seqs), which the CUDA runner is sized for (at least its defaults); null: the defaults.
+// batch_invariant: the CUDA runner's batch-invariant mode (InvalidArgument on the CPU).
 std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
                                     const TransformOption& transform,
                                     std::unique_ptr<Model>& holder,
-                                    const SchedulerOptions* scheduler = nullptr);
+                                    const SchedulerOptions* scheduler = nullptr,
+                                    bool batch_invariant = false);
 // The cache a command runs with on `device`: cache_spec_or_recorded(), where the CPU fallback
 // `fallback` becomes bf16 on the GPU (which has no f32 cache).
 CacheFormat device_cache(const std::string& device, const std::string& model_dir,

@@ -55,10 +55,20 @@ void add_device_option(CLI::App& cmd, std::string& device) {
       ->capture_default_str();
 }
 
+void add_batch_invariant_option(CLI::App& cmd, bool& batch_invariant) {
+  cmd.add_flag("--batch-invariant", batch_invariant,
+               "CUDA: a request's tokens do not depend on what shares its steps (the same greedy "
+               "output alone, batched or after a preemption), at some speed (docs/serving.md)");
+}
+
 std::unique_ptr<Runner> make_runner(const std::string& device, const std::string& model_dir,
                                     const TransformOption& transform,
                                     std::unique_ptr<Model>& holder,
-                                    const SchedulerOptions* scheduler) {
+                                    const SchedulerOptions* scheduler, bool batch_invariant) {
+  if (batch_invariant && device != "cuda") {
+    throw InvalidArgument(
+        "--batch-invariant is a mode of the CUDA runner (--device cuda), not of " + device);
+  }
   if (device == "cuda") {
     if (transform.name != "none") {
       throw InvalidArgument("--transform " + transform.name +
@@ -72,6 +82,7 @@ std::unique_ptr<Runner> make_runner(const std::string& device, const std::string
           std::max({options.max_batch_tokens, scheduler->max_batched_tokens, scheduler->max_seqs});
       options.max_sequences = std::max(options.max_sequences, scheduler->max_seqs);
     }
+    options.batch_invariant = batch_invariant;
     return make_cuda_runner(model_dir, options);
   }
   holder = std::make_unique<Model>(load_transformed(model_dir, transform));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -151,14 +152,20 @@ struct DeviceShape {
   int max_row_tiles = 2;  // 16-row tiles the kernel takes in one block
 };
 
-DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_heads) {
+DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_heads,
+                         DecodeSplit split = DecodeSplit::kFillDevice) {
   int device = 0;
   DeviceShape shape;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   QUANTMLA_CUDA_CHECK(
       cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  shape.kernel = select_decode_kernel(format, batch);
-  const bool two_tiles = row_tiles_per_block(s_q, num_heads) == 2;
+  // Batch-invariant plans choose as for the largest batch: by the format alone.
+  const bool invariant = split == DecodeSplit::kBatchInvariant;
+  shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch);
+  // One 16-row tile a block when invariant: the tiled kernel's two-tile blocks step through
+  // other key counts than its one-tile blocks, and P is rounded per step.
+  if (invariant) shape.max_row_tiles = 1;
+  const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
@@ -173,6 +180,15 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
                                                 : DecodeLayout<Content, Rope, 1>::kBlocksPerSm;
   });
   return shape;
+}
+
+// The schedule of a plan in a workspace (DecodeSplit).
+DecodeSchedule workspace_schedule(const DeviceShape& shape, const std::vector<int32_t>& seq_lens,
+                                  int s_q, int num_heads, DecodeSplit split) {
+  const bool invariant = split == DecodeSplit::kBatchInvariant;
+  return plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
+                     shape.blocks_per_multiprocessor, invariant ? kBatchInvariantPagesPerSplit : 0,
+                     shape.max_row_tiles, /*always_combine=*/invariant);
 }
 
 // The fixed layout of a workspace plan of `batch` sequences (decode_capacity).
@@ -264,11 +280,15 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
 
 MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
                              int s_q, int num_heads, const MlaDecodeWorkspace& workspace,
-                             bool fixed_grid, void* stream) {
+                             bool fixed_grid, void* stream, DecodeSplit split) {
   const int batch = static_cast<int>(seq_lens.size());
-  const DeviceShape shape = device_shape(format, batch, s_q, num_heads);
-  DecodeSchedule schedule = plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                                        shape.blocks_per_multiprocessor, 0, shape.max_row_tiles);
+  if (fixed_grid && split == DecodeSplit::kBatchInvariant) {
+    throw InvalidArgument(
+        "GPU decode plan: a batch-invariant plan launches its own grid (its blocks follow the "
+        "lengths), not a fixed one");
+  }
+  const DeviceShape shape = device_shape(format, batch, s_q, num_heads, split);
+  DecodeSchedule schedule = workspace_schedule(shape, seq_lens, s_q, num_heads, split);
   const PlanLayout layout =
       fixed_grid ? capacity_layout(shape, batch, s_q, num_heads) : exact_layout(schedule);
   if (workspace.device == nullptr || workspace.bytes < layout.bytes ||
@@ -298,12 +318,11 @@ size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format, int batch, int 
 }
 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format,
-                                      const std::vector<int32_t>& seq_lens, int s_q,
-                                      int num_heads) {
-  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads);
-  return exact_layout(plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                                  shape.blocks_per_multiprocessor, 0, shape.max_row_tiles))
-      .bytes;
+                                      const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
+                                      DecodeSplit split) {
+  const DeviceShape shape =
+      device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads, split);
+  return exact_layout(workspace_schedule(shape, seq_lens, s_q, num_heads, split)).bytes;
 }
 
 MlaDecodePlan::~MlaDecodePlan() = default;

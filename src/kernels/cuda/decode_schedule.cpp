@@ -27,7 +27,7 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
 
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
-                           int max_row_tiles) {
+                           int max_row_tiles, bool always_combine) {
   const int64_t concurrent_blocks =
       static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
   if (num_heads <= 0 || num_heads % 16 != 0) {
@@ -75,19 +75,20 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
       per_split = ceil_div(pages, split_count(pages, share));
     }
     const int64_t splits = ceil_div(pages, per_split);
+    const bool combined = splits > 1 || always_combine;
     schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(splits));
     for (int rt = 0; rt < schedule.row_tiles; ++rt) {
-      const int first_partial = splits > 1 ? schedule.num_partials : -1;
+      const int first_partial = combined ? schedule.num_partials : -1;
       for (int64_t s = 0; s < splits; ++s) {
         WorkItem item;
         item.batch = static_cast<int32_t>(b);
         item.row_tile = rt;
         item.page_begin = static_cast<int32_t>(s * per_split);
         item.page_end = static_cast<int32_t>(std::min(pages, (s + 1) * per_split));
-        item.partial = splits > 1 ? schedule.num_partials++ : -1;
+        item.partial = combined ? schedule.num_partials++ : -1;
         schedule.items.push_back(item);
       }
-      if (splits > 1) {
+      if (combined) {
         schedule.combines.push_back(
             {static_cast<int32_t>(b), rt, first_partial, static_cast<int32_t>(splits)});
       }

@@ -59,11 +59,13 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 // (more runs of one sequence add partial-result traffic, not parallelism), at most
 // sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
 // exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (2 or
-// 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
-// shorter than s_q.
+// 1). always_combine: every run writes a partial result and every (sequence, row tile) goes
+// through the combine kernel, a single run too, so that a row's arithmetic is one formula whatever
+// its number of runs (the batch-invariant plans). Throws InvalidArgument for num_heads not a
+// positive multiple of 16, s_q < 1, or a sequence shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
-                           int max_row_tiles = 2);
+                           int max_row_tiles = 2, bool always_combine = false);
 
 // The most blocks, partial results and combine items that plan_decode with pages_per_split = 0 can
 // give `batch` sequences of any lengths: the blocks are at most the concurrent ones plus one per

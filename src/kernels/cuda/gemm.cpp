@@ -107,6 +107,7 @@ struct GemmRunner::State {
   size_t workspace_bytes = 0;
   bool owns_workspace = false;
   int64_t tune_min_rows = 0;
+  bool batch_invariant = false;
   size_t tuned = 0;
   EventPair events;
   std::map<PlanKey, Plan> plans;
@@ -115,6 +116,8 @@ struct GemmRunner::State {
   // again, so that a server whose steps keep bringing new row counts tunes each shape a few times
   // only. Kept when the plan cache is cleared.
   std::map<PlanKey, cublasLtMatmulAlgo_t> tuned_by_bucket;
+  // batch_invariant: the one algorithm of each shape (m 0 in the key), for every m.
+  std::map<PlanKey, cublasLtMatmulAlgo_t> pinned;
 
   ~State() {
     for (auto& [key, plan] : plans) plan.destroy();
@@ -155,9 +158,35 @@ struct GemmRunner::State {
     make_layout(&plan.c, cuda_type(static_cast<DType>(key.out_dtype)), key.n, key.m, key.ldy,
                 key.batch, key.stride_y);
 
+    if (batch_invariant) {
+      plan.algo = pinned_algo(key, plan);
+      plan.has_algo = true;
+      plan.tuned = true;
+      return;
+    }
+    const int64_t rows = key.tune_by_batch_rows ? key.m * key.batch : key.m;
+    const bool tunes = tune_min_rows > 0 && rows >= tune_min_rows;
+    cublasLtMatmulHeuristicResult_t results[GemmRunner::kTuneCandidates]{};
+    const int returned = heuristic(key, plan.desc, plan.a, plan.b, plan.c,
+                                   tunes ? GemmRunner::kTuneCandidates : 1, results);
+    // None (odd alignments): cuBLAS takes the shape.
+    plan.has_algo = returned > 0;
+    if (plan.has_algo) plan.algo = results[0].algo;
+    // The first choice is kept as it is; the others only where they sum alike.
+    const bool first_single = plan.has_algo && sums_in_one_pass(results[0].algo);
+    for (int i = 0; first_single && i < returned; ++i) {
+      if (i == 0 || sums_in_one_pass(results[i].algo)) plan.candidates.push_back(results[i].algo);
+    }
+    plan.tuned = plan.candidates.size() < 2;
+  }
+
+  // cuBLASLt's first `count` algorithms for key's alignments and this workspace, into results;
+  // returns how many (0 where none fits).
+  int heuristic(const PlanKey& key, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, int count,
+                cublasLtMatmulHeuristicResult_t* results) {
     cublasLtMatmulPreference_t preference = nullptr;
     QUANTMLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    cublasLtMatmulHeuristicResult_t results[GemmRunner::kTuneCandidates]{};
     int returned = 0;
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
@@ -172,23 +201,62 @@ struct GemmRunner::State {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
     if (status == CUBLAS_STATUS_SUCCESS) {
-      // NOT_SUPPORTED here means no algorithm fits (odd alignments); cuBLAS takes those.
-      const int64_t rows = key.tune_by_batch_rows ? key.m * key.batch : key.m;
-      const bool tunes = tune_min_rows > 0 && rows >= tune_min_rows;
-      const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(
-          lt, plan.desc, plan.a, plan.b, plan.c, plan.c, preference,
-          tunes ? GemmRunner::kTuneCandidates : 1, results, &returned);
-      plan.has_algo = found == CUBLAS_STATUS_SUCCESS && returned > 0;
-      if (plan.has_algo) plan.algo = results[0].algo;
-      // The first choice is kept as it is; the others only where they sum alike.
-      const bool first_single = plan.has_algo && sums_in_one_pass(results[0].algo);
-      for (int i = 0; first_single && i < returned; ++i) {
-        if (i == 0 || sums_in_one_pass(results[i].algo)) plan.candidates.push_back(results[i].algo);
-      }
-      plan.tuned = plan.candidates.size() < 2;
+      // NOT_SUPPORTED here means no algorithm fits.
+      const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, preference,
+                                                                  count, results, &returned);
+      if (found != CUBLAS_STATUS_SUCCESS) returned = 0;
     }
     cublasLtMatmulPreferenceDestroy(preference);
     QUANTMLA_CUBLAS_CHECK(status);
+    return returned;
+  }
+
+  // The batch-invariant algorithm of key's shape (every m): cuBLASLt's first for
+  // kInvariantReferenceRows rows that sums in one pass, chosen once; checked against plan's m.
+  cublasLtMatmulAlgo_t pinned_algo(const PlanKey& key, const Plan& plan) {
+    PlanKey shape = key;
+    shape.m = 0;
+    const auto describe = [&] {
+      return "batch " + str(key.batch) + ", n " + str(key.n) + ", k " + str(key.k) + ", ldx " +
+             str(key.ldx) + ", ldw " + str(key.ldw) + ", ldy " + str(key.ldy) + ", alignments " +
+             str(key.align_x) + "/" + str(key.align_w) + "/" + str(key.align_y);
+    };
+    auto found = pinned.find(shape);
+    if (found == pinned.end()) {
+      constexpr int64_t kRows = GemmRunner::kInvariantReferenceRows;
+      Plan reference;  // its b and c layouts at the reference rows (destroyed on every path)
+      cublasLtMatmulHeuristicResult_t results[GemmRunner::kTuneCandidates]{};
+      int returned = 0;
+      try {
+        make_layout(&reference.b, CUDA_R_16BF, key.k, kRows, std::max(key.ldx, key.k), key.batch,
+                    key.stride_x);
+        make_layout(&reference.c, cuda_type(static_cast<DType>(key.out_dtype)), key.n, kRows,
+                    std::max(key.ldy, key.n), key.batch, key.stride_y);
+        returned = heuristic(key, plan.desc, plan.a, reference.b, reference.c,
+                             GemmRunner::kTuneCandidates, results);
+      } catch (...) {
+        reference.destroy();
+        throw;
+      }
+      reference.destroy();
+      const auto one_pass = std::find_if(results, results + returned,
+                                         [](const auto& r) { return sums_in_one_pass(r.algo); });
+      if (one_pass == results + returned) {
+        throw InvalidArgument(
+            "GemmRunner (batch-invariant): cuBLASLt offers no algorithm that sums "
+            "in one pass for " +
+            describe());
+      }
+      found = pinned.emplace(shape, one_pass->algo).first;
+    }
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt, plan.desc, plan.a, plan.b, plan.c, plan.c, &found->second,
+                                &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > workspace_bytes) {
+      throw InvalidArgument("GemmRunner (batch-invariant): the algorithm of " + describe() +
+                            " does not run m " + str(key.m));
+    }
+    return found->second;
   }
 
   void run(const BatchedGemmParams& p, const char* who, cudaStream_t stream) {
@@ -226,6 +294,8 @@ struct GemmRunner::State {
     }
     const size_t y_bytes = p.out_dtype == DType::kF32 ? 4 : 2;
     const bool batched = p.batch > 1;
+    // A batch-invariant shape's key must not change with m, so its rows' alignment always counts.
+    const bool rows_vary = p.m > 1 || batch_invariant;
     const PlanKey key{p.batch,
                       p.m,
                       p.n,
@@ -238,9 +308,9 @@ struct GemmRunner::State {
                       batched ? p.stride_y : 0,
                       static_cast<int>(p.op_w),
                       static_cast<int>(p.out_dtype),
-                      alignment_of(p.x, p.ldx, p.m > 1, p.stride_x, batched, 2),
+                      alignment_of(p.x, p.ldx, rows_vary, p.stride_x, batched, 2),
                       alignment_of(p.w, p.ldw, true, p.stride_w, batched, 2),
-                      alignment_of(p.y, p.ldy, p.m > 1, p.stride_y, batched, y_bytes),
+                      alignment_of(p.y, p.ldy, rows_vary, p.stride_y, batched, y_bytes),
                       batched && p.tune_by_batch_rows};
     Plan& plan = plan_for(key);
     const float alpha = 1.0f;
@@ -360,13 +430,15 @@ bool sums_in_one_pass(const cublasLtMatmulAlgo_t& algo) {
   return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
 }
 
-GemmRunner::GemmRunner(size_t workspace_bytes, void* workspace, int64_t tune_min_rows)
+GemmRunner::GemmRunner(size_t workspace_bytes, void* workspace, int64_t tune_min_rows,
+                       bool batch_invariant)
     : state_(std::make_unique<State>()) {
   if (tune_min_rows < 0) {
     throw InvalidArgument("GemmRunner: tune_min_rows must be >= 0 (0: never tune), got " +
                           std::to_string(tune_min_rows));
   }
-  state_->tune_min_rows = tune_min_rows;
+  state_->tune_min_rows = batch_invariant ? 0 : tune_min_rows;
+  state_->batch_invariant = batch_invariant;
   if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % kMaxAlignment != 0) {
     throw InvalidArgument("GemmRunner: the workspace must be 256-byte aligned (cuBLAS), got " +
                           std::to_string(reinterpret_cast<uintptr_t>(workspace) % kMaxAlignment) +

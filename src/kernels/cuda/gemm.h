@@ -75,8 +75,16 @@ class GemmRunner {
   // buffer allocated for the tuning and freed after it (no room for it: the first choice is
   // kept). A later shape that differs only in m and rounds up to the same power of two takes the
   // algorithm chosen there without timing (where cuBLASLt accepts it). 0: never tune.
+  //
+  // batch_invariant: each row of y is the same bits whatever m is (a token's product does not
+  // depend on what shares its step; CudaRunnerOptions::batch_invariant). Every product of one
+  // shape but m takes one algorithm, cuBLASLt's first that sums each output's k products in one
+  // pass for kInvariantReferenceRows rows, chosen at its first call and kept for every m (a row of
+  // such an algorithm is computed by one thread block in one order, whichever tile it falls in);
+  // no timing (tune_min_rows is ignored), and no cuBLAS fallback: a shape that algorithm cannot
+  // run throws InvalidArgument instead of taking another.
   explicit GemmRunner(size_t workspace_bytes = kDefaultWorkspaceBytes, void* workspace = nullptr,
-                      int64_t tune_min_rows = kDefaultTuneMinRows);
+                      int64_t tune_min_rows = kDefaultTuneMinRows, bool batch_invariant = false);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
@@ -103,6 +111,9 @@ class GemmRunner {
   size_t tuned_plans() const;
 
   static constexpr int kTuneCandidates = 8;
+  // The rows a batch-invariant runner chooses each shape's algorithm for (prefill-sized: the
+  // products where the choice matters most).
+  static constexpr int64_t kInvariantReferenceRows = 256;
 
   struct State;
 

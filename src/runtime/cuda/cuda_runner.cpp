@@ -417,6 +417,12 @@ class CudaRunner final : public Runner {
                                          static_cast<int>(config_.v_head_dim))) {
       options_.prefill_expanded_max_context = 0;
     }
+    if (options_.batch_invariant) {
+      // Each of these takes another arithmetic at some step sizes (CudaRunnerOptions).
+      options_.prefill_expanded_max_context = 0;
+      options_.fused_decode = false;
+      options_.max_graph_tokens = 0;  // decode plans then follow the lengths (no fixed grid)
+    }
     upload_model(config_, store, weights_arena_, /*counting=*/true, rope.inv_freq());
     weights_arena_.allocate();
     model_ = upload_model(config_, store, weights_arena_, /*counting=*/false, rope.inv_freq());
@@ -439,7 +445,9 @@ class CudaRunner final : public Runner {
       QUANTMLA_CUDA_CHECK(
           cudaMallocHost(&host_offsets_, sizeof(int32_t) * sz(config_.n_routed_experts + 1)));
     }
-    gemm_ = std::make_unique<gpu::GemmRunner>();
+    gemm_ = std::make_unique<gpu::GemmRunner>(gpu::GemmRunner::kDefaultWorkspaceBytes, nullptr,
+                                              gpu::GemmRunner::kDefaultTuneMinRows,
+                                              options_.batch_invariant);
     if (config_.n_routed_experts > 0) route_ = gpu::moe_route_params(config_);
     read_ablation();
     std::fprintf(stderr,
@@ -670,7 +678,8 @@ class CudaRunner final : public Runner {
   bool moe_grouped(int64_t tokens) const {
     const ModelConfig& c = config_;
     if (c.n_routed_experts == 0) return true;
-    return tokens * c.num_experts_per_tok <= kGroupedRowsPerExpert * c.n_routed_experts &&
+    return !options_.batch_invariant &&
+           tokens * c.num_experts_per_tok <= kGroupedRowsPerExpert * c.n_routed_experts &&
            skinny_shape(c.hidden_size, c.hidden_size) &&
            skinny_shape(c.moe_intermediate_size, c.moe_intermediate_size);
   }
@@ -753,12 +762,14 @@ class CudaRunner final : public Runner {
           host_seq_lens_.begin() + group.first_chunk + group.num_chunks);
       const int s_q = static_cast<int>(group.s_q);
       // A fixed grid is sized for the most sequences a step may hold, so it never grows.
+      const gpu::DecodeSplit split = options_.batch_invariant ? gpu::DecodeSplit::kBatchInvariant
+                                                              : gpu::DecodeSplit::kFillDevice;
       const size_t bytes =
           fixed_grid ? gpu::MlaDecodePlan::workspace_bytes(
                            pool.format(), static_cast<int>(options_.max_sequences), s_q, hp)
-                     : gpu::MlaDecodePlan::workspace_bytes(pool.format(), lens, s_q, hp);
+                     : gpu::MlaDecodePlan::workspace_bytes(pool.format(), lens, s_q, hp, split);
       group.plan = std::make_unique<gpu::MlaDecodePlan>(
-          pool.format(), lens, s_q, hp, plan_workspace(i, bytes), fixed_grid, stream_);
+          pool.format(), lens, s_q, hp, plan_workspace(i, bytes), fixed_grid, stream_, split);
     }
     host_rows_.clear();
     host_sample_params_.clear();
@@ -966,7 +977,8 @@ class CudaRunner final : public Runner {
   // Whether an MLP of this inner width runs its gate and up as one skinny product this step.
   bool mlp_runs_skinny(int64_t inner) const {
     const int64_t d = config_.hidden_size;
-    return n_ <= kSkinnyMaxRows && skinny_shape(d, d) && skinny_shape(inner, inner);
+    return !options_.batch_invariant && n_ <= kSkinnyMaxRows && skinny_shape(d, d) &&
+           skinny_shape(inner, inner);
   }
 
   // Whether this step normalizes an FP32 input of width k (row stride ldx) inside the product
@@ -1014,7 +1026,7 @@ class CudaRunner final : public Runner {
     // One token: each absorbed product as a grouped skinny product, a group (one row) per head,
     // which takes part in the programmatic launches (its weights requested before the wait);
     // more tokens: a cuBLASLt product batched over the heads.
-    const bool skinny = tokens == 1;
+    const bool skinny = tokens == 1 && !options_.batch_invariant;
     const auto per_head = [&](const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64_t n,
                               int64_t k, uint16_t* y, int64_t ldy) {
       gpu::SkinnyGemmParams p;
@@ -1129,7 +1141,7 @@ class CudaRunner final : public Runner {
   // the time), cuBLASLt otherwise; counted for last_step_stats.
   void gemm(int64_t m, int64_t out, int64_t in, const uint16_t* x, int64_t ldx, const uint16_t* w,
             void* y, int64_t ldy, DType out_dtype, float beta) {
-    if (m <= kSkinnyMaxRows && skinny_shape(in, ldx)) {
+    if (m <= kSkinnyMaxRows && skinny_shape(in, ldx) && !options_.batch_invariant) {
       gpu::SkinnyGemmParams p;
       p.x = x;
       p.ldx = ldx;
@@ -1299,11 +1311,15 @@ class CudaRunner final : public Runner {
       for (int64_t i = 0; i < e; ++i) {
         busiest = std::max<int64_t>(busiest, host_offsets_[i + 1] - host_offsets_[i]);
       }
-      const bool exact =
-          options_.expert_products == ExpertProducts::kOurs && expert_gemm_fits(layer);
+      // Batch-invariant: the experts' exact rows at every step, by gpu::expert_gemm where the
+      // shapes fit (a row's products are one k order whatever the expert's row count), else one
+      // cuBLASLt product per expert; never the padded batch, whose row count is the busiest's.
+      const bool invariant = options_.batch_invariant;
+      const bool exact = (invariant || options_.expert_products == ExpertProducts::kOurs) &&
+                         expert_gemm_fits(layer);
       // Rounded up so that steps of similar sizes share cuBLASLt plans.
       const int64_t padded_rows = (busiest + 15) / 16 * 16;
-      if (!exact && layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
+      if (!exact && !invariant && layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
         batched_experts(layer, padded_rows, busiest);
         return;
       }
