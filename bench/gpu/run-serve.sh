@@ -10,6 +10,7 @@
 # ...-pressure-batch-invariant.json: the greedy check with and without preemption in that mode,
 # and what the mode costs beside the default run's figures.
 # FORMATS="SPEC ...": the cache formats (default bf16, fp8, int4/int4 and int2/int4).
+# SKIP_U=1: workload P only.
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,7 +43,7 @@ for kernel in ${DECODE_KERNELS:-auto}; do
     --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/$name-pressure$suffix.json" \
     --plot "$out/$name-pressure$suffix.svg" 2>"$out/p$suffix.err"
 done
-if [[ -z $mode ]]; then
+if [[ -z $mode && -z ${SKIP_U:-} ]]; then
   echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
   $build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
     --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" 2>"$out/u.err"
