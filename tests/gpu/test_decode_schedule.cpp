@@ -341,6 +341,12 @@ int main() {
   expect_invalid("sequence shorter than s_q", [] { plan_decode({100, 1}, 2, 16, 132, 1, 0); });
   expect_invalid("empty batch", [] { plan_decode({}, 1, 16, 132, 1, 0); });
   expect_invalid("no multiprocessors", [] { plan_decode({100}, 1, 16, 0, 1, 0); });
+  // A batch-invariant plan's blocks follow the lengths, so it has no fixed grid (refused before
+  // any device work).
+  expect_invalid("batch-invariant plan with a fixed grid", [] {
+    MlaDecodePlan(CacheFormat::parse("bf16"), {100}, 1, 16, MlaDecodeWorkspace{}, true, nullptr,
+                  DecodeSplit::kBatchInvariant);
+  });
   for (const char* spec : {"content=bf16,rope=bf16", "content=fp8,rope=bf16",
                            "content=int4:g64,rope=int4:g64", "content=int2:g128:clip0.8,rope=bf16",
                            "content=int4:g128,rope=int4:g64:bf16pairs=0+5+21+31"}) {

@@ -228,10 +228,9 @@ struct GemmRunner::State {
       cublasLtMatmulHeuristicResult_t results[GemmRunner::kTuneCandidates]{};
       int returned = 0;
       try {
-        make_layout(&reference.b, CUDA_R_16BF, key.k, kRows, std::max(key.ldx, key.k), key.batch,
-                    key.stride_x);
+        make_layout(&reference.b, CUDA_R_16BF, key.k, kRows, key.ldx, key.batch, key.stride_x);
         make_layout(&reference.c, cuda_type(static_cast<DType>(key.out_dtype)), key.n, kRows,
-                    std::max(key.ldy, key.n), key.batch, key.stride_y);
+                    key.ldy, key.batch, key.stride_y);
         returned = heuristic(key, plan.desc, plan.a, reference.b, reference.c,
                              GemmRunner::kTuneCandidates, results);
       } catch (...) {
@@ -243,8 +242,8 @@ struct GemmRunner::State {
                                          [](const auto& r) { return sums_in_one_pass(r.algo); });
       if (one_pass == results + returned) {
         throw InvalidArgument(
-            "GemmRunner (batch-invariant): cuBLASLt offers no algorithm that sums "
-            "in one pass for " +
+            "GemmRunner (batch-invariant): no cuBLASLt algorithm sums in one "
+            "pass for " +
             describe());
       }
       found = pinned.emplace(shape, one_pass->algo).first;
