@@ -695,9 +695,16 @@ class CudaRunner final : public Runner {
       QUANTMLA_CUDA_CHECK(cudaFree(w.device));
       w.device = nullptr;
       w.bytes = 0;
-      QUANTMLA_CUDA_CHECK(cudaMalloc(&w.device, grown));
-      w.bytes = grown;
       if (group == 0) clear_graphs();  // they read the old address
+      if (cudaMalloc(&w.device, grown) != cudaSuccess) {
+        (void)cudaGetLastError();  // an allocation failure is not sticky: later steps may run
+        w.device = nullptr;
+        throw CapacityError("step: the decode plan's workspace needs " + std::to_string(grown) +
+                            " bytes of device memory and they are not free (a batch-invariant "
+                            "runner's prefill chunks need more at long contexts: a smaller "
+                            "--max-batched-tokens bounds them)");
+      }
+      w.bytes = grown;
     }
     return {w.device, w.bytes};
   }
