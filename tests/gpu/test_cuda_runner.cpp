@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "quantmla/error.h"
 #include "quantmla/gpu_mla.h"
@@ -490,6 +491,45 @@ void check_batch_invariance(const fs::path& model_dir, const std::string& spec, 
         "batch-invariant runner: a sequence's logits changed with its step's company or chunking");
 }
 
+// A batch-invariant step whose decode plan needs more device memory than is free (a long prompt's
+// chunk: its runs' partial results, ~1 GB for 4000 tokens at 16 padded heads) fails with a
+// CapacityError, commits nothing and leaves the runner usable: the same step runs once the memory
+// is back.
+void check_workspace_refusal(const fs::path& model_dir) {
+  CudaRunnerOptions options;
+  options.batch_invariant = true;
+  const auto runner = make_cuda_runner(model_dir, options);
+  const int64_t vocab = runner->config().vocab_size;
+  const int64_t tokens = std::min<int64_t>(4000, runner->config().max_position_embeddings);
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>(i % vocab);
+  auto pool = runner->make_pool(CacheFormat::parse("bf16"), PagePool::pages_for_tokens(tokens));
+  const SequenceId s = pool->add_sequence();
+  pool->reserve(s, tokens);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  const StepBatch step{{{s, ids, LogitRows::kLast, {}}}};
+  size_t free_bytes = 0, total_bytes = 0;
+  QUANTMLA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  void* hog = nullptr;  // all but 256 MiB of the free memory
+  QUANTMLA_CUDA_CHECK(cudaMalloc(&hog, free_bytes - (size_t{256} << 20)));
+  std::string refusal;
+  try {
+    runner->step(step, *pool, {logits, {}});
+  } catch (const CapacityError& e) {
+    refusal = e.what();
+  }
+  QUANTMLA_CUDA_CHECK(cudaFree(hog));
+  std::printf("%-48s %s\n", (model_dir.filename().string() + " workspace refusal").c_str(),
+              refusal.empty() ? "NOT refused" : refusal.c_str());
+  check(!refusal.empty(), "a decode plan workspace beyond the free memory was not refused");
+  check(pool->length(s) == 0, "a refused step changed the sequence's length");
+  runner->step(step, *pool, {logits, {}});
+  bool finite = true;
+  for (const float v : logits) finite = finite && std::isfinite(v);
+  check(finite && pool->length(s) == tokens, "the runner is not usable after a refused workspace");
+}
+
 // Bad steps are refused before any work, with the runner and the pool still usable after.
 void check_refusals(const fs::path& model_dir) {
   const auto cuda = make_cuda_runner(model_dir);
@@ -580,6 +620,7 @@ int main(int argc, char** argv) {
       check_against_cpu(model, "bf16", seed, absorbed, " (absorbed prefill)");
       check_graphs(model, seed);
       check_batch_invariance(model, "content=int2:g64,rope=int4:g64", seed);
+      check_workspace_refusal(model);
       check_refusals(model);
     }
   } catch (const std::exception& e) {
