@@ -55,14 +55,16 @@ struct MlaDecodeWorkspace {
 
 // How a plan in a workspace splits its work. kFillDevice: the split that fills the device for
 // these lengths (each sequence's share of the concurrent blocks), the kernel and its row tiles
-// chosen by the batch. kBatchInvariant: each query row's arithmetic depends on its own sequence's
-// length and its position only, never on the rest of the batch or on the s_q of its call (a
-// token decoded alone, in a batch, or recomputed inside a prefill chunk gets the same bits): runs
-// of kBatchInvariantPagesPerSplit pages from the first, one 16-row tile a block, the kernel chosen
-// by the format alone, and every run merged by the combine kernel (a row's later runs inside a
-// chunk are masked to weight 0, which adds exact zeros). Not with a fixed grid.
+// chosen by the batch. kBatchInvariant: each query row's arithmetic depends on its own position
+// only, never on the rest of the batch or on the s_q of its call (a token decoded alone, in a
+// batch, or recomputed inside a prefill chunk gets the same bits): one 16-row tile a block, the
+// kernel chosen by the format alone, each tile taking the pages its own token sees in runs of
+// max(kBatchInvariantMinRunPages, pages / kBatchInvariantMaxRuns) pages from the first, every run
+// merged by the combine kernel. The cap on runs bounds the partial results a prefill chunk holds
+// (its tokens x kBatchInvariantMaxRuns x heads x 2 KB at any context). Not with a fixed grid.
 enum class DecodeSplit { kFillDevice, kBatchInvariant };
-inline constexpr int kBatchInvariantPagesPerSplit = 8;
+inline constexpr int kBatchInvariantMinRunPages = 8;
+inline constexpr int kBatchInvariantMaxRuns = 16;
 
 // How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once

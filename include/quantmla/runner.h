@@ -133,10 +133,10 @@ struct CudaRunnerOptions {
   // VLLM_BATCH_INVARIANT, SGLang's deterministic inference): every product by one cuBLASLt
   // algorithm per shape whatever the rows (GemmRunner's batch_invariant), the routed experts over
   // their exact rows by gpu::expert_gemm (one cuBLASLt product per expert where its shapes do
-  // not fit), prefill chunks through the decode kernel, and decode plans split by a fixed page
-  // count (DecodeSplit::kBatchInvariant). Turns off what would vary the arithmetic by the step's
-  // size: the skinny kernel, fused_decode, the expanded prefill attention, CUDA graphs. Slower
-  // (docs/serving.md has the figures); for reproducible outputs.
+  // not fit), prefill chunks through the decode kernel, and decode plans split by each token's
+  // own length (DecodeSplit::kBatchInvariant). Turns off what would vary the arithmetic by the
+  // step's size: the skinny kernel, fused_decode, the expanded prefill attention, CUDA graphs.
+  // Slower (docs/serving.md has the figures); for reproducible outputs.
   bool batch_invariant = false;
 };
 

@@ -30,17 +30,14 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
-// always_combine: every run a partial result and every (sequence, row tile) combined, one run too
-// (the batch-invariant plans).
 void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sms, int per_sm,
-                    int per_split, int max_tiles, bool always_combine = false) {
-  const std::string name =
-      "lens " + std::to_string(lens.size()) + " first " + std::to_string(lens[0]) + " s_q " +
-      std::to_string(s_q) + " heads " + std::to_string(heads) + " sms " + std::to_string(sms) +
-      "x" + std::to_string(per_sm) + " split " + std::to_string(per_split) + " max tiles " +
-      std::to_string(max_tiles) + (always_combine ? " always combined" : "");
-  const DecodeSchedule schedule =
-      plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles, always_combine);
+                    int per_split, int max_tiles) {
+  const std::string name = "lens " + std::to_string(lens.size()) + " first " +
+                           std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
+                           std::to_string(heads) + " sms " + std::to_string(sms) + "x" +
+                           std::to_string(per_sm) + " split " + std::to_string(per_split) +
+                           " max tiles " + std::to_string(max_tiles);
+  const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
   const int rows = s_q * heads;
   expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
   expect(schedule.rows_per_block == (rows % 32 == 0 && max_tiles == 2 ? 32 : 16),
@@ -67,8 +64,7 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
       for (const WorkItem& item : list) {
         expect(item.page_begin == next, name + ": runs contiguous and ordered");
         next = item.page_end;
-        expect((list.size() > 1 || always_combine) == (item.partial >= 0),
-               name + (always_combine ? ": every run partial" : ": partial iff split"));
+        expect((list.size() > 1) == (item.partial >= 0), name + ": partial iff split");
         if (per_split > 0)
           expect(item.page_end - item.page_begin <= per_split, name + ": run size");
       }
@@ -106,6 +102,57 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
            name + ": combines fit");
     expect(schedule.max_splits <= capacity.max_splits, name + ": splits fit");
     expect(schedule.rows_per_block == capacity.rows_per_block, name + ": rows per block");
+  }
+}
+
+// A batch-invariant split (plan_decode_invariant): each 16-row tile's runs cover exactly the pages
+// its own token sees, contiguous and in order, at most kBatchInvariantMaxRuns of them, each of at
+// most invariant_run_pages; every run a partial result, every tile combined once over its runs'
+// slots; and each tile's runs equal those of its token decoded alone (s_q 1 at its own length).
+void check_invariant_schedule(const std::vector<int32_t>& lens, int s_q, int heads) {
+  const std::string name = "invariant lens " + std::to_string(lens.size()) + " first " +
+                           std::to_string(lens[0]) + " s_q " + std::to_string(s_q) + " heads " +
+                           std::to_string(heads);
+  const DecodeSchedule schedule = plan_decode_invariant(lens, s_q, heads);
+  expect(schedule.rows_per_block == 16 && schedule.row_tiles == s_q * heads / 16,
+         name + ": 16-row tiles");
+  std::map<std::pair<int, int>, std::vector<WorkItem>> runs;
+  for (const WorkItem& item : schedule.items) {
+    runs[{item.batch, item.row_tile}].push_back(item);
+    expect(item.partial >= 0 && item.partial < schedule.num_partials, name + ": every run partial");
+  }
+  expect(schedule.combines.size() == lens.size() * schedule.row_tiles, name + ": a combine a tile");
+  for (const CombineItem& c : schedule.combines) {
+    const auto& list = runs[{c.batch, c.row_tile}];
+    expect(c.num_splits == static_cast<int>(list.size()), name + ": combine split count");
+    for (int s = 0; s < c.num_splits && s < static_cast<int>(list.size()); ++s) {
+      expect(list[s].partial == c.first_partial + s, name + ": combine slots consecutive");
+    }
+  }
+  for (size_t b = 0; b < lens.size(); ++b) {
+    for (int rt = 0; rt < schedule.row_tiles; ++rt) {
+      const int visible = lens[b] - s_q + rt / (heads / 16) + 1;
+      const int pages = (visible + kPageTokens - 1) / kPageTokens;
+      const auto& list = runs[{static_cast<int>(b), rt}];
+      expect(static_cast<int>(list.size()) <= kBatchInvariantMaxRuns, name + ": runs capped");
+      int next = 0;
+      for (const WorkItem& item : list) {
+        expect(item.page_begin == next, name + ": runs contiguous and ordered");
+        expect(item.page_end - item.page_begin <= invariant_run_pages(pages), name + ": run size");
+        next = item.page_end;
+      }
+      expect(next == pages, name + ": exactly the token's pages");
+      // The same token decoded alone (its first row tile's runs): the same pages.
+      const DecodeSchedule alone = plan_decode_invariant({visible}, 1, heads);
+      bool same = true;
+      for (size_t i = 0; i < list.size(); ++i) {
+        same = same && i < alone.items.size() && alone.items[i].row_tile == 0 &&
+               alone.items[i].page_begin == list[i].page_begin &&
+               alone.items[i].page_end == list[i].page_end;
+      }
+      expect(same && alone.combines[0].num_splits == static_cast<int>(list.size()),
+             name + ": a tile's runs are its token's runs alone");
+    }
   }
 }
 
@@ -212,80 +259,10 @@ void check_fragment_maps() {
   }
 }
 
-// The fragment kernel's key orders for int4 content (fragment_maps.h): bijections onto a page's 64
-// keys, P^T's column map their inverse, and, for every record of an odd number of words, each
-// shared-memory load of the kernel free of bank conflicts (distinct addresses in distinct banks).
-void check_key_orders() {
-  const auto conflict_free = [](const std::vector<int>& words) {
-    std::array<int, 32> bank_word;
-    bank_word.fill(-1);
-    for (const int w : words) {
-      int& held = bank_word[w % 32];
-      if (held != -1 && held != w) return false;
-      held = w;
-    }
-    return true;
-  };
-  for (const bool spread : {false, true}) {
-    std::array<int, 64> scores{}, values{};
-    for (int w = 0; w < 4; ++w) {
-      for (int row = 0; row < 16; ++row) {
-        ++scores[score_key(w, row, spread) % 64];
-      }
-    }
-    for (int ks = 0; ks < 4; ++ks) {
-      for (int k = 0; k < 16; ++k) {
-        const int key = value_key(ks, k, spread);
-        ++values[key % 64];
-        expect(value_column(key, spread) == 16 * ks + k,
-               "value_column inverts value_key at k-tile " + std::to_string(ks) + ", k " +
-                   std::to_string(k));
-      }
-    }
-    for (int key = 0; key < 64; ++key) {
-      expect(scores[key] == 1 && values[key] == 1,
-             "key " + std::to_string(key) + " taken exactly once by each order");
-    }
-  }
-  for (int words = 1; words < 200; words += 2) {  // every odd record size
-    const std::string at = " with records of " + std::to_string(words) + " words";
-    for (int w = 0; w < 4; ++w) {
-      for (int half = 0; half < 2; ++half) {
-        for (int word = 0; word < 2; ++word) {
-          // Scores: lane (g, t) reads word 2t + word of its key's group (and the scales).
-          std::vector<int> codes, scales;
-          for (int lane = 0; lane < 32; ++lane) {
-            const int g = lane / 4, t = lane % 4;
-            codes.push_back(score_key(w, g + 8 * half, true) * words + 2 * t + word);
-            scales.push_back(score_key(w, g + 8 * half, true) * words);
-          }
-          expect(conflict_free(codes) && conflict_free(scales),
-                 "score loads of warp " + std::to_string(w) + at);
-        }
-      }
-    }
-    for (int ks = 0; ks < 4; ++ks) {
-      for (const int k0 : {0, 1, 8, 9}) {
-        // Values: lane (g, t) reads word g of key k0 + 2t, and its scale.
-        std::vector<int> codes, scales;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, t = lane % 4;
-          const int key = value_key(ks, k0 + 2 * t, true);
-          codes.push_back(key * words + g);
-          scales.push_back(key * words);
-        }
-        expect(conflict_free(codes) && conflict_free(scales),
-               "value loads of k-tile " + std::to_string(ks) + at);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 int main() {
   check_fragment_maps();
-  check_key_orders();
   int cases = 0;
   for (const int heads : {16, 32, 48, 64, 128}) {
     for (const int s_q : {1, 2}) {
@@ -298,15 +275,28 @@ int main() {
                 std::vector<int32_t>(128, 4096)}) {
             for (const int max_tiles : {1, 2}) {
               check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
-              if (per_split > 0) {
-                check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles, true);
-              }
               ++cases;
             }
           }
         }
       }
     }
+  }
+  for (const int heads : {16, 32, 128}) {
+    for (const int s_q : {1, 2, 8}) {
+      for (const std::vector<int32_t>& lens :
+           {std::vector<int32_t>{8}, std::vector<int32_t>{64, 65, 511, 513},
+            std::vector<int32_t>{13316, 9, 130}, std::vector<int32_t>{262144}}) {
+        check_invariant_schedule(lens, s_q, heads);
+      }
+    }
+  }
+  for (const auto& [pages, per_run] : std::vector<std::array<int64_t, 2>>{
+           {1, 8}, {128, 8}, {129, 9}, {208, 13}, {209, 14}, {4096, 256}}) {
+    expect(invariant_run_pages(pages) == per_run,
+           "invariant_run_pages(" + std::to_string(pages) +
+               ") = " + std::to_string(invariant_run_pages(pages)) + ", expected " +
+               std::to_string(per_run));
   }
   // The capacity bound against random batches of random lengths (the worst cases are skewed).
   std::mt19937 rng(20261201);
@@ -341,6 +331,9 @@ int main() {
   expect_invalid("sequence shorter than s_q", [] { plan_decode({100, 1}, 2, 16, 132, 1, 0); });
   expect_invalid("empty batch", [] { plan_decode({}, 1, 16, 132, 1, 0); });
   expect_invalid("no multiprocessors", [] { plan_decode({100}, 1, 16, 0, 1, 0); });
+  expect_invalid("invariant: s_q 0", [] { plan_decode_invariant({100}, 0, 16); });
+  expect_invalid("invariant: heads 24", [] { plan_decode_invariant({100}, 1, 24); });
+  expect_invalid("invariant: sequence shorter than s_q", [] { plan_decode_invariant({1}, 2, 16); });
   // A batch-invariant plan's blocks follow the lengths, so it has no fixed grid (refused before
   // any device work).
   expect_invalid("batch-invariant plan with a fixed grid", [] {

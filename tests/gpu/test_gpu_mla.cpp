@@ -304,13 +304,14 @@ void run_decode_case(const DecodeCase& test) {
 // bits, outputs and log-sum-exps, decoded alone (s_q 1), beside other sequences, and inside a
 // prefill chunk of s_q 8 (beside another sequence's chunk) whose later keys are masked for it:
 // what a recomputed request needs to reproduce its tokens. first_len: the first token's length;
-// 505 puts the chunk across the first boundary of runs (kBatchInvariantPagesPerSplit pages).
+// 505 puts the chunk across the first boundary of runs (kBatchInvariantMinRunPages pages), 13309
+// across a page where the runs' length grows (13 to 14 pages: kBatchInvariantMaxRuns binds).
 void run_batch_invariance_case(const std::string& spec, int first_len) {
   constexpr int kHeads = 16, kChunk = 8;
   constexpr int kTokenElements = kHeads * kKeyDim;  // one token's queries
   constexpr int kTokenOutputs = kHeads * kLatentDim;
   const CacheFormat format = CacheFormat::parse(spec);
-  const int32_t other = 64 * gpu::kBatchInvariantPagesPerSplit + 1;  // two runs, the last short
+  const int32_t other = 64 * gpu::kBatchInvariantMinRunPages + 1;  // two runs, the last short
   const HostCache cache = make_cache(format, {first_len + kChunk - 1, 777, other});
   std::vector<uint16_t> q(static_cast<size_t>(3) * kChunk * kTokenElements);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -704,7 +705,7 @@ int main(int argc, char** argv) {
         run_mutation_checks("content=bf16,rope=bf16");
         for (const std::string& spec : kFormats) {
           for_each_decode_kernel(spec, [&] {
-            for (const int first_len : {1, 505}) run_batch_invariance_case(spec, first_len);
+            for (const int first_len : {1, 505, 13309}) run_batch_invariance_case(spec, first_len);
           });
         }
         for (const std::string& spec : kFormats) run_write_case(spec, 3, quick ? 70 : 300);

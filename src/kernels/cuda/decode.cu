@@ -159,12 +159,11 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
   QUANTMLA_CUDA_CHECK(
       cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  // Batch-invariant plans choose as for the largest batch: by the format alone.
+  // Batch-invariant plans choose as for the largest batch: by the format alone (and take one
+  // 16-row tile a block, plan_decode_invariant: the tiled kernel's two-tile blocks step through
+  // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
   shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch);
-  // One 16-row tile a block when invariant: the tiled kernel's two-tile blocks step through
-  // other key counts than its one-tile blocks, and P is rounded per step.
-  if (invariant) shape.max_row_tiles = 1;
   const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
@@ -185,10 +184,11 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
 // The schedule of a plan in a workspace (DecodeSplit).
 DecodeSchedule workspace_schedule(const DeviceShape& shape, const std::vector<int32_t>& seq_lens,
                                   int s_q, int num_heads, DecodeSplit split) {
-  const bool invariant = split == DecodeSplit::kBatchInvariant;
+  if (split == DecodeSplit::kBatchInvariant) {
+    return plan_decode_invariant(seq_lens, s_q, num_heads);
+  }
   return plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors,
-                     shape.blocks_per_multiprocessor, invariant ? kBatchInvariantPagesPerSplit : 0,
-                     shape.max_row_tiles, /*always_combine=*/invariant);
+                     shape.blocks_per_multiprocessor, 0, shape.max_row_tiles);
 }
 
 // The fixed layout of a workspace plan of `batch` sequences (decode_capacity).

@@ -12,6 +12,23 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// What every split needs of its batch (plan_decode's errors).
+void check_batch(const std::vector<int32_t>& seq_lens, int s_q, int num_heads) {
+  if (num_heads <= 0 || num_heads % 16 != 0) {
+    throw InvalidArgument("GPU decode: num_heads " + std::to_string(num_heads) +
+                          ", expected a positive multiple of 16");
+  }
+  if (s_q < 1) throw InvalidArgument("GPU decode: s_q " + std::to_string(s_q) + ", expected >= 1");
+  if (seq_lens.empty()) throw InvalidArgument("GPU decode: empty batch");
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    if (seq_lens[b] < s_q) {
+      throw InvalidArgument("GPU decode: sequence " + std::to_string(b) + " holds " +
+                            std::to_string(seq_lens[b]) + " tokens, fewer than its " +
+                            std::to_string(s_q) + " queries");
+    }
+  }
+}
+
 }  // namespace
 
 int split_count(int64_t pages, int64_t share) {
@@ -27,27 +44,15 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
 
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
-                           int max_row_tiles, bool always_combine) {
+                           int max_row_tiles) {
   const int64_t concurrent_blocks =
       static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
-  if (num_heads <= 0 || num_heads % 16 != 0) {
-    throw InvalidArgument("GPU decode: num_heads " + std::to_string(num_heads) +
-                          ", expected a positive multiple of 16");
-  }
-  if (s_q < 1) throw InvalidArgument("GPU decode: s_q " + std::to_string(s_q) + ", expected >= 1");
-  if (seq_lens.empty()) throw InvalidArgument("GPU decode: empty batch");
+  check_batch(seq_lens, s_q, num_heads);
   if (pages_per_split < 0 ||
       (pages_per_split == 0 && (multiprocessors <= 0 || blocks_per_multiprocessor <= 0))) {
     throw InvalidArgument("GPU decode: pages_per_split " + std::to_string(pages_per_split) +
                           " with " + std::to_string(multiprocessors) + " multiprocessors x " +
                           std::to_string(blocks_per_multiprocessor) + " blocks");
-  }
-  for (size_t b = 0; b < seq_lens.size(); ++b) {
-    if (seq_lens[b] < s_q) {
-      throw InvalidArgument("GPU decode: sequence " + std::to_string(b) + " holds " +
-                            std::to_string(seq_lens[b]) + " tokens, fewer than its " +
-                            std::to_string(s_q) + " queries");
-    }
   }
   DecodeSchedule schedule;
   const int rows = s_q * num_heads;
@@ -75,22 +80,53 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
       per_split = ceil_div(pages, split_count(pages, share));
     }
     const int64_t splits = ceil_div(pages, per_split);
-    const bool combined = splits > 1 || always_combine;
     schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(splits));
     for (int rt = 0; rt < schedule.row_tiles; ++rt) {
-      const int first_partial = combined ? schedule.num_partials : -1;
+      const int first_partial = splits > 1 ? schedule.num_partials : -1;
       for (int64_t s = 0; s < splits; ++s) {
         WorkItem item;
         item.batch = static_cast<int32_t>(b);
         item.row_tile = rt;
         item.page_begin = static_cast<int32_t>(s * per_split);
         item.page_end = static_cast<int32_t>(std::min(pages, (s + 1) * per_split));
-        item.partial = combined ? schedule.num_partials++ : -1;
+        item.partial = splits > 1 ? schedule.num_partials++ : -1;
         schedule.items.push_back(item);
       }
-      if (combined) {
+      if (splits > 1) {
         schedule.combines.push_back(
             {static_cast<int32_t>(b), rt, first_partial, static_cast<int32_t>(splits)});
+      }
+    }
+  }
+  return schedule;
+}
+
+int invariant_run_pages(int64_t pages) {
+  return static_cast<int>(
+      std::max<int64_t>(kBatchInvariantMinRunPages, ceil_div(pages, kBatchInvariantMaxRuns)));
+}
+
+DecodeSchedule plan_decode_invariant(const std::vector<int32_t>& seq_lens, int s_q, int num_heads) {
+  check_batch(seq_lens, s_q, num_heads);
+  DecodeSchedule schedule;
+  schedule.row_tiles = s_q * num_heads / 16;
+  const int tiles_per_token = num_heads / 16;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    schedule.max_pages =
+        std::max<int>(schedule.max_pages, static_cast<int>(ceil_div(seq_lens[b], kPageTokens)));
+    for (int rt = 0; rt < schedule.row_tiles; ++rt) {
+      // The tile's token, query rt / tiles_per_token of s_q, sees this many keys.
+      const int64_t visible = seq_lens[b] - s_q + rt / tiles_per_token + 1;
+      const int64_t pages = ceil_div(visible, kPageTokens);
+      const int64_t per_run = invariant_run_pages(pages);
+      const int64_t runs = ceil_div(pages, per_run);
+      schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(runs));
+      schedule.combines.push_back(
+          {static_cast<int32_t>(b), rt, schedule.num_partials, static_cast<int32_t>(runs)});
+      for (int64_t r = 0; r < runs; ++r) {
+        schedule.items.push_back({static_cast<int32_t>(b), rt, static_cast<int32_t>(r * per_run),
+                                  static_cast<int32_t>(std::min(pages, (r + 1) * per_run)),
+                                  schedule.num_partials++});
       }
     }
   }

@@ -59,13 +59,23 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 // (more runs of one sequence add partial-result traffic, not parallelism), at most
 // sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
 // exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (2 or
-// 1). always_combine: every run writes a partial result and every (sequence, row tile) goes
-// through the combine kernel, a single run too, so that a row's arithmetic is one formula whatever
-// its number of runs (the batch-invariant plans). Throws InvalidArgument for num_heads not a
-// positive multiple of 16, s_q < 1, or a sequence shorter than s_q.
+// 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
+// shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,
-                           int max_row_tiles = 2, bool always_combine = false);
+                           int max_row_tiles = 2);
+
+// The pages of one run of a batch-invariant plan whose token sees `pages` pages: at least
+// kBatchInvariantMinRunPages, and at most kBatchInvariantMaxRuns runs.
+int invariant_run_pages(int64_t pages);
+
+// The split of a batch-invariant plan (DecodeSplit::kBatchInvariant): one 16-row tile a block (a
+// tile holds one token's heads, num_heads a multiple of 16), each tile taking only the pages its
+// token sees (query i of s_q sees seq_len - s_q + i + 1 keys) in runs of invariant_run_pages of
+// them from the first, every run a partial result merged by the combine kernel, a single run too.
+// A row's runs and their merge then depend on its own position alone: the same when its token is
+// decoded alone, in a batch, or inside a prefill chunk. Throws as plan_decode.
+DecodeSchedule plan_decode_invariant(const std::vector<int32_t>& seq_lens, int s_q, int num_heads);
 
 // The most blocks, partial results and combine items that plan_decode with pages_per_split = 0 can
 // give `batch` sequences of any lengths: the blocks are at most the concurrent ones plus one per
