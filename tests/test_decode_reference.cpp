@@ -123,8 +123,12 @@ TEST(DecodeReference, ExactArithmeticIsAttentionWithProbabilitiesRounded) {
   const int s_q = 2, heads = 16;
   const std::vector<int32_t> lens = {2, 65, 300};
   const float scale = 1.0f / std::sqrt(192.0f);
-  for (const Operands operands : {Operands::kBf16Tile, Operands::kFp16Codes}) {
-    const Fixture f = make_fixture("content=int4:g64,rope=int4:g64", lens, s_q, heads, rng);
+  const std::pair<const char*, Operands> cases[] = {
+      {"content=int4:g64,rope=int4:g64", Operands::kBf16Tile},
+      {"content=int4:g64,rope=int4:g64", Operands::kFp16Codes},
+      {"content=fp8,rope=bf16", Operands::kFp16Codes}};
+  for (const auto& [spec, operands] : cases) {
+    const Fixture f = make_fixture(spec, lens, s_q, heads, rng);
     const bool codes = operands == Operands::kFp16Codes;
     const FaithfulResult ref =
         faithful_decode(f.cache, f.q, s_q, heads, scale, make_blocks(lens, s_q, heads, 2),
@@ -196,6 +200,9 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
        2,
        64,
        Operands::kFp16Codes},
+      {"content=fp8,rope=bf16", 2, 16, {2, 130, 700}, 3, 64, Operands::kFp16Codes},
+      {"content=fp8,rope=int4:g64:bf16pairs=21", 1, 16, {1, 63, 65, 300}, 0, 64,
+       Operands::kFp16Codes},
   };
   for (const Case& c : cases) {
     const Fixture f = make_fixture(c.spec, c.lens, c.s_q, c.heads, rng);
@@ -233,7 +240,8 @@ TEST(DecodeReference, EveryMutationFailsTheComparison) {
       {"content=fp8,rope=bf16", Operands::kBf16Tile},
       {"content=bf16,rope=bf16", Operands::kBf16Tile},
       {"content=int4:g64,rope=int4:g64", Operands::kFp16Codes},
-      {"content=int2:g64,rope=bf16", Operands::kFp16Codes}};
+      {"content=int2:g64,rope=bf16", Operands::kFp16Codes},
+      {"content=fp8,rope=int4:g64", Operands::kFp16Codes}};
   for (const auto& [spec, operands] : cases) {
     Fixture f = make_fixture(spec, lens, s_q, heads, rng);
     aim_row0_at_last_key(f.cache, f.q);

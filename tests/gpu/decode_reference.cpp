@@ -139,19 +139,29 @@ double f16_ulp(double v) {
   return std::ldexp(1.0, std::max(std::ilogb(std::max(std::fabs(v), 0x1.0p-40)), -14) - 10);
 }
 
-// One key of int g64 content as the fragment kernel multiplies it: its codes and each group's FP16
-// scale and minimum.
+// One key of int g64 or fp8 content as the fragment kernel multiplies it: its codes (an int code,
+// or an e4m3 code's exact value) and each group's scale (FP16 for int, FP32 for fp8) and minimum
+// (0 for fp8). Groups of 64 channels (int) or 128 (fp8).
 struct CodedKey {
-  uint8_t codes[kLatentDim];
+  double codes[kLatentDim];
   double scale[kLatentDim / 64], minimum[kLatentDim / 64];
+  uint32_t scale_bits[kLatentDim / 128];  // fp8: the FP32 scales' bits (their exponents)
 };
 
 CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
   const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };
+  CodedKey key{};
+  if (f.codec == Codec::kFP8) {
+    for (int i = 0; i < kLatentDim; ++i) key.codes[i] = e4m3_to_f32(rec[i]);
+    for (int g = 0; g < kLatentDim / 128; ++g) {
+      std::memcpy(&key.scale_bits[g], rec + kLatentDim + 4 * (g == 0 ? scale_group : g), 4);
+      key.scale[g] = std::bit_cast<float>(key.scale_bits[g]);
+    }
+    return key;
+  }
   const int bits = f.bits();
-  CodedKey key;
   for (int i = 0; i < kLatentDim; ++i) {
-    key.codes[i] = static_cast<uint8_t>((rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1));
+    key.codes[i] = (rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1);
   }
   for (int g = 0; g < kLatentDim / 64; ++g) {
     const uint8_t* sm = rec + kLatentDim * bits / 8 + 4 * (g == 0 ? scale_group : g);
@@ -178,10 +188,14 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   const bool codes = operands == Operands::kFp16Codes;
   const PathFormat& content = cache.format.content;
   const bool int2 = content.codec == Codec::kInt2;
-  if (codes && !((content.codec == Codec::kInt4 || int2) && content.group == 64)) {
-    throw InvalidArgument("faithful_decode: FP16 code operands need int g64 content, not " +
+  const bool fp8 = content.codec == Codec::kFP8;
+  if (codes && !((content.codec == Codec::kInt4 || int2) && content.group == 64) && !fp8) {
+    throw InvalidArgument("faithful_decode: FP16 code operands need int g64 or fp8 content, not " +
                           cache.format.to_string());
   }
+  // The groups the fragment kernel scales by: 64 channels (int), 128 (fp8).
+  const int group_size = fp8 ? 128 : 64;
+  const int groups = kLatentDim / group_size;
   const int batch = static_cast<int>(cache.lens.size());
   const int rows_per_seq = s_q * num_heads;
   // FP32 arithmetic: every sum rounded to FP32 after each addition (exact in double first).
@@ -252,16 +266,18 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
       for (int d = 0; d < kLatentDim; ++d) peak = std::max(peak, std::fabs(q_value(b, r, d)));
       const int e_r = peak > 0.0 ? std::clamp(8 - std::ilogb(peak), -100, 100) : 0;
       for (int d = 0; d < kLatentDim; ++d) {
-        const int position =
-            int2 ? gpu::int2_key_code_position(d % 64) : gpu::int4_code_position(d % 64);
+        const int position = fp8    ? 0
+                             : int2 ? gpu::int2_key_code_position(d % 64)
+                                    : gpu::int4_code_position(d % 64);
         q_codes[d] =
             std::ldexp(f16_round(std::ldexp(q_value(b, r, d), e_r - position)), position - e_r);
-        q_sums[d / 64] += q_value(b, r, d);
-        q_squares[d / 64] += q_value(b, r, d) * q_value(b, r, d);
+        q_sums[d / group_size] += q_value(b, r, d);
+        q_squares[d / group_size] += q_value(b, r, d) * q_value(b, r, d);
       }
     }
     float row_max = -INFINITY;
     double row_sum = 0.0;
+    int exponent[kLatentDim / 128] = {};  // fp8: each group's running scale exponent (biased)
     std::vector<float> x(static_cast<size_t>(step_keys));
     std::vector<double> score(static_cast<size_t>(step_keys));  // each key's score error
     for (int key0 = first_key; key0 < end_key; key0 += step_keys) {
@@ -276,9 +292,9 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         if (codes) {
           // Each group's scale (Q . codes) + min sum(Q); the terms of both sums add to the squares.
           const CodedKey& c = coded[b][static_cast<size_t>(key)];
-          for (int g = 0; g < kLatentDim / 64; ++g) {
+          for (int g = 0; g < groups; ++g) {
             double part = 0.0;
-            for (int d = 64 * g; d < 64 * g + 64; ++d) {
+            for (int d = group_size * g; d < group_size * (g + 1); ++d) {
               const double term = q_codes[d] * c.codes[d];
               part = round(part + term);
               squares += term * term * c.scale[g] * c.scale[g];
@@ -313,6 +329,16 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
       // The largest P scale of the step's keys a group (the subnormal products' window): the
       // kernel's 16-key tiles may take the keys in any order, so each tile is bounded by it.
       std::vector<double> window(kLatentDim / 64, 0.0);
+      // fp8: P times each key's FP32 scale over 2^E, E the largest scale exponent of the group in
+      // this run's pages so far (the FP16 operand's range), the output times 2^E at the end.
+      if (codes && fp8) {
+        for (int j = 0; j < step_keys && key0 + j < len; ++j) {
+          const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
+          for (int g = 0; g < groups; ++g) {
+            exponent[g] = std::max<int>(exponent[g], c.scale_bits[g] >> 23 & 0xff);
+          }
+        }
+      }
       for (int j = 0; j < step_keys; ++j) {
         if (x[j] == -INFINITY) continue;
         const float p = fp32 ? std::exp2f(x[j] - reference)
@@ -328,14 +354,20 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
           const double flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
           sum = round(sum + rounded);
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
-          for (int g = 0; g < kLatentDim / 64; ++g) {
-            const double scaled = f16_round(rounded * c.scale[g]);
+          for (int g = 0; g < groups; ++g) {
+            // The FP16 operand P * scale (fp8: P * fp16(scale / 2^E)) and its value's factor.
+            const double factor = fp8 ? std::ldexp(1.0, exponent[g] - 127) : 1.0;
+            const double scaled16 =
+                fp8 ? f16_round(rounded * f16_round(std::ldexp(c.scale[g], 127 - exponent[g])))
+                    : f16_round(rounded * c.scale[g]);
+            const double scaled = scaled16 * factor;
             double& largest = window[static_cast<size_t>(g)];
             largest = std::max(largest, std::fabs(scaled));
-            for (int d = 64 * g; d < 64 * g + 64; ++d) {
+            for (int d = group_size * g; d < group_size * (g + 1); ++d) {
               const double value = std::fabs(c.scale[g] * c.codes[d] + c.minimum[g]);
               run.out[d] = round(round(run.out[d] + scaled * c.codes[d]) + rounded * c.minimum[g]);
-              run.flip[d] += flip * value + (flip > 0.0 ? f16_ulp(scaled) * c.codes[d] : 0.0);
+              run.flip[d] += flip * value +
+                             (flip > 0.0 ? f16_ulp(scaled16) * factor * std::fabs(c.codes[d]) : 0.0);
               run.magnitude[d] += rounded * value;
             }
           }
@@ -353,9 +385,14 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         }
       }
       if (codes) {
-        for (int g = 0; g < kLatentDim / 64; ++g) {
+        // int: FP16 subnormal codes, a 24-bit window below the largest product; fp8: normal
+        // FP16 values up to 448, the same window below 448 times the largest P scale.
+        const double window_unit = fp8 ? 448.0 * 0x1.0p-23 : 0x1.0p-12;
+        for (int g = 0; g < groups; ++g) {
           const double tiles = step_keys / 16 * window[static_cast<size_t>(g)];
-          for (int d = 64 * g; d < 64 * g + 64; ++d) run.flip[d] += 17.0 * 0x1.0p-12 * tiles;
+          for (int d = group_size * g; d < group_size * (g + 1); ++d) {
+            run.flip[d] += 17.0 * window_unit * tiles;
+          }
         }
       }
       row_sum = round(round(row_sum * alpha) + sum);

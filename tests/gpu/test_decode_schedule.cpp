@@ -257,6 +257,37 @@ void check_fragment_maps() {
                int2_values[c] == 1,
            "channel " + std::to_string(c) + " held exactly once by each fragment map");
   }
+  // fp8: a group of 128 channels, keys by k-step over the whole group, values by halves of 64.
+  std::array<int, 128> fp8_keys{}, fp8_values{};
+  for (int s = 0; s < 8; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) {
+          const int channel = fp8_key_channel(s, t, h, e);
+          if (channel >= 0 && channel < 128) ++fp8_keys[channel];
+          // Byte 2h + e of the group's word 4s + t; Q loaded as the pair (c, c + 1).
+          expect(channel == 4 * (4 * s + t) + 2 * h + e,
+                 "fp8_key_channel agrees with the word and byte read");
+          expect(channel == fp8_key_channel(s, t, h, 0) + e, "fp8_key_channel: pairs adjacent");
+        }
+      }
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < 4; ++j) {
+      for (int row = 0; row < 16; ++row) {
+        const int channel = 64 * half + fp8_value_channel(j, row);
+        if (channel >= 0 && channel < 128) ++fp8_values[channel];
+        // Byte 2 (j % 2) + row / 8 of the half's word row % 8 + 8 (j / 2).
+        const int word = 16 * half + row % 8 + 8 * (j / 2), byte = 2 * (j % 2) + row / 8;
+        expect(channel == 4 * word + byte, "fp8_value_channel agrees with the byte read");
+      }
+    }
+  }
+  for (int c = 0; c < 128; ++c) {
+    expect(fp8_keys[c] == 1 && fp8_values[c] == 1,
+           "fp8 channel " + std::to_string(c) + " held exactly once by each fragment map");
+  }
 }
 
 }  // namespace

@@ -131,7 +131,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
     if (!fragments_kernel_reads(format)) {
       throw InvalidArgument(
           "QUANTMLA_DECODE_KERNEL=fragments: the fragment kernel reads content "
-          "int4:g64 and int2:g64 only, not " +
+          "int4:g64, int2:g64 and fp8 only, not " +
           format.to_string());
     }
     return DecodeKernel::kFragments;

@@ -30,6 +30,16 @@
 //      warps at the end, when 2^(24 - p) restores each output channel.
 // Int2 g64 content the same way with fragment_maps.h's int2 maps: one code word of a key a group
 // for the scores, and for V^T two bytes of each of four keys a pair of m-tiles.
+// Fp8 content (e4m3 codes, an FP32 scale a group of 128 channels, no minimums): an e4m3 pair
+// converts exactly to an FP16 pair in one instruction, so the scores multiply Q in FP16 (times 2^e_r)
+// by the codes' values as they are, a lane's k-step being one word of each of its two keys
+// (fragment_maps.h's fp8 maps), and the group's partial sums take the key's FP32 scale; for V^T
+// each warp takes one group, one byte permute of two keys' words and two conversions giving the
+// registers of two m-tiles. An FP32 scale does not fit the FP16 B operand (absmax / 448 is below
+// FP16's normal range for a group under ~0.03), so P is multiplied by fp16(scale / 2^E), E the
+// largest scale exponent of the warp's group over the block's pages so far: when a page raises
+// E, the accumulators are multiplied by the power of two 2^(E_old - E) with the softmax's rescale,
+// and the outputs by 2^E at the end.
 // The kernel-arithmetic reference (tests/gpu/decode_reference.h, MlaDecodePlan::Operands::
 // kFp16Codes) follows these roundings: exact scores up to FP32 sums, P in FP16, P * scale in FP16.
 #pragma once
@@ -53,19 +63,23 @@ inline constexpr bool kFragmentContent = false;
 template <int kBits, int kGroup>
 inline constexpr bool kFragmentContent<ContentInt<kBits, kGroup>> =
     fragments_kernel_reads(kBits == 4 ? Codec::kInt4 : Codec::kInt2, kGroup);
+template <>
+inline constexpr bool kFragmentContent<ContentFp8> =
+    fragments_kernel_reads(Codec::kFP8, ContentFp8::kGroup);
 
 template <class ContentType, class Rope>
 struct FragmentLayout {
   using Content = ContentType;
   static_assert(kFragmentContent<Content>);
   static constexpr bool kInt2 = std::is_same_v<Content, ContentInt<2, 64>>;
+  static constexpr bool kFp8 = std::is_same_v<Content, ContentFp8>;
   static constexpr int kConsumerWarps = 4;
   static constexpr int kConsumers = 32 * kConsumerWarps;
   static constexpr int kThreads = kConsumers + 32;  // and one producer warp
   static constexpr int kRows = 16;
   static constexpr int kStepKeys = kPageTokens;   // keys per softmax step
   static constexpr int kKeySteps = kKeyDim / 16;  // k-steps of the scores: 32 content, 4 RoPE
-  static constexpr int kGroups = kLatentDim / 64;
+  static constexpr int kGroups = kLatentDim / 64;  // int content's groups (fp8: Q's prologue units)
   static constexpr int kMaxRecordBytes = Content::kBytes + Rope::kMaxBytes;
   static constexpr int kStageBytes = (kPageTokens * kMaxRecordBytes + 127) / 128 * 128;
   static constexpr int kQueryBytes = kKeySteps * 32 * 16;  // Q's B fragments, 16 bytes a lane
@@ -141,7 +155,15 @@ __device__ __forceinline__ float f16_low(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>(bits & 0xffffu)));
 }
 
-// 2^k as a float, for |k| <= 126 (a multiplication by it is exact).
+// Two e4m3 codes (the low 16 bits: the first in the low byte) -> their FP16 pair, exact (one
+// cvt.rn.f16x2.e4m3x2 on sm_89 and later).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t bits) {
+  const __half2_raw pair =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bits & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(pair.x) | static_cast<uint32_t>(pair.y) << 16;
+}
+
+// 2^k as a float, for -126 <= k <= 127 (a multiplication by it is exact).
 __device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((127 + k) << 23); }
 
 // A BF16 pair times 2^k (exact in BF16's exponent range).
@@ -277,7 +299,16 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     for (int n = 0; n < 2; ++n) {
       const uint16_t* row = q + (8 * n + fg) * kKeyDim;
       const int e_r = row_exponent(8 * n + fg);
-      if (ks < 32) {
+      if (ks < 32 && L::kFp8) {
+        // Register h holds channels (c, c + 1), c = fp8_key_channel(ks % 8, t, h, 0) of group
+        // ks / 8.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 128 * (ks / 8) + fp8_key_channel(ks % 8, ft, h, 0);
+          r[2 * n + h] = f16x2_bits(from_bf16_bits(row[c]) * power_of_two(e_r),
+                                    from_bf16_bits(row[c + 1]) * power_of_two(e_r));
+        }
+      } else if (ks < 32) {
         // Registers h = 0, 1 hold channels (c + h, c + h + d), d = 4 (int4) or 8 (int2), each
         // divided by 2^p of its code's position.
         const int d = L::kInt2 ? 8 : 4;
@@ -345,12 +376,14 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   }
   // This thread's keys of a page in the scores (A rows g and g + 8 of the warp) and their columns
   // of P^T, in the order that spreads the loads over the banks (fragment_maps.h).
-  const bool spread = !L::kInt2 && p.record_bytes / 4 % 2 == 1;
+  const bool spread = !L::kInt2 && !L::kFp8 && p.record_bytes / 4 % 2 == 1;
   const int key_lo = score_key(warp, g, spread);
   const int key_hi = score_key(warp, g + 8, spread);
   const int column_lo = value_column(key_lo, spread), column_hi = value_column(key_hi, spread);
-  float acc[2][4][2][4] = {};  // O^T: [group of the warp][m-tile][n-tile][register]
-  float min_acc[2][4] = {};    // sum(P min) of group g over this warp's keys: [n-tile][register]
+  // O^T: [group of the warp (fp8: half of its group)][m-tile][n-tile][register]
+  float acc[2][4][2][4] = {};
+  float min_acc[2][4] = {};  // sum(P min) of group g over this warp's keys: [n-tile][register]
+  int scale_exponent = 0;    // fp8: E of the warp's group, biased as in an FP32's bits
   named_barrier(1, L::kConsumers);  // Q's fragments in place, the scratch read
 
   for (int i = 0; i < num_pages; ++i) {
@@ -365,8 +398,35 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       const uint8_t* const rec_lo = stage + key_lo * p.record_bytes;
       const uint8_t* const rec_hi = stage + key_hi * p.record_bytes;
       const uint4* const qf = q_frags + lane;
+      if constexpr (L::kFp8) {
 #pragma unroll
-      for (int group = 0; group < L::kGroups; ++group) {
+        for (int group = 0; group < kLatentDim / Content::kGroup; ++group) {
+          const int scales = Content::kCodeBytes + 4 * group;
+          const float scale_lo = __uint_as_float(load_u32(rec_lo + scales));
+          const float scale_hi = __uint_as_float(load_u32(rec_hi + scales));
+          float part[2][4] = {};
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            const int ks = 8 * group + s;
+            const uint32_t word_lo = load_u32(rec_lo + 16 * ks + 4 * t);
+            const uint32_t word_hi = load_u32(rec_hi + 16 * ks + 4 * t);
+            const uint32_t a[4] = {e4m3x2_to_f16x2(word_lo), e4m3x2_to_f16x2(word_hi),
+                                   e4m3x2_to_f16x2(word_lo >> 16), e4m3x2_to_f16x2(word_hi >> 16)};
+            const uint4 b = qf[32 * ks];
+            mma_f16_16x8x16(part[0], a, b.x, b.y);
+            mma_f16_16x8x16(part[1], a, b.z, b.w);
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            sc[n][0] = fmaf(scale_lo, part[n][0], sc[n][0]);
+            sc[n][1] = fmaf(scale_lo, part[n][1], sc[n][1]);
+            sc[n][2] = fmaf(scale_hi, part[n][2], sc[n][2]);
+            sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int group = 0; group < (L::kFp8 ? 0 : L::kGroups); ++group) {
         const int scales = Content::kCodeBytes + 4 * group;
         const float scale_lo = f16_low(load_u32(rec_lo + scales));
         const float scale_hi = f16_low(load_u32(rec_hi + scales));
@@ -414,7 +474,7 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
           sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
         }
       }
-      {
+      if constexpr (!L::kFp8) {
         // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
         const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
         const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
@@ -520,21 +580,31 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     }
     named_barrier(1, L::kConsumers);  // P^T complete
 
-    // 3. O^T += V^T P^T over this warp's groups 2 warp, 2 warp + 1.
+    // 3. O^T += V^T P^T over this warp's groups 2 warp, 2 warp + 1 (fp8: its group `warp`).
+    const int rb = p.record_bytes;
+    float value_factor = 1.0f;  // fp8: 2^(E_old - E) when this page raises E
+    if constexpr (L::kFp8) {
+      const int scales = Content::kCodeBytes + 4 * warp;
+      const uint32_t exponent = max(load_u32(stage + lane * rb + scales) >> 23 & 0xffu,
+                                    load_u32(stage + (lane + 32) * rb + scales) >> 23 & 0xffu);
+      const int raised = max(scale_exponent, static_cast<int>(__reduce_max_sync(~0u, exponent)));
+      value_factor = scale_exponent - raised < -126 ? 0.0f : power_of_two(scale_exponent - raised);
+      scale_exponent = raised;
+    }
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         min_acc[n][e] *= alpha[n][e];
+        const float rescale = alpha[n][e] * value_factor;
 #pragma unroll
         for (int gl = 0; gl < 2; ++gl)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            acc[gl][j][n][e] *= alpha[n][e];
-            acc[gl][j][n][2 + e] *= alpha[n][e];
+            acc[gl][j][n][e] *= rescale;
+            acc[gl][j][n][2 + e] *= rescale;
           }
       }
-    const int rb = p.record_bytes;
     // P^T's B fragments of keys 16 ks + [0, 16): rows 0-7 in b[0], b[1], rows 8-15 in b[2], b[3].
     const auto load_probs = [&](int ks, uint32_t(&b)[4]) {
       ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride +
@@ -547,7 +617,7 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         records[i] = stage + value_key(ks, 2 * t + i % 2 + 8 * (i / 2), spread) * rb;
       }
     };
-    {
+    if constexpr (!L::kFp8) {
       // k-tile `warp`: A row g (< 8) = group g's minimums of its keys, rows g + 8 zero.
       uint32_t b[4];
       load_probs(warp, b);
@@ -566,8 +636,48 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       load_probs(ks, b);
       const uint8_t* records[4];
       value_records(ks, records);
+      if constexpr (L::kFp8) {
+        // P times fp16(scale / 2^E) of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9.
+        const int scales = Content::kCodeBytes + 4 * warp;
+        const float unit = power_of_two(127 - scale_exponent);
+        const uint32_t scale01 =
+            f16x2_bits(__uint_as_float(load_u32(records[0] + scales)) * unit,
+                       __uint_as_float(load_u32(records[1] + scales)) * unit);
+        const uint32_t scale89 =
+            f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
+                       __uint_as_float(load_u32(records[3] + scales)) * unit);
+        uint32_t pb[4];
 #pragma unroll
-      for (int gl = 0; gl < 2; ++gl) {
+        for (int r = 0; r < 4; ++r) {
+          const __half2 scaled =
+              __hmul2(*reinterpret_cast<const __half2*>(&b[r]),
+                      *reinterpret_cast<const __half2*>(r % 2 == 0 ? &scale01 : &scale89));
+          pb[r] = *reinterpret_cast<const uint32_t*>(&scaled);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int pair = 0; pair < 2; ++pair) {
+            // Word g + 8 pair of the half: bytes 2 jj, 2 jj + 1 are m-tile 2 pair + jj's rows g
+            // and g + 8 (fp8_value_channel); one permute puts a byte of two keys in each half.
+            const int word = 128 * warp + 64 * half + 4 * (g + 8 * pair);
+            const uint32_t w0 = load_u32(records[0] + word), w1 = load_u32(records[1] + word);
+            const uint32_t w8 = load_u32(records[2] + word), w9 = load_u32(records[3] + word);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              const uint32_t select = jj == 0 ? 0x5140u : 0x7362u;
+              const uint32_t x01 = __byte_perm(w0, w1, select);
+              const uint32_t x89 = __byte_perm(w8, w9, select);
+              const uint32_t a[4] = {e4m3x2_to_f16x2(x01), e4m3x2_to_f16x2(x01 >> 16),
+                                     e4m3x2_to_f16x2(x89), e4m3x2_to_f16x2(x89 >> 16)};
+              mma_f16_16x8x16(acc[half][2 * pair + jj][0], a, pb[0], pb[1]);
+              mma_f16_16x8x16(acc[half][2 * pair + jj][1], a, pb[2], pb[3]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int gl = 0; gl < (L::kFp8 ? 0 : 2); ++gl) {
         const int group = 2 * warp + gl;
         // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
         // b[3]).
@@ -628,9 +738,15 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   // Channel of an output column's row g of m-tile j (row g + 8 is the next channel), and its
   // code's position (the subnormal code * 2^(p - 24): times 2^(24 - p) restores it).
   const auto value_channel = [](int j, int row) {
-    return L::kInt2 ? int2_value_channel(j, row) : int4_value_channel(j, row);
+    return L::kFp8    ? fp8_value_channel(j, row)
+           : L::kInt2 ? int2_value_channel(j, row)
+                      : int4_value_channel(j, row);
   };
-  const auto code_factor = [](int channel) {
+  // fp8: 2^E (a group of zero scales only has zero sums).
+  const float value_unit =
+      L::kFp8 && scale_exponent > 0 ? power_of_two(scale_exponent - 127) : 0.0f;
+  const auto code_factor = [&](int channel) {
+    if constexpr (L::kFp8) return value_unit;
     return power_of_two(
         24 - (L::kInt2 ? int2_value_code_position(channel) : int4_code_position(channel)));
   };
@@ -730,7 +846,8 @@ void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaS
   launch_large_shared<mla_decode_fragments_kernel<Content, Rope>>(
       blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
 }
-// Compiled once each, in decode_fragments_int4_g64.cu and decode_fragments_int2_g64.cu.
+// Compiled once each, in decode_fragments_int4_g64.cu, decode_fragments_int2_g64.cu and
+// decode_fragments_fp8.cu.
 extern template void launch_decode_fragments<ContentInt<4, 64>, RopeBf16>(const DecodeKernelParams&,
                                                                           int, cudaStream_t);
 extern template void launch_decode_fragments<ContentInt<4, 64>, RopeInt4>(const DecodeKernelParams&,
@@ -739,5 +856,9 @@ extern template void launch_decode_fragments<ContentInt<2, 64>, RopeBf16>(const 
                                                                           int, cudaStream_t);
 extern template void launch_decode_fragments<ContentInt<2, 64>, RopeInt4>(const DecodeKernelParams&,
                                                                           int, cudaStream_t);
+extern template void launch_decode_fragments<ContentFp8, RopeBf16>(const DecodeKernelParams&, int,
+                                                                   cudaStream_t);
+extern template void launch_decode_fragments<ContentFp8, RopeInt4>(const DecodeKernelParams&, int,
+                                                                   cudaStream_t);
 
 }  // namespace quantmla::gpu

@@ -72,6 +72,22 @@ QUANTMLA_HOST_DEVICE constexpr int int2_value_channel(int j, int row) {
 // The shift of that byte's code of row g (+ 2 for row g + 8) after the byte moved to bit 0.
 QUANTMLA_HOST_DEVICE constexpr int int2_value_shift(int j) { return 4 * (j % 2); }
 
+// Content fp8 (e4m3 bytes in channel order; one FP32 scale a group of 128 channels). Scores: k-step
+// s (0..7) of a group covers channels [16 s, 16 s + 16); lane t reads the group's 32-bit word
+// 4 s + t (channels 16 s + 4 t to + 3: the 8 keys' words of a load fall in distinct banks when a
+// record is 4 words past a multiple of 32, as with a BF16 RoPE key), whose bytes 2h, 2h + 1 one
+// conversion makes register h. So the channel of k-step s, lane t, register h, half e is
+QUANTMLA_HOST_DEVICE constexpr int fp8_key_channel(int s, int t, int h, int e) {
+  return 16 * s + 4 * t + 2 * h + e;
+}
+// Output: a warp takes one group (128 channels) as two halves of 64. M-tile j (0..3) of a half puts
+// rows g and g + 8 on bytes 2 (j % 2) and 2 (j % 2) + 1 of the half's word g + 8 (j / 2): channels
+// of an output column adjacent again, and one byte permute of two keys' words gives two m-tiles'
+// registers.
+QUANTMLA_HOST_DEVICE constexpr int fp8_value_channel(int j, int row) {
+  return 4 * (row % 8) + 32 * (j / 2) + 2 * (j % 2) + row / 8;
+}
+
 // The kernel multiplies with the codes themselves: a register half holds code * 2^p, p the code's
 // bit position in its 16-bit half once the word is shifted as below, so that one mask isolates it
 // (scores: an exact FP16 value, 1024 + code * 2^p less 1024; values: the FP16 subnormal

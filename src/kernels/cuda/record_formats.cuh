@@ -179,7 +179,8 @@ struct ContentBf16 {
 // e4m3 codes, then one FP32 scale per 128 channels.
 struct ContentFp8 {
   static constexpr int kGroup = 128;
-  static constexpr int kBytes = kLatentDim + kLatentDim / kGroup * 4;
+  static constexpr int kCodeBytes = kLatentDim;
+  static constexpr int kBytes = kCodeBytes + kLatentDim / kGroup * 4;
   static constexpr bool kIsBf16 = false;
   static constexpr int kPairSpan = 1;
   __device__ static void chunk(const uint8_t* rec, int c, uint4 (&out)[8]) {
