@@ -201,7 +201,12 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
        64,
        Operands::kFp16Codes},
       {"content=fp8,rope=bf16", 2, 16, {2, 130, 700}, 3, 64, Operands::kFp16Codes},
-      {"content=fp8,rope=int4:g64:bf16pairs=21", 1, 16, {1, 63, 65, 300}, 0, 64,
+      {"content=fp8,rope=int4:g64:bf16pairs=21",
+       1,
+       16,
+       {1, 63, 65, 300},
+       0,
+       64,
        Operands::kFp16Codes},
   };
   for (const Case& c : cases) {

@@ -366,8 +366,9 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
             for (int d = group_size * g; d < group_size * (g + 1); ++d) {
               const double value = std::fabs(c.scale[g] * c.codes[d] + c.minimum[g]);
               run.out[d] = round(round(run.out[d] + scaled * c.codes[d]) + rounded * c.minimum[g]);
-              run.flip[d] += flip * value +
-                             (flip > 0.0 ? f16_ulp(scaled16) * factor * std::fabs(c.codes[d]) : 0.0);
+              run.flip[d] +=
+                  flip * value +
+                  (flip > 0.0 ? f16_ulp(scaled16) * factor * std::fabs(c.codes[d]) : 0.0);
               run.magnitude[d] += rounded * value;
             }
           }

@@ -31,8 +31,8 @@
 // Int2 g64 content the same way with fragment_maps.h's int2 maps: one code word of a key a group
 // for the scores, and for V^T two bytes of each of four keys a pair of m-tiles.
 // Fp8 content (e4m3 codes, an FP32 scale a group of 128 channels, no minimums): an e4m3 pair
-// converts exactly to an FP16 pair in one instruction, so the scores multiply Q in FP16 (times 2^e_r)
-// by the codes' values as they are, a lane's k-step being one word of each of its two keys
+// converts exactly to an FP16 pair in one instruction, so the scores multiply Q in FP16 (times
+// 2^e_r) by the codes' values as they are, a lane's k-step being one word of each of its two keys
 // (fragment_maps.h's fp8 maps), and the group's partial sums take the key's FP32 scale; for V^T
 // each warp takes one group, one byte permute of two keys' words and two conversions giving the
 // registers of two m-tiles. An FP32 scale does not fit the FP16 B operand (absmax / 448 is below
@@ -64,8 +64,8 @@ template <int kBits, int kGroup>
 inline constexpr bool kFragmentContent<ContentInt<kBits, kGroup>> =
     fragments_kernel_reads(kBits == 4 ? Codec::kInt4 : Codec::kInt2, kGroup);
 template <>
-inline constexpr bool kFragmentContent<ContentFp8> =
-    fragments_kernel_reads(Codec::kFP8, ContentFp8::kGroup);
+inline constexpr bool kFragmentContent<ContentFp8> = fragments_kernel_reads(Codec::kFP8,
+                                                                            ContentFp8::kGroup);
 
 template <class ContentType, class Rope>
 struct FragmentLayout {
@@ -77,8 +77,8 @@ struct FragmentLayout {
   static constexpr int kConsumers = 32 * kConsumerWarps;
   static constexpr int kThreads = kConsumers + 32;  // and one producer warp
   static constexpr int kRows = 16;
-  static constexpr int kStepKeys = kPageTokens;   // keys per softmax step
-  static constexpr int kKeySteps = kKeyDim / 16;  // k-steps of the scores: 32 content, 4 RoPE
+  static constexpr int kStepKeys = kPageTokens;    // keys per softmax step
+  static constexpr int kKeySteps = kKeyDim / 16;   // k-steps of the scores: 32 content, 4 RoPE
   static constexpr int kGroups = kLatentDim / 64;  // int content's groups (fp8: Q's prologue units)
   static constexpr int kMaxRecordBytes = Content::kBytes + Rope::kMaxBytes;
   static constexpr int kStageBytes = (kPageTokens * kMaxRecordBytes + 127) / 128 * 128;
@@ -640,12 +640,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         // P times fp16(scale / 2^E) of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9.
         const int scales = Content::kCodeBytes + 4 * warp;
         const float unit = power_of_two(127 - scale_exponent);
-        const uint32_t scale01 =
-            f16x2_bits(__uint_as_float(load_u32(records[0] + scales)) * unit,
-                       __uint_as_float(load_u32(records[1] + scales)) * unit);
-        const uint32_t scale89 =
-            f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
-                       __uint_as_float(load_u32(records[3] + scales)) * unit);
+        const uint32_t scale01 = f16x2_bits(__uint_as_float(load_u32(records[0] + scales)) * unit,
+                                            __uint_as_float(load_u32(records[1] + scales)) * unit);
+        const uint32_t scale89 = f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
+                                            __uint_as_float(load_u32(records[3] + scales)) * unit);
         uint32_t pb[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
