@@ -173,6 +173,36 @@ __device__ __forceinline__ uint32_t bf16x2_times_power(uint32_t bits, int k) {
   return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
 }
 
+// P^T's B fragment registers times the FP16 scale pairs of k indices 2t, 2t + 1 (registers 0, 2)
+// and 2t + 8, 2t + 9 (registers 1, 3): one HMUL2 each, FP16 rounding.
+struct ScaledProbs {
+  uint32_t r[4];
+  __device__ __forceinline__ ScaledProbs(const uint32_t (&b)[4], uint32_t scale01,
+                                         uint32_t scale89) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 scaled =
+          __hmul2(*reinterpret_cast<const __half2*>(&b[i]),
+                  *reinterpret_cast<const __half2*>(i % 2 == 0 ? &scale01 : &scale89));
+      r[i] = *reinterpret_cast<const uint32_t*>(&scaled);
+    }
+  }
+  __device__ __forceinline__ uint32_t operator[](int i) const { return r[i]; }
+};
+
+// Scores += a group's partial sums times its keys' scales (rows g and g + 8 of S^T: the low and the
+// high key).
+__device__ __forceinline__ void add_group_scores(float (&sc)[2][4], const float (&part)[2][4],
+                                                 float scale_lo, float scale_hi) {
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    sc[n][0] = fmaf(scale_lo, part[n][0], sc[n][0]);
+    sc[n][1] = fmaf(scale_lo, part[n][1], sc[n][1]);
+    sc[n][2] = fmaf(scale_hi, part[n][2], sc[n][2]);
+    sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
+  }
+}
+
 template <class ContentType, class Rope>
 __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
                                   FragmentLayout<ContentType, Rope>::kBlocksPerSm)
@@ -416,73 +446,62 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
             mma_f16_16x8x16(part[0], a, b.x, b.y);
             mma_f16_16x8x16(part[1], a, b.z, b.w);
           }
+          add_group_scores(sc, part, scale_lo, scale_hi);
+        }
+      } else {
 #pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            sc[n][0] = fmaf(scale_lo, part[n][0], sc[n][0]);
-            sc[n][1] = fmaf(scale_lo, part[n][1], sc[n][1]);
-            sc[n][2] = fmaf(scale_hi, part[n][2], sc[n][2]);
-            sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
+        for (int group = 0; group < L::kGroups; ++group) {
+          const int scales = Content::kCodeBytes + 4 * group;
+          const float scale_lo = f16_low(load_u32(rec_lo + scales));
+          const float scale_hi = f16_low(load_u32(rec_hi + scales));
+          uint32_t lo[2], hi[2];
+          if constexpr (L::kInt2) {
+            lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
+            hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
+            lo[1] = lo[0] >> 10;
+            hi[1] = hi[0] >> 10;
+          } else {
+            lo[0] = load_u32(rec_lo + 32 * group + 8 * t);  // words 2t, 2t + 1
+            lo[1] = load_u32(rec_lo + 32 * group + 8 * t + 4);
+            hi[0] = load_u32(rec_hi + 32 * group + 8 * t);
+            hi[1] = load_u32(rec_hi + 32 * group + 8 * t + 4);
           }
-        }
-      }
+          float part[2][4] = {};
 #pragma unroll
-      for (int group = 0; group < (L::kFp8 ? 0 : L::kGroups); ++group) {
-        const int scales = Content::kCodeBytes + 4 * group;
-        const float scale_lo = f16_low(load_u32(rec_lo + scales));
-        const float scale_hi = f16_low(load_u32(rec_hi + scales));
-        uint32_t lo[2], hi[2];
-        if constexpr (L::kInt2) {
-          lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
-          hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
-          lo[1] = lo[0] >> 10;
-          hi[1] = hi[0] >> 10;
-        } else {
-          lo[0] = load_u32(rec_lo + 32 * group + 8 * t);  // words 2t, 2t + 1
-          lo[1] = load_u32(rec_lo + 32 * group + 8 * t + 4);
-          hi[0] = load_u32(rec_hi + 32 * group + 8 * t);
-          hi[1] = load_u32(rec_hi + 32 * group + 8 * t + 4);
-        }
-        float part[2][4] = {};
+          for (int s = 0; s < 4; ++s) {
+            uint32_t a[4];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a[4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t word_lo, word_hi, mask;
-            if constexpr (L::kInt2) {
-              const int shifted = int2_key_word_shift(s, h) != 0;
-              word_lo = lo[shifted];
-              word_hi = hi[shifted];
-              mask = kInt2Pair << (int2_key_shift(s, h) - int2_key_word_shift(s, h));
-            } else {
-              word_lo = lo[s >> 1] >> int4_key_word_shift(s);
-              word_hi = hi[s >> 1] >> int4_key_word_shift(s);
-              mask = kInt4Pair << (4 * h);
+            for (int h = 0; h < 2; ++h) {
+              uint32_t word_lo, word_hi, mask;
+              if constexpr (L::kInt2) {
+                const int shifted = int2_key_word_shift(s, h) != 0;
+                word_lo = lo[shifted];
+                word_hi = hi[shifted];
+                mask = kInt2Pair << (int2_key_shift(s, h) - int2_key_word_shift(s, h));
+              } else {
+                word_lo = lo[s >> 1] >> int4_key_word_shift(s);
+                word_hi = hi[s >> 1] >> int4_key_word_shift(s);
+                mask = kInt4Pair << (4 * h);
+              }
+              a[2 * h] = exact_code_pair(word_lo, mask);
+              a[2 * h + 1] = exact_code_pair(word_hi, mask);
             }
-            a[2 * h] = exact_code_pair(word_lo, mask);
-            a[2 * h + 1] = exact_code_pair(word_hi, mask);
+            const uint4 b = qf[32 * (4 * group + s)];
+            mma_f16_16x8x16(part[0], a, b.x, b.y);
+            mma_f16_16x8x16(part[1], a, b.z, b.w);
           }
-          const uint4 b = qf[32 * (4 * group + s)];
-          mma_f16_16x8x16(part[0], a, b.x, b.y);
-          mma_f16_16x8x16(part[1], a, b.z, b.w);
+          add_group_scores(sc, part, scale_lo, scale_hi);
         }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          sc[n][0] = fmaf(scale_lo, part[n][0], sc[n][0]);
-          sc[n][1] = fmaf(scale_lo, part[n][1], sc[n][1]);
-          sc[n][2] = fmaf(scale_hi, part[n][2], sc[n][2]);
-          sc[n][3] = fmaf(scale_hi, part[n][3], sc[n][3]);
+        {
+          // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
+          const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
+          const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
+          uint32_t a[4];
+          a[0] = a[2] = __byte_perm(load_u32(words_lo), load_u32(words_lo + 4), 0x7632);
+          a[1] = a[3] = __byte_perm(load_u32(words_hi), load_u32(words_hi + 4), 0x7632);
+          mma_f16_16x8x16(sc[0], a, min_frags[0], min_frags[1]);
+          mma_f16_16x8x16(sc[1], a, min_frags[2], min_frags[3]);
         }
-      }
-      if constexpr (!L::kFp8) {
-        // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
-        const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
-        const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
-        uint32_t a[4];
-        a[0] = a[2] = __byte_perm(load_u32(words_lo), load_u32(words_lo + 4), 0x7632);
-        a[1] = a[3] = __byte_perm(load_u32(words_hi), load_u32(words_hi + 4), 0x7632);
-        mma_f16_16x8x16(sc[0], a, min_frags[0], min_frags[1]);
-        mma_f16_16x8x16(sc[1], a, min_frags[2], min_frags[3]);
       }
       // The RoPE key in BF16, as the tiled kernel's tile holds it.
       uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
@@ -644,14 +663,7 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
                                             __uint_as_float(load_u32(records[1] + scales)) * unit);
         const uint32_t scale89 = f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
                                             __uint_as_float(load_u32(records[3] + scales)) * unit);
-        uint32_t pb[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const __half2 scaled =
-              __hmul2(*reinterpret_cast<const __half2*>(&b[r]),
-                      *reinterpret_cast<const __half2*>(r % 2 == 0 ? &scale01 : &scale89));
-          pb[r] = *reinterpret_cast<const uint32_t*>(&scaled);
-        }
+        const ScaledProbs pb(b, scale01, scale89);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -673,58 +685,53 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
             }
           }
         }
-      }
+      } else {
 #pragma unroll
-      for (int gl = 0; gl < (L::kFp8 ? 0 : 2); ++gl) {
-        const int group = 2 * warp + gl;
-        // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
-        // b[3]).
-        const int scales = Content::kCodeBytes + 4 * group;
-        const uint32_t scale01 =
-            __byte_perm(load_u32(records[0] + scales), load_u32(records[1] + scales), 0x5410);
-        const uint32_t scale89 =
-            __byte_perm(load_u32(records[2] + scales), load_u32(records[3] + scales), 0x5410);
-        uint32_t pb[4];
+        for (int gl = 0; gl < 2; ++gl) {
+          const int group = 2 * warp + gl;
+          // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
+          // b[3]).
+          const int scales = Content::kCodeBytes + 4 * group;
+          const uint32_t scale01 =
+              __byte_perm(load_u32(records[0] + scales), load_u32(records[1] + scales), 0x5410);
+          const uint32_t scale89 =
+              __byte_perm(load_u32(records[2] + scales), load_u32(records[3] + scales), 0x5410);
+          const ScaledProbs pb(b, scale01, scale89);
+          if constexpr (L::kInt2) {
+            // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
+            // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
+            // 2 more (fragment_maps.h).
+            const uint32_t select = (g % 4) | (4 + g % 4) << 8;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const __half2 scaled =
-              __hmul2(*reinterpret_cast<const __half2*>(&b[r]),
-                      *reinterpret_cast<const __half2*>(r % 2 == 0 ? &scale01 : &scale89));
-          pb[r] = *reinterpret_cast<const uint32_t*>(&scaled);
-        }
-        if constexpr (L::kInt2) {
-          // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
-          // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
-          // 2 more (fragment_maps.h).
-          const uint32_t select = (g % 4) | (4 + g % 4) << 8;
+            for (int half = 0; half < 2; ++half) {
+              const int word = 16 * group + 4 * (g / 4) + 8 * half;
+              const uint32_t x01 =
+                  __byte_perm(load_u32(records[0] + word), load_u32(records[1] + word), select);
+              const uint32_t x89 =
+                  __byte_perm(load_u32(records[2] + word), load_u32(records[3] + word), select);
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int word = 16 * group + 4 * (g / 4) + 8 * half;
-            const uint32_t x01 =
-                __byte_perm(load_u32(records[0] + word), load_u32(records[1] + word), select);
-            const uint32_t x89 =
-                __byte_perm(load_u32(records[2] + word), load_u32(records[3] + word), select);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const uint32_t mask = kInt2Pair << int2_value_shift(jj);
-              uint32_t a[4] = {x01 & mask, x01 & (mask << 2), x89 & mask, x89 & (mask << 2)};
-              mma_f16_16x8x16(acc[gl][2 * half + jj][0], a, pb[0], pb[1]);
-              mma_f16_16x8x16(acc[gl][2 * half + jj][1], a, pb[2], pb[3]);
+              for (int jj = 0; jj < 2; ++jj) {
+                const uint32_t mask = kInt2Pair << int2_value_shift(jj);
+                uint32_t a[4] = {x01 & mask, x01 & (mask << 2), x89 & mask, x89 & (mask << 2)};
+                mma_f16_16x8x16(acc[gl][2 * half + jj][0], a, pb[0], pb[1]);
+                mma_f16_16x8x16(acc[gl][2 * half + jj][1], a, pb[2], pb[3]);
+              }
             }
-          }
-        } else {
-          const int codes = 32 * group + 4 * g;
-          const uint32_t w0 = load_u32(records[0] + codes), w1 = load_u32(records[1] + codes);
-          const uint32_t w8 = load_u32(records[2] + codes), w9 = load_u32(records[3] + codes);
+          } else {
+            const int codes = 32 * group + 4 * g;
+            const uint32_t w0 = load_u32(records[0] + codes), w1 = load_u32(records[1] + codes);
+            const uint32_t w8 = load_u32(records[2] + codes), w9 = load_u32(records[3] + codes);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high row g + 8.
-            const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
-            const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
-            uint32_t a[4] = {x01 & kInt4Pair, x01 & (kInt4Pair << 4), x89 & kInt4Pair,
-                             x89 & (kInt4Pair << 4)};
-            mma_f16_16x8x16(acc[gl][j][0], a, pb[0], pb[1]);
-            mma_f16_16x8x16(acc[gl][j][1], a, pb[2], pb[3]);
+            for (int j = 0; j < 4; ++j) {
+              // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high
+              // nibbles row g + 8.
+              const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
+              const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
+              uint32_t a[4] = {x01 & kInt4Pair, x01 & (kInt4Pair << 4), x89 & kInt4Pair,
+                               x89 & (kInt4Pair << 4)};
+              mma_f16_16x8x16(acc[gl][j][0], a, pb[0], pb[1]);
+              mma_f16_16x8x16(acc[gl][j][1], a, pb[2], pb[3]);
+            }
           }
         }
       }
