@@ -114,9 +114,10 @@ struct PlanLayout {
 // batch and context measured (batch 1, 4K: 0.023 against 0.027 ms; batch 16, 4K: 0.033 against
 // 0.040; batch 16, 128K: 0.475 against 0.607), its keys costing half the conversion. The same
 // holds with FP16 code operands (2026-12-03: INT4 at batch 16, 32K 0.136, 4K 0.048 ms). FP8:
-// faster at every batch and context measured (batch 1, 4K: 0.023 against 0.026 ms; batch 16, 4K:
-// 0.040 against 0.041; batch 128, 128K: 3.25 against 6.19). A plan in a workspace must choose from
-// the batch alone (a captured step keeps its kernel), so the rule is by batch.
+// faster at every batch, context, head count and s_q measured (H = 16, batch 1, 4K: 0.023 against
+// 0.026 ms; batch 16, 4K: 0.040 against 0.041; batch 128, 128K: 3.25 against 6.19; H = 128: 1.12x
+// to 1.55x). A plan in a workspace must choose from the batch alone (a captured step keeps its
+// kernel), so the rule is by batch.
 int fragments_min_batch(const CacheFormat& format) {
   return format.content.codec == Codec::kInt4 ? 32 : 1;
 }
