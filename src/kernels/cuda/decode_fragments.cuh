@@ -1,8 +1,9 @@
-// The fragment decode kernel (issue 15's second kernel) for int4 or int2 g64 content: the tensor
-// cores multiply with the codes themselves, built in registers straight from the raw records, with
-// no dequantized tile in shared memory (the tiled kernel's BF16 tile cost more shared-memory
-// traffic a page than the whole budget of a 3x speed-up: docs/gpu-kernels.md), and each group's
-// scale and minimum are applied where they cost least: to the scores' partial sums and to P.
+// The fragment decode kernel (issue 15's second kernel) for int4 or int2 g64 and fp8 content: the
+// tensor cores multiply with the codes themselves, built in registers straight from the raw
+// records, with no dequantized tile in shared memory (the tiled kernel's BF16 tile cost more
+// shared-memory traffic a page than the whole budget of a 3x speed-up: docs/gpu-kernels.md), and
+// each group's scale and minimum are applied where they cost least: to the scores' partial sums and
+// to P.
 //
 // One block per WorkItem of 16 query rows. Warp 4 is the producer: its lane 0 streams whole pages
 // (64 records) into a ring of shared-memory stages with bulk copies that complete on a barrier per
