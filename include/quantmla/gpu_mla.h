@@ -121,9 +121,10 @@ class MlaDecodePlan {
   std::vector<Block> blocks() const;
   int keys_per_step() const;
   // The products' operands: kBf16Tile, every key's values rounded to BF16 as the tiled kernel's
-  // tile holds them, and P rounded to BF16; kFp16Codes (the fragment kernel on int g64 content),
-  // the codes exact in FP16, each group's scale and minimum applied to the scores' partial sums
-  // and to P (P rounded to FP16, P times a scale rounded again), the RoPE key as in the tile.
+  // tile holds them, and P rounded to BF16; kFp16Codes (the fragment kernel on int g64 or fp8
+  // content), the codes exact in FP16, each group's scale and minimum applied to the scores'
+  // partial sums and to P (P rounded to FP16, P times a scale rounded again; fp8: the scale over
+  // a running power of two), the RoPE key as in the tile.
   enum class Operands { kBf16Tile, kFp16Codes };
   Operands operands() const;
 
