@@ -1515,6 +1515,23 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
     std::copy_n(h_bits.begin() + ref.token_of_slot[s] * ld_h, d - 1, odd_ref.begin() + s * (d - 1));
   }
   check_equal("moe_gather odd width (scalar path)", sorted_odd.download(), odd_ref);
+  // Padding rows (token -1) and tokens past n give zeros, on both paths.
+  std::vector<int32_t> padded_tokens = ref.token_of_slot;
+  for (size_t s = 0; s < padded_tokens.size(); s += 3) padded_tokens[s] = s % 2 ? -1 : int32_t(n);
+  DeviceArray<int32_t> dpadded(padded_tokens);
+  for (const int64_t width : {d, d - 1}) {
+    DeviceArray<uint16_t> out(static_cast<size_t>(slots * width));
+    poison(out);
+    gpu::moe_gather(dh.data(), ld_h, n, dpadded.data(), slots, out.data(), width, width, kStream);
+    sync();
+    std::vector<uint16_t> want(static_cast<size_t>(slots * width), 0);
+    for (int64_t s = 0; s < slots; ++s) {
+      if (padded_tokens[s] < 0 || padded_tokens[s] >= n) continue;
+      std::copy_n(h_bits.begin() + padded_tokens[s] * ld_h, width, want.begin() + s * width);
+    }
+    check_equal("moe_gather padding rows and tokens past n, width " + std::to_string(width),
+                out.download(), want);
+  }
 
   // ld_x = d + 2: the scalar kernel; d + 4: the 4-wide one.
   for (const int64_t x_padding : {2, 4}) {
@@ -2303,6 +2320,11 @@ int main(int argc, char** argv) {
         run_rms_norm_case(9, 7168, 4, 0, DType::kF32, false);
         run_rms_norm_case(33, 512, 64, 3, DType::kBF16, false);
         run_rms_norm_case(5, 1536, 0, 0, DType::kF32, true);
+        // Fewer elements than threads, a 2K prefill's rows, a width past 8192.
+        run_rms_norm_case(4, 100, 0, 0, DType::kBF16, false);
+        run_rms_norm_case(2048, 2048, 0, 0, DType::kBF16, false);
+        run_rms_norm_case(3, 2048, 8, 0, DType::kF32, true);
+        run_rms_norm_case(3, 9000, 0, 4, DType::kF32, false);
         run_rope_case("rope q_pe [50, 20 heads, 192] at 128, positions to 200000", 50, 20, 64, 128,
                       20 * 192, 192, 50 * 20 * 192, false);
         run_rope_case("rope k_pe [70, 576] at 512, YaRN-like, factor 1.2", 70, 1, 64, 512, 576, 64,
@@ -2347,6 +2369,7 @@ int main(int argc, char** argv) {
         run_sort_case("moe_sort one chunk n 256 k 1 E 4096", random_choices(256, 1, 4096, true),
                       256, 1, 4096);
         run_gather_combine_case(300, 8, 64, 512);
+        run_gather_combine_case(7, 3, 5, 64);  // 21 slots: a block's last rows past them
         run_pad_layout_case("moe_pad_layout n 2048 k 6 E 64", random_choices(2048, 6, 64, false),
                             2048, 6, 64);
         run_pad_layout_case("moe_pad_layout skewed n 500 k 8 E 256",

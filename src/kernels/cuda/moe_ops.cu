@@ -410,24 +410,42 @@ __global__ void __launch_bounds__(kSortChunk)
 
 constexpr int kCopyThreads = 256;
 
+// kGatherRows rows a block, every row's loads issued before its stores: a 2K prefill's ~13K
+// rows of 4 KB were a wave of dependent loads per row (the token, then its row), one block each.
+constexpr int kGatherRows = 4;
 template <bool kVector>
 __global__ void __launch_bounds__(kCopyThreads)
     moe_gather_kernel(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token_of_slot,
-                      uint16_t* sorted, int64_t ld_sorted, int64_t d) {
+                      int64_t slots, uint16_t* sorted, int64_t ld_sorted, int64_t d) {
   wait_for_previous_kernel();
-  const int64_t s = blockIdx.x;
-  const int64_t token = token_of_slot[s];
-  const bool valid = token >= 0 && token < n;
-  uint16_t* out = sorted + s * ld_sorted;
-  const uint16_t* in = h + (valid ? token : 0) * ld_h;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.x) * kGatherRows;
+  const uint16_t* in[kGatherRows];
+  bool valid[kGatherRows];
+#pragma unroll
+  for (int r = 0; r < kGatherRows; ++r) {
+    const int64_t token = s0 + r < slots ? token_of_slot[s0 + r] : -1;
+    valid[r] = token >= 0 && token < n;
+    in[r] = h + (valid[r] ? token : 0) * ld_h;
+  }
+  const int rows = static_cast<int>(slots - s0 < kGatherRows ? slots - s0 : kGatherRows);
   if constexpr (kVector) {  // 8 BF16 values per 16-byte access
     const int64_t vectors = d / 8;
     for (int64_t v = threadIdx.x; v < vectors; v += kCopyThreads) {
-      reinterpret_cast<uint4*>(out)[v] =
-          valid ? reinterpret_cast<const uint4*>(in)[v] : make_uint4(0, 0, 0, 0);
+      uint4 value[kGatherRows];
+#pragma unroll
+      for (int r = 0; r < kGatherRows; ++r) {
+        value[r] = valid[r] ? reinterpret_cast<const uint4*>(in[r])[v] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int r = 0; r < kGatherRows; ++r) {
+        if (r < rows) reinterpret_cast<uint4*>(sorted + (s0 + r) * ld_sorted)[v] = value[r];
+      }
     }
   } else {
-    for (int64_t c = threadIdx.x; c < d; c += kCopyThreads) out[c] = valid ? in[c] : 0;
+    for (int r = 0; r < rows; ++r) {
+      uint16_t* out = sorted + (s0 + r) * ld_sorted;
+      for (int64_t c = threadIdx.x; c < d; c += kCopyThreads) out[c] = valid[r] ? in[r][c] : 0;
+    }
   }
 }
 
@@ -696,13 +714,13 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
   const bool vector = d % 8 == 0 && ld_h % 8 == 0 && ld_sorted % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(sorted) % 16 == 0;
-  const auto blocks = static_cast<unsigned>(slots);
+  const auto blocks = static_cast<unsigned>((slots + kGatherRows - 1) / kGatherRows);
   if (vector) {
     launch_kernel(moe_gather_kernel<true>, blocks, kCopyThreads, 0, stream, h, ld_h, n,
-                  token_of_slot, sorted, ld_sorted, d);
+                  token_of_slot, slots, sorted, ld_sorted, d);
   } else {
     launch_kernel(moe_gather_kernel<false>, blocks, kCopyThreads, 0, stream, h, ld_h, n,
-                  token_of_slot, sorted, ld_sorted, d);
+                  token_of_slot, slots, sorted, ld_sorted, d);
   }
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
