@@ -9,7 +9,9 @@
 // cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) on the exact rows, one group an expert, with
 // FP32 and BF16 outputs (a type combination it does not support prints its status). Then how the
 // padded products' time follows the rows an expert (every expert given 176 to 256 rows), and
-// silu_mul with the padding rows skipped.
+// silu_mul with the padding rows skipped. The "phases" rows: where a block of expert_gemm spends
+// its time (ExpertGemmParams::phases: its first stage, its products, its epilogue) and how busy
+// the SMs were over the kernel's span.
 //
 // --only TEXT runs the rows whose name contains TEXT (bench/gpu/profile-prefill-gemms.sh profiles
 // one kernel that way).
@@ -314,6 +316,50 @@ int main(int argc, char** argv) {
       });
     }
 
+    // Where a block of expert_gemm spends its time (ExpertGemmParams::phases), one call after
+    // the timed ones and an L2 flush: rows "phases NAME", in microseconds of the SMs' clock.
+    const auto phase_row = [&](const std::string& name, gpu::ExpertGemmParams p) {
+      if (!wanted("phases " + name)) return;
+      const int64_t tiles = (p.max_rows + 255) / 256, weight_tiles = p.n / (p.act ? 64 : 128);
+      DeviceArray<gpu::ExpertGemmPhases> phases(
+          static_cast<size_t>(tiles * weight_tiles * p.num_experts));
+      phases.fill_bytes(0);
+      p.phases = phases.data();
+      bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, 1);
+      QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<gpu::ExpertGemmPhases> all = phases.download(), blocks;
+      for (const auto& b : all)
+        if (b.valid) blocks.push_back(b);
+      double cycles = 0, ns = 0;
+      uint64_t first = UINT64_MAX, last = 0;
+      std::vector<double> busy_ns(1024, 0.0);
+      for (const auto& b : blocks) {
+        cycles += double(b.end - b.start), ns += double(b.global_end - b.global_start);
+        first = std::min(first, b.global_start), last = std::max(last, b.global_end);
+        busy_ns[b.sm % 1024] += double(b.global_end - b.global_start);
+      }
+      const double cycles_per_us = ns > 0 ? 1e3 * cycles / ns : 0.0;
+      const auto median_us = [&](auto part) {
+        std::vector<double> v;
+        for (const auto& b : blocks) v.push_back(double(part(b)) / cycles_per_us);
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+      };
+      int sms = 0;
+      for (const double b : busy_ns) sms += b > 0;
+      const double span_us = (last - first) * 1e-3;
+      double busy = 0;
+      for (const double b : busy_ns) busy += b;
+      std::printf(
+          "phases %-28s blocks %zu on %d SMs (%.2f a SM), span %.1f us, SMs busy %.1f%%; a block "
+          "(median, us at %.0f MHz): first stage %.2f, products %.2f, epilogue %.2f, all %.2f\n",
+          name.c_str(), blocks.size(), sms, double(blocks.size()) / std::max(sms, 1), span_us,
+          100.0 * busy * 1e-3 / (std::max(sms, 1) * span_us), cycles_per_us,
+          median_us([](const auto& b) { return b.first_data - b.start; }),
+          median_us([](const auto& b) { return b.products_done - b.first_data; }),
+          median_us([](const auto& b) { return b.end - b.products_done; }),
+          median_us([](const auto& b) { return b.end - b.start; }));
+    };
     // expert_gemm: each expert's exact rows, FP32 out (plain) or the activation (gated: gate and
     // up stacked as one [2816, 2048] operand an expert), for each depth of its operand ring.
     std::vector<int32_t> offsets(65, 0);
@@ -353,6 +399,7 @@ int main(int argc, char** argv) {
         time_row(exact_row(ex, stages), 2.0 * real_rows * weight_rows * ex.k,
                  [&] { gpu::expert_gemm(p, nullptr); });
       }
+      phase_row(exact_row(ex, 4), p);
     }
     // The gated form over the padded layout's real rows, as the runner's ExpertProducts::
     // kOursGated calls it before cuBLAS's padded down product.
@@ -369,6 +416,7 @@ int main(int argc, char** argv) {
       p.max_rows = busiest, p.rows_per_expert = padded;
       time_row("experts gate+up+silu expert_gemm padded s4", 2.0 * real_rows * 2816 * 2048,
                [&] { gpu::expert_gemm(p, nullptr); });
+      phase_row("experts gate+up+silu expert_gemm padded s4", p);
     }
 
     // cuBLAS's grouped GEMM on the exact rows: expert e's rows [offsets[e], offsets[e + 1]) of x

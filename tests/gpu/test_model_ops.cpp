@@ -1603,7 +1603,8 @@ void run_pad_layout_errors() {
 // act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0: the padded layout, expert
 // e's rows from e rows_per_expert, the padding rows of x random and those of the output untouched.
 void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
-                          int stages, int64_t ld_out, int64_t rows_per_expert = 0) {
+                          int stages, int64_t ld_out, int64_t rows_per_expert = 0,
+                          bool timed = false) {
   const int experts = static_cast<int>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -1630,8 +1631,28 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
   p.max_rows = *std::max_element(counts.begin(), counts.end());
   p.rows_per_expert = rows_per_expert;
   p.stages = stages;
+  const int64_t token_tiles = (p.max_rows + 255) / 256, weight_tiles = n / (gated ? 64 : 128);
+  DeviceArray<gpu::ExpertGemmPhases> phases(
+      timed ? static_cast<size_t>(token_tiles * weight_tiles * experts) : 0);
+  if (timed) phases.fill_bytes(0), p.phases = phases.data();
   gpu::expert_gemm(p, kStream);
   sync();
+  if (timed) {  // a record for each block with rows, its times in order, none for the others
+    const std::vector<gpu::ExpertGemmPhases> records = phases.download();
+    bool ordered = true;
+    for (int e = 0; e < experts; ++e) {
+      for (int64_t y = 0; y < weight_tiles; ++y) {
+        for (int64_t x = 0; x < token_tiles; ++x) {
+          const auto& r = records[static_cast<size_t>(x + token_tiles * (y + weight_tiles * e))];
+          const bool has_rows = x * 256 < counts[e];
+          ordered &= r.valid == (has_rows ? 1u : 0u) &&
+                     (!has_rows || (r.start <= r.first_data && r.first_data <= r.products_done &&
+                                    r.products_done <= r.end && r.global_start <= r.global_end));
+        }
+      }
+    }
+    expect(ordered, "expert_gemm phases: one ordered record a block with rows");
+  }
   const std::vector<float> all = gated ? to_float(act.download()) : y.download();
   // x W_e^T row `c` in double, with the bound of its FP32 accumulation.
   const auto product = [&](int e, int64_t r, int64_t c, double* bound) {
@@ -1677,10 +1698,11 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
       }
     }
   }
-  std::string shape =
-      std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" + std::to_string(stages) +
-      " n " + std::to_string(n) + " k " + std::to_string(k) + " ld " + std::to_string(ld_out) +
-      (rows_per_expert > 0 ? " padded to " + std::to_string(rows_per_expert) : "") + " rows";
+  std::string shape = std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" +
+                      std::to_string(stages) + " n " + std::to_string(n) + " k " +
+                      std::to_string(k) + " ld " + std::to_string(ld_out) +
+                      (rows_per_expert > 0 ? " padded to " + std::to_string(rows_per_expert) : "") +
+                      (timed ? " timed" : "") + " rows";
   for (const int32_t c : counts) shape += " " + std::to_string(c);
   check_close(shape, got, ref, bound);
   expect(rest_untouched, shape + ": columns past n and padding rows untouched");
@@ -2400,6 +2422,9 @@ int main(int argc, char** argv) {
                                4, gated ? 192 : 384);
           run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
                                4, gated ? 192 : 384, 240);
+          // With the diagnostic records (bench_prefill_gemms --phases): the same products.
+          run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0,
+                               true);
         }
       },
       {{"--prefill-attention", &prefill_attention_only}});

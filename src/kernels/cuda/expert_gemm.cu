@@ -99,6 +99,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ CUtensorMap w_map) {
   static_assert(kStages >= 3, "the epilogue's tiles take 3 stages");
   wait_for_previous_kernel();
+  // Diagnostics (ExpertGemmParams::phases): block-uniform, so the branches below cost nothing else.
+  const bool timed = p.phases != nullptr;
+  const uint64_t start_clock = timed ? clock64() : 0, start_time = timed ? global_time() : 0;
   const int e = static_cast<int>(blockIdx.z);
   const int64_t count = p.offsets[e + 1] - p.offsets[e];
   const int64_t first = p.rows_per_expert > 0 ? e * p.rows_per_expert : p.offsets[e];
@@ -150,9 +153,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   const uint32_t weight_rows = static_cast<uint32_t>(warpgroup) * 64 * 128;  // its 64 rows
   float d[kTokens / 2] = {};
+  uint64_t first_data_clock = 0;
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % kStages;
     mbarrier_wait(&full[s], (kt / kStages) & 1);  // the copies of tile kt have landed
+    if (timed && kt == 0) first_data_clock = clock64();
     wgmma_fence_registers(d);
     wgmma_fence();
     multiply_step<kTokens>(tile_n, d, weights_stage(s) + weight_rows, rows_stage(s), kt == 0);
@@ -163,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   wgmma_wait<0>();
   wgmma_fence_registers(d);
+  const uint64_t products_clock = timed ? clock64() : 0;
   // Both warpgroups' products are done, and every copy has landed (each was waited for), so the
   // ring is free for the epilogue's tiles.
   named_barrier(1, kConsumers);
@@ -213,6 +219,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       *reinterpret_cast<uint4*>(p.act + (first + t0 + t) * p.ld_act + m0 + 8 * piece) =
           make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  }
+  if (timed) {
+    named_barrier(1, kConsumers);  // every consumer's stores issued
+    if (threadIdx.x == 0) {
+      const uint64_t block =
+          blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} * blockIdx.z);
+      ExpertGemmPhases& r = p.phases[block];
+      r.start = start_clock;
+      r.first_data = first_data_clock;
+      r.products_done = products_clock;
+      r.end = clock64();
+      r.global_start = start_time;
+      r.global_end = global_time();
+      r.sm = sm_id();
+      r.valid = 1;
     }
   }
 }

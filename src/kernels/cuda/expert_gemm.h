@@ -13,6 +13,17 @@
 
 namespace quantmla::gpu {
 
+// Where one block's time goes (a diagnostic: bench_prefill_gemms' "phases" rows): the SM's cycle
+// counter at the block's start, when its first stage has landed, when its products are done and
+// when all its outputs are written; its SM; the global timer (ns) at its start and end; valid 1
+// for a block that computed a tile (the others return at once and leave the record as it was).
+struct ExpertGemmPhases {
+  uint64_t start, first_data, products_done, end;
+  uint64_t global_start, global_end;
+  uint32_t sm, valid;
+};
+static_assert(sizeof(ExpertGemmPhases) == 56, "the record the bench reads");
+
 // For the rows r in [first_e, first_e + count_e) of every expert e, count_e = offsets[e + 1] -
 // offsets[e] and first_e = offsets[e] (the exact layout: experts' rows back to back) or, with
 // rows_per_expert set, e rows_per_expert (cuBLAS's padded layout, moe_pad_layout: rows past an
@@ -42,6 +53,8 @@ struct ExpertGemmParams {
   // tensor-map copies as soon as the products have released them. 4 is the faster on the H200
   // for V2-Lite's experts (303 against 406 µs gated: docs/benchmarks.md).
   int stages = 4;
+  // Diagnostics: one record a block (blocks numbered x fastest, then y, then z), or nullptr.
+  ExpertGemmPhases* phases = nullptr;
 };
 
 // Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, w_stride % 8

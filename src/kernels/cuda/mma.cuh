@@ -134,6 +134,17 @@ __device__ __forceinline__ void tma_load_3d(uint32_t shared, const void* map, in
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(barrier))
       : "memory");
 }
+// The global timer (ns) and this block's SM, for diagnostics.
+__device__ __forceinline__ uint64_t global_time() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+  return id;
+}
 // A barrier among `threads` threads (a multiple of 32) of the block, id 1-15 (0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
