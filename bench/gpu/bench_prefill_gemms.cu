@@ -320,9 +320,7 @@ int main(int argc, char** argv) {
     // the timed ones and an L2 flush: rows "phases NAME", in microseconds of the SMs' clock.
     const auto phase_row = [&](const std::string& name, gpu::ExpertGemmParams p) {
       if (!wanted("phases " + name)) return;
-      const int64_t tiles = (p.max_rows + 255) / 256, weight_tiles = p.n / (p.act ? 64 : 128);
-      DeviceArray<gpu::ExpertGemmPhases> phases(
-          static_cast<size_t>(tiles * weight_tiles * p.num_experts));
+      DeviceArray<gpu::ExpertGemmPhases> phases(static_cast<size_t>(gpu::expert_gemm_blocks(p)));
       phases.fill_bytes(0);
       p.phases = phases.data();
       bench::median_us_flushed([&] { gpu::expert_gemm(p, nullptr); }, flush, 1);
@@ -332,11 +330,11 @@ int main(int argc, char** argv) {
         if (b.valid) blocks.push_back(b);
       double cycles = 0, ns = 0;
       uint64_t first = UINT64_MAX, last = 0;
-      std::vector<double> busy_ns(1024, 0.0);
+      std::vector<double> busy_ns(static_cast<size_t>(prop.multiProcessorCount), 0.0);
       for (const auto& b : blocks) {
         cycles += double(b.end - b.start), ns += double(b.global_end - b.global_start);
         first = std::min(first, b.global_start), last = std::max(last, b.global_end);
-        busy_ns[b.sm % 1024] += double(b.global_end - b.global_start);
+        busy_ns.at(b.sm) += double(b.global_end - b.global_start);
       }
       const double cycles_per_us = ns > 0 ? 1e3 * cycles / ns : 0.0;
       const auto median_us = [&](auto part) {

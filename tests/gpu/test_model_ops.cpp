@@ -1632,8 +1632,10 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
   p.rows_per_expert = rows_per_expert;
   p.stages = stages;
   const int64_t token_tiles = (p.max_rows + 255) / 256, weight_tiles = n / (gated ? 64 : 128);
-  DeviceArray<gpu::ExpertGemmPhases> phases(
-      timed ? static_cast<size_t>(token_tiles * weight_tiles * experts) : 0);
+  expect(gpu::expert_gemm_blocks(p) == token_tiles * weight_tiles * experts,
+         "expert_gemm_blocks: token tiles x weight tiles x experts");
+  DeviceArray<gpu::ExpertGemmPhases> phases(timed ? static_cast<size_t>(gpu::expert_gemm_blocks(p))
+                                                  : 0);
   if (timed) phases.fill_bytes(0), p.phases = phases.data();
   gpu::expert_gemm(p, kStream);
   sync();

@@ -265,6 +265,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+int64_t expert_gemm_blocks(const ExpertGemmParams& p) {
+  const int64_t token_tiles = (p.max_rows + kTokens - 1) / kTokens;
+  return token_tiles * (p.n / (p.act != nullptr ? kTile / 2 : kTile)) * p.num_experts;
+}
+
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream) {
   const bool gated = p.act != nullptr;
   const int64_t tile_n = gated ? kTile / 2 : kTile, ld_out = gated ? p.ld_act : p.ldy;

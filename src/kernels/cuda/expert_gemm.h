@@ -63,4 +63,7 @@ struct ExpertGemmParams {
 // or InvalidArgument (with the values) otherwise. Experts without rows are skipped.
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream);
 
+// The blocks expert_gemm launches for p (the records ExpertGemmParams::phases takes).
+int64_t expert_gemm_blocks(const ExpertGemmParams& p);
+
 }  // namespace quantmla::gpu
