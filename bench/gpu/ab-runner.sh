@@ -15,7 +15,7 @@ patches=()
 for patch in "$@"; do patches+=("$(realpath "$patch")"); done
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(realpath "$out")  # the trees' steps run from their own directories
 [[ $# -ge 1 ]] || { echo "usage: bash bench/gpu/ab-runner.sh PATCH..."; exit 2; }
 targets=(quantmla bench_runner bench_prefill_gemms test_model_ops test_cuda_runner)
 status=0
