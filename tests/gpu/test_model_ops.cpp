@@ -1602,6 +1602,8 @@ void run_pad_layout_errors() {
 // past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32; gated:
 // act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0: the padded layout, expert
 // e's rows from e rows_per_expert, the padding rows of x random and those of the output untouched.
+// timed: with ExpertGemmParams::phases, one ordered record from each block with rows, none from
+// the others (blocks numbered token tile fastest, then weight tile, then expert).
 void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
                           int stages, int64_t ld_out, int64_t rows_per_expert = 0,
                           bool timed = false) {
@@ -2424,7 +2426,8 @@ int main(int argc, char** argv) {
                                4, gated ? 192 : 384);
           run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
                                4, gated ? 192 : 384, 240);
-          // With the diagnostic records (bench_prefill_gemms --phases): the same products.
+          // With the diagnostic records (ExpertGemmParams::phases, bench_prefill_gemms' "phases"
+          // rows): the same products.
           run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0,
                                true);
         }
