@@ -1,7 +1,7 @@
 // The OpenAI API layer in-process, over the bundled model's CPU runner wrapped in a runner that
 // fails or stalls on command: the statuses an HTTP client cannot cause by itself. An engine step
 // that throws answers 500 with OpenAI's error object (a stream ends with an error event) and the
-// server goes on; a full queue answers 503.
+// server goes on; a full queue answers 503; /metrics answers while a step runs.
 #if QUANTMLA_SERVER
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -200,6 +200,35 @@ TEST(ServerErrors, AFullQueueIsA503) {
   EXPECT_NE(error["error"]["message"].get<std::string>().find("overloaded"), std::string::npos);
   EXPECT_EQ(statuses[0], 200) << bodies[0];
   EXPECT_EQ(statuses[3 - refused], 200) << "the one that waited ran once the step went on";
+}
+
+TEST(ServerErrors, MetricsAnswerWhileAStepRuns) {
+  InProcessServer server(16);
+  ASSERT_GT(server.port(), 0);
+  server.runner().stall();
+  std::thread client([&] {
+    const auto r = server.client().Post("/v1/completions", kRequest.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200);
+  });
+  ASSERT_TRUE(server.runner().wait_for_step(1));
+  // The step is held: a scrape that waited for it would time out here (and before the engine
+  // published between steps, a scrape could starve for a whole generation on a loaded machine).
+  httplib::Client c = server.client();
+  c.set_read_timeout(10, 0);
+  const auto metrics = c.Get("/metrics");
+  server.runner().release();
+  client.join();
+  ASSERT_TRUE(metrics) << "no /metrics reply while a step ran: "
+                       << httplib::to_string(metrics.error());
+  EXPECT_EQ(metrics->status, 200);
+  // The stalled step's request, as of the step before it: admitted, waiting or running.
+  const auto value = [&](const std::string& name) {
+    const size_t at = metrics->body.find(name + "{");
+    EXPECT_NE(at, std::string::npos) << name;
+    return std::stod(metrics->body.substr(metrics->body.find("} ", at) + 2));
+  };
+  EXPECT_EQ(value("vllm:num_requests_running") + value("vllm:num_requests_waiting"), 1.0)
+      << metrics->body;
 }
 
 }  // namespace

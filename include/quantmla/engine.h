@@ -51,6 +51,7 @@ class ServingEngine {
   RequestId submit(Request request, RequestCallbacks callbacks);
   // Cancels a waiting or running request; its on_finish follows (kCancelled) within a step.
   void cancel(RequestId id);
+  // The state as of the engine's last step (plus the inbox): never waits for a running step.
   EngineSnapshot snapshot() const;
   // Stops taking requests, lets the queued and running ones finish for up to `deadline`, cancels
   // what is left, and stops the thread.
@@ -64,8 +65,10 @@ class ServingEngine {
     RequestCallbacks callbacks;
   };
   void loop();
-  // Moves the inbox into the scheduler (engine thread, mutex_ held).
+  // Moves the inbox into the scheduler (engine thread).
   void admit(std::vector<Arrival>& arrivals, std::vector<RequestId>& cancels);
+  // Copies the scheduler's and the pool's state into published_ (engine thread).
+  void publish();
 
   Runner& runner_;
   PagePool& pool_;
@@ -81,11 +84,14 @@ class ServingEngine {
   int64_t queued_ = 0;     // the scheduler's waiting requests after the last step
   bool has_work_ = false;  // the scheduler's, after the last step
   bool accepting_ = true, stopping_ = false;
-  // The scheduler and what snapshot() reads, held by the engine thread while it steps.
-  mutable std::mutex mutex_;
+  // What snapshot() returns, as of the last step: published by the engine thread between steps
+  // under a lock of its own, so that /metrics never waits for a step (a thread waiting on a
+  // lock held across steps could starve for a whole generation).
+  mutable std::mutex snapshot_mutex_;
+  EngineSnapshot published_;
+  // Engine thread only (after construction).
   Scheduler scheduler_;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0, finished_total_ = 0;
-  // Engine thread only.
   std::map<RequestId, RequestCallbacks> callbacks_;
   std::set<RequestId> failed_;  // cancelled because a step or a callback failed: kError
   std::thread thread_;

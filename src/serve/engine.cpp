@@ -17,6 +17,7 @@ ServingEngine::ServingEngine(Runner& runner, PagePool& pool, const SchedulerOpti
       pool_(pool),
       max_waiting_(max_waiting),
       scheduler_(runner, pool, options, std::move(detokenize)) {
+  publish();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -43,21 +44,28 @@ void ServingEngine::cancel(RequestId id) {
 }
 
 EngineSnapshot ServingEngine::snapshot() const {
-  std::lock_guard lock(mutex_);
+  EngineSnapshot s;
+  {
+    std::lock_guard lock(snapshot_mutex_);
+    s = published_;
+  }
+  std::lock_guard inbox(inbox_mutex_);
+  s.waiting += static_cast<int64_t>(inbox_.size());
+  return s;
+}
+
+void ServingEngine::publish() {
   EngineSnapshot s;
   s.running = scheduler_.num_running();
   s.waiting = scheduler_.num_waiting();
-  {
-    std::lock_guard inbox(inbox_mutex_);
-    s.waiting += static_cast<int64_t>(inbox_.size());
-  }
   s.used_pages = pool_.used_pages();
   s.total_pages = pool_.num_pages();
   s.stats = scheduler_.stats();
   s.prompt_tokens_total = prompt_tokens_total_;
   s.generation_tokens_total = generation_tokens_total_;
   s.finished_total = finished_total_;
-  return s;
+  std::lock_guard lock(snapshot_mutex_);
+  published_ = s;
 }
 
 void ServingEngine::admit(std::vector<Arrival>& arrivals, std::vector<RequestId>& cancels) {
@@ -88,8 +96,8 @@ void ServingEngine::loop() {
     std::vector<std::pair<RequestCallbacks*, StepReport::Generated>> tokens;
     std::vector<FinishedRequest> ended;
     {
-      std::unique_lock lock(mutex_);
       admit(arrivals, cancels);
+      publish();
       if (stopping) {
         // Past the deadline: whatever is left ends as cancelled (reported by the steps below).
         for (const auto& [id, unused] : callbacks_) scheduler_.cancel(id);
@@ -115,7 +123,10 @@ void ServingEngine::loop() {
         has_work_ = scheduler_.has_work();
         queued_ = scheduler_.num_waiting();
       }
-      if (!stepped) continue;
+      if (!stepped) {
+        publish();
+        continue;
+      }
       generation_tokens_total_ += static_cast<int64_t>(report.generated.size());
       for (StepReport::Generated& g : report.generated) {
         const auto it = callbacks_.find(g.id);
@@ -126,9 +137,10 @@ void ServingEngine::loop() {
         if (failed_.erase(f.id) > 0) f.reason = FinishReason::kError;
       }
       ended = std::move(report.finished);
+      publish();
     }
-    // Outside the lock, so that snapshot() is never held up by a client: tokens first, then the
-    // ends (callbacks_ is this thread's alone, so the pointers stay valid until then).
+    // The callbacks: tokens first, then the ends (callbacks_ is this thread's alone, so the
+    // pointers stay valid until then).
     for (auto& [callbacks, token] : tokens) {
       if (!callbacks->on_token) continue;
       try {
@@ -137,7 +149,6 @@ void ServingEngine::loop() {
         // A client's handler failed: that request ends (with an error), the server goes on.
         std::fprintf(stderr, "engine: request %lld: %s; cancelled\n",
                      static_cast<long long>(token.id), e.what());
-        std::lock_guard lock(mutex_);
         if (scheduler_.cancel(token.id)) failed_.insert(token.id);
       }
     }
