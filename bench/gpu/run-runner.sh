@@ -6,8 +6,8 @@
 #   bash bench/gpu/run-runner.sh [STAGES]
 #   STAGES: any of build,ops,memcheck,runner,ppl,calib,passkey,long,longcalib,calibrated,bench,
 #   nopdl,fusion,gemms,prefill,expertgemm (default build,ops,runner,ppl,bench); prefill: bench's
-#   prefill rows only (bench_runner --prefill); expertgemm: the same with --experts cublas
-#   and with --experts ours (CudaRunnerOptions::expert_products; ours-gated is the default); gemms:
+#   prefill rows only (bench_runner --prefill); expertgemm: the same with each form of the routed
+#   experts (CudaRunnerOptions::expert_products; EXPERTS, ROUNDS and SHAPE below); gemms:
 #   bench_prefill_gemms (a 2K prefill's products: cuBLASLt's first algorithm against its best, the
 #   padded routed experts against expert_gemm); memcheck: compute-sanitizer over the GPU
 #   checks' kernels (test_gpu_mla --quick, test_model_ops --prefill-attention, test_fused_ops);
@@ -190,14 +190,22 @@ if has bench || has prefill; then
     python3 bench/gpu/merge_fixtures.py "$out/runner.json" "$out/test-cuda-runner.txt" || status=1
   fi
 fi
+# expertgemm: the prefill rows (SHAPE, default all of them) with each of EXPERTS' forms of the
+# routed experts (default cublas ours-gated ours), one process each in turn for
+# ROUNDS rounds (default 1): each process tunes its own cuBLAS algorithms, which moves a 2K
+# prefill by up to 5%, so forms are compared over rounds.
 if has expertgemm; then
   [[ -d /tmp/v2-lite ]] || $build/quantmla make-random-model --preset deepseek-v2-lite \
     --out /tmp/v2-lite --seed 1 --tokenizer "$tokenizer" 2>/dev/null | tail -1
-  for experts in cublas ours; do
-    echo "== prefill with the routed experts' products: $experts (CudaRunnerOptions::expert_products)"
-    $build/bench/gpu/bench_runner --model /tmp/v2-lite --prefill --experts $experts \
-      --json "$out/runner-experts-$experts.json" 2>&1 | tee "$out/bench-runner-experts-$experts.txt" ||
-      status=1
+  for round in $(seq 1 "${ROUNDS:-1}"); do
+    for experts in ${EXPERTS:-cublas ours-gated ours}; do
+      echo "== round $round, prefill with the routed experts' products: $experts" \
+        "(CudaRunnerOptions::expert_products)"
+      $build/bench/gpu/bench_runner --model /tmp/v2-lite --experts $experts \
+        $([[ -n ${SHAPE:-} ]] && echo --only "$SHAPE" || echo --prefill) \
+        --json "$out/runner-experts-$experts-$round.json" 2>&1 |
+        tee "$out/bench-runner-experts-$experts-$round.txt" | grep -E "prefill|error|cuBLAS" || status=1
+    done
   done
 fi
 # One variant of the runner: bench_runner again with its flags, beside bench's default.

@@ -2309,9 +2309,30 @@ void run_prefill_attention_cases(gpu::GemmRunner& gemm) {
 
 }  // namespace
 
+// expert_gemm's cases: its errors, both forms, both rings, both layouts, the diagnostic records.
+void run_expert_gemm_cases() {
+  run_expert_gemm_errors();
+  for (const bool gated : {false, true}) {
+    for (int stages = 3; stages <= 4; ++stages) {
+      run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, stages,
+                           stages == 4 ? 264 : 256);
+      // The padded layout (the runner's batched experts): blocks of 272 rows.
+      run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, gated, stages, 128, 272);
+    }
+    run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated, 4,
+                         gated ? 192 : 384);
+    run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated, 4,
+                         gated ? 192 : 384, 240);
+    // With the diagnostic records (ExpertGemmParams::phases, bench_prefill_gemms' "phases"
+    // rows): the same products.
+    run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0, true);
+  }
+}
+
 int main(int argc, char** argv) {
-  // --prefill-attention: those cases alone (compute-sanitizer runs them in seconds).
-  bool prefill_attention_only = false;
+  // --prefill-attention: those cases alone (compute-sanitizer runs them in seconds);
+  // --expert-gemm: expert_gemm's alone (a kernel change's check in seconds).
+  bool prefill_attention_only = false, expert_gemm_only = false;
   return gpu_checks::run(
       argc, argv,
       [&] {
@@ -2320,6 +2341,7 @@ int main(int argc, char** argv) {
           run_prefill_attention_cases(gemm);
           return;
         }
+        if (expert_gemm_only) return run_expert_gemm_cases();
         const LinearCase linear_cases[] = {
             {1, 576, 2048, 0, 0, 0, DType::kF32, 0.0f},
             {7, 576, 2048, 8, 0, 4, DType::kF32, 0.0f},
@@ -2412,25 +2434,7 @@ int main(int argc, char** argv) {
 
         run_prefill_attention_cases(gemm);
 
-        // Last: expert_gemm is new (its first GPU run may stop the process).
-        run_expert_gemm_errors();
-        for (const bool gated : {false, true}) {
-          for (int stages = 3; stages <= 4; ++stages) {
-            run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, stages,
-                                 stages == 4 ? 264 : 256);
-            // The padded layout (the runner's batched experts): blocks of 272 rows.
-            run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, gated, stages, 128,
-                                 272);
-          }
-          run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
-                               4, gated ? 192 : 384);
-          run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated,
-                               4, gated ? 192 : 384, 240);
-          // With the diagnostic records (ExpertGemmParams::phases, bench_prefill_gemms' "phases"
-          // rows): the same products.
-          run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0,
-                               true);
-        }
+        run_expert_gemm_cases();
       },
-      {{"--prefill-attention", &prefill_attention_only}});
+      {{"--prefill-attention", &prefill_attention_only}, {"--expert-gemm", &expert_gemm_only}});
 }
