@@ -6,8 +6,9 @@
 #   bash bench/gpu/ab-runner.sh PATCH...      (made here with `git diff main BRANCH > PATCH`, the
 #                                              branch rebased on main)
 # For the checkout ("base") and each patch (built one after the other in the checkout's own build
-# tree, each patch applied and then reversed): test_model_ops (its summary line; FAIL lines kept),
-# then bench_prefill_gemms --skew 0 --only "$GEMMS" (default expert_gemm), then ROUNDS (default 2)
+# tree, each patch applied and then reversed): test_model_ops on each patch (with OPS_ARGS, e.g.
+# --expert-gemm; its summary line, FAIL lines kept), then bench_prefill_gemms --skew 0 --only
+# "$GEMMS" (default expert_gemm) on every build, then ROUNDS (default 2)
 # rounds of `bench_runner --only "$SHAPE"` (default prefill:1) on the 27-layer random V2-Lite,
 # one process a build in turn; RUNNER_TEST=1 also runs each patch's runner test against the
 # fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
@@ -46,8 +47,10 @@ for i in "${!names[@]}"; do
 done
 
 for i in "${!names[@]}"; do
-  timeout 300 "/tmp/ab/${names[$i]}/test_model_ops" >"$out/test-model-ops-${names[$i]}.txt" 2>&1 ||
-    status=1
+  (( i == 0 )) && continue  # the checkout's own were run when it landed
+  # shellcheck disable=SC2086
+  timeout 300 "/tmp/ab/${names[$i]}/test_model_ops" ${OPS_ARGS:-} \
+    >"$out/test-model-ops-${names[$i]}.txt" 2>&1 || status=1
   echo "${names[$i]}: test_model_ops $(tail -1 "$out/test-model-ops-${names[$i]}.txt")"
   grep -E "FAIL" "$out/test-model-ops-${names[$i]}.txt" | head -5
 done
