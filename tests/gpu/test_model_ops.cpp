@@ -1556,6 +1556,25 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
     check_equal(
         "moe_combine ld_x " + std::to_string(ld_x) + " (fma chain in j order, padding untouched)",
         dx.download(), x_ref);
+    // The same with BF16 expert outputs (the runner's batched experts): their values in the
+    // same chain, bit for bit.
+    std::vector<float> out_values;
+    DeviceArray<uint16_t> dout_bf16(
+        random_bf16(static_cast<size_t>(slots * ld_out), 1.0f, &out_values));
+    dx.upload(x0);
+    gpu::moe_combine(dout_bf16.data(), ld_out, dslot.data(), dweights.data(), dx.data(), ld_x, n, k,
+                     d, kStream);
+    sync();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < d; ++c) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) {
+          sum = std::fma(weights[t * k + j], out_values[ref.slot_of[t * k + j] * ld_out + c], sum);
+        }
+        x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
+      }
+    }
+    check_equal("moe_combine BF16 outputs, ld_x " + std::to_string(ld_x), dx.download(), x_ref);
   }
 }
 

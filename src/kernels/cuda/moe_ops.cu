@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/model_ops.h"
@@ -470,11 +471,32 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
-// kVec consecutive columns per thread (4: 16-byte loads and stores; the launcher checks the
-// alignment), the same fma chain per element either way.
+// kVec consecutive values of a row of expert outputs (FP32, or BF16 bits) from value index kVec v.
 template <int kVec>
+__device__ __forceinline__ void load_values(const float* row, int64_t v, float (&out)[kVec]) {
+  if constexpr (kVec == 4) {
+    const float4 e = reinterpret_cast<const float4*>(row)[v];
+    out[0] = e.x, out[1] = e.y, out[2] = e.z, out[3] = e.w;
+  } else {
+    out[0] = row[v];
+  }
+}
+template <int kVec>
+__device__ __forceinline__ void load_values(const uint16_t* row, int64_t v, float (&out)[kVec]) {
+  if constexpr (kVec == 4) {
+    const uint2 e = reinterpret_cast<const uint2*>(row)[v];
+    out[0] = from_bf16_bits(static_cast<uint16_t>(e.x)), out[1] = from_bf16_bits(e.x >> 16);
+    out[2] = from_bf16_bits(static_cast<uint16_t>(e.y)), out[3] = from_bf16_bits(e.y >> 16);
+  } else {
+    out[0] = from_bf16_bits(row[v]);
+  }
+}
+
+// kVec consecutive columns per thread (4: 16-byte loads of x and of FP32 outputs, 8-byte ones of
+// BF16 outputs; the launcher checks the alignment), the same fma chain per element either way.
+template <int kVec, class Out>
 __global__ void __launch_bounds__(kCopyThreads)
-    moe_combine_kernel(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+    moe_combine_kernel(const Out* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                        const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                        int shared_groups) {
   wait_for_previous_kernel();
@@ -484,19 +506,17 @@ __global__ void __launch_bounds__(kCopyThreads)
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
          v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      float sum[kVec] = {};
+      float sum[kVec] = {}, e[kVec];
       for (int j = 0; j < k; ++j) {
         const int32_t slot = slot_of[t * k + j];
         if (slot < 0) continue;
         const float w = weights[t * k + j];
-        const Vec e = reinterpret_cast<const Vec*>(expert_out + slot * ld_expert_out)[v];
-        const float* ev = reinterpret_cast<const float*>(&e);
-        for (int i = 0; i < kVec; ++i) sum[i] = __fmaf_rn(w, ev[i], sum[i]);
+        load_values<kVec>(expert_out + slot * ld_expert_out, v, e);
+        for (int i = 0; i < kVec; ++i) sum[i] = __fmaf_rn(w, e[i], sum[i]);
       }
       for (int g = 0; g < shared_groups; ++g) {  // mixture_sum's order (moe_combine.cuh)
-        const Vec e = reinterpret_cast<const Vec*>(expert_out + (g * n + t) * ld_expert_out)[v];
-        const float* ev = reinterpret_cast<const float*>(&e);
-        for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(sum[i], ev[i]);
+        load_values<kVec>(expert_out + (g * n + t) * ld_expert_out, v, e);
+        for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(sum[i], e[i]);
       }
       Vec& target = reinterpret_cast<Vec*>(x + t * ld_x)[v];
       Vec result = target;
@@ -745,9 +765,12 @@ void moe_pad_layout(const int32_t* offsets, int num_experts, const int32_t* toke
   QUANTMLA_CUDA_CHECK_LAUNCH();
 }
 
-void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
-                 const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
-                 cudaStream_t stream, int shared_groups) {
+namespace {
+
+template <class Out>
+void combine(const Out* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+             const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+             cudaStream_t stream, int shared_groups) {
   if (n < 0 || k < 1 || d < 1 || ld_expert_out < d || ld_x < d || shared_groups < 0) {
     throw ShapeError("moe_combine: n " + str(n) + ", k " + std::to_string(k) + ", d " + str(d) +
                      ", ld_expert_out " + str(ld_expert_out) + ", ld_x " + str(ld_x) +
@@ -761,20 +784,34 @@ void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* 
         "moe_combine: expert_out, slot_of, weights and x must be device pointers, got null");
   }
   const bool vector = d % 4 == 0 && ld_expert_out % 4 == 0 && ld_x % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(expert_out) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(expert_out) % (4 * sizeof(Out)) == 0 &&
                       reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int vec = vector ? 4 : 1;
   const int64_t column_blocks = std::min<int64_t>((d / vec + kCopyThreads - 1) / kCopyThreads, 64);
   const dim3 grid(static_cast<unsigned>(column_blocks),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
   if (vector) {
-    launch_kernel(moe_combine_kernel<4>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
-                  slot_of, weights, x, ld_x, n, k, d, shared_groups);
+    launch_kernel(moe_combine_kernel<4, Out>, grid, kCopyThreads, 0, stream, expert_out,
+                  ld_expert_out, slot_of, weights, x, ld_x, n, k, d, shared_groups);
   } else {
-    launch_kernel(moe_combine_kernel<1>, grid, kCopyThreads, 0, stream, expert_out, ld_expert_out,
-                  slot_of, weights, x, ld_x, n, k, d, shared_groups);
+    launch_kernel(moe_combine_kernel<1, Out>, grid, kCopyThreads, 0, stream, expert_out,
+                  ld_expert_out, slot_of, weights, x, ld_x, n, k, d, shared_groups);
   }
   QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+                 const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+                 cudaStream_t stream, int shared_groups) {
+  combine(expert_out, ld_expert_out, slot_of, weights, x, ld_x, n, k, d, stream, shared_groups);
+}
+
+void moe_combine(const uint16_t* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+                 const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+                 cudaStream_t stream, int shared_groups) {
+  combine(expert_out, ld_expert_out, slot_of, weights, x, ld_x, n, k, d, stream, shared_groups);
 }
 
 void moe_expert_mlps(GemmRunner& gemm, const int32_t* host_offsets, int num_experts,

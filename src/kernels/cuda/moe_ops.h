@@ -111,9 +111,12 @@ void moe_gather(const uint16_t* h, int64_t ld_h, int64_t n, const int32_t* token
 // plus expert_out[i * n + t, :] for each of the shared_groups shared experts' row blocks in order
 // (MoeSortBuffers::shared_groups). One thread per output element: deterministic, no atomics (the
 // arithmetic of moe_combine.cuh, which the skinny product's combining tail shares).
-//   expert_out: [slots, d] FP32 in slot order, row stride ld_expert_out; slot_of: [n, k] int32;
-//   weights: [n, k] FP32; x: [n, d] FP32, row stride ld_x.
+//   expert_out: [slots, d] FP32 (or BF16 bits: the second form) in slot order, row stride
+//   ld_expert_out; slot_of: [n, k] int32; weights: [n, k] FP32; x: [n, d] FP32, row stride ld_x.
 void moe_combine(const float* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
+                 const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
+                 cudaStream_t stream, int shared_groups = 0);
+void moe_combine(const uint16_t* expert_out, int64_t ld_expert_out, const int32_t* slot_of,
                  const float* weights, float* x, int64_t ld_x, int64_t n, int k, int64_t d,
                  cudaStream_t stream, int shared_groups = 0);
 

@@ -1418,7 +1418,7 @@ class CudaRunner final : public Runner {
     stats_.padding_flops += 2 * (e * rows - host_offsets_[e]) * (gated_ours ? 1 : 3) * inner * d;
     // y_x = x_x W_x^T for every expert x: [rows, k] -> [rows, n], weights one stride apart.
     const auto all_experts = [&](const uint16_t* x, int64_t k, const uint16_t* w, int64_t n,
-                                 float* y) {
+                                 void* y, DType out_dtype) {
       gpu::BatchedGemmParams p;
       p.batch = e;
       p.m = rows;
@@ -1434,6 +1434,7 @@ class CudaRunner final : public Runner {
       p.y = y;
       p.ldy = n;
       p.stride_y = rows * n;
+      p.out_dtype = out_dtype;
       p.tune_by_batch_rows = true;
       gemm_->batched(p, stream_);
     };
@@ -1443,12 +1444,17 @@ class CudaRunner final : public Runner {
       gpu::expert_gemm(gated_experts(layer, e * rows, busiest, rows), stream_);
     } else {
       // gate and up stacked: [rows, 2 inner] per expert.
-      all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up);
+      all_experts(buf_.sorted, d, layer.expert_gate[0], 2 * inner, buf_.expert_gate_up,
+                  DType::kF32);
       gpu::silu_mul(buf_.expert_gate_up, 2 * inner, buf_.expert_act, inner, e * rows, inner,
                     stream_, buf_.token_of_row);
     }
-    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out);
-    gpu::moe_combine(buf_.expert_out, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
+    // The experts' outputs in BF16 (as a BF16 model's own forward has them), in expert_out's
+    // bytes: the down product writes and moe_combine reads e x rows x d of them, ~120 MB a MoE
+    // layer of a 2K prefill in FP32, both kernels bound by those bytes (docs/benchmarks.md).
+    uint16_t* expert_out_bf16 = reinterpret_cast<uint16_t*>(buf_.expert_out);
+    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, expert_out_bf16, DType::kBF16);
+    gpu::moe_combine(expert_out_bf16, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
                      d, stream_);
   }
 
