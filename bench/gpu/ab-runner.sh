@@ -30,6 +30,15 @@ for patch in "${patches[@]}"; do
   patch -s --dry-run -p1 <"$patch" >/dev/null ||
     { echo "$(basename "$patch"): the patch does not apply"; exit 1; }
 done
+# The files an earlier call's patches changed are touched first: on a machine kept warm from
+# that call the build tree holds objects of its last patch, newer than the checkout's copies of
+# those files, which ninja would otherwise link into the checkout's build (a mixed build, which
+# crashed). Each patch's files are recorded for the next call as it is applied.
+patched=build-gpu-full/ab-patched-files
+if [[ -f $patched ]]; then
+  while read -r file; do [[ -f $file ]] && touch "$file"; done <"$patched"
+  rm -f "$patched"
+fi
 # One build tree: the checkout, then each patch applied, built incrementally (only what the patch
 # touches recompiles: about half a full build's time each) and reversed; each build's binaries
 # (statically linked to the project) are copied to /tmp/ab/NAME.
@@ -37,7 +46,10 @@ names=(base)
 for patch in "${patches[@]}"; do names+=("$(basename "$patch" .diff)"); done
 for i in "${!names[@]}"; do
   start=$(date +%s)
-  (( i > 0 )) && patch -s -p1 <"${patches[$((i - 1))]}"
+  if (( i > 0 )); then
+    mkdir -p build-gpu-full && sed -n 's|^+++ b/||p' "${patches[$((i - 1))]}" >>"$patched"
+    patch -s -p1 <"${patches[$((i - 1))]}"
+  fi
   OUT=$out/build-${names[$i]} bash bench/gpu/device-build.sh "${targets[@]}" ||
     { echo "${names[$i]}: the build failed"; exit 1; }
   (( i > 0 )) && patch -s -R -p1 <"${patches[$((i - 1))]}"
