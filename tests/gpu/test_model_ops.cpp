@@ -1540,22 +1540,26 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
     const std::vector<float> weights = random_f32(static_cast<size_t>(n * k), 0.3f);
     const std::vector<float> x0 = random_f32(static_cast<size_t>(n * ld_x), 1.0f);
     DeviceArray<float> dout(expert_out), dweights(weights), dx(x0);
+    // x0 plus the fma chain in j order over `values` (the outputs as the kernel reads them).
+    const auto combined = [&](const std::vector<float>& values) {
+      std::vector<float> x_ref = x0;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < d; ++c) {
+          float sum = 0.0f;
+          for (int j = 0; j < k; ++j) {
+            sum = std::fma(weights[t * k + j], values[ref.slot_of[t * k + j] * ld_out + c], sum);
+          }
+          x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
+        }
+      }
+      return x_ref;
+    };
     gpu::moe_combine(dout.data(), ld_out, dslot.data(), dweights.data(), dx.data(), ld_x, n, k, d,
                      kStream);
     sync();
-    std::vector<float> x_ref = x0;
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t c = 0; c < d; ++c) {
-        float sum = 0.0f;
-        for (int j = 0; j < k; ++j) {
-          sum = std::fma(weights[t * k + j], expert_out[ref.slot_of[t * k + j] * ld_out + c], sum);
-        }
-        x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
-      }
-    }
     check_equal(
         "moe_combine ld_x " + std::to_string(ld_x) + " (fma chain in j order, padding untouched)",
-        dx.download(), x_ref);
+        dx.download(), combined(expert_out));
     // The same with BF16 expert outputs (the runner's batched experts): their values in the
     // same chain, bit for bit.
     std::vector<float> out_values;
@@ -1565,16 +1569,8 @@ void run_gather_combine_case(int64_t n, int k, int num_experts, int64_t d) {
     gpu::moe_combine(dout_bf16.data(), ld_out, dslot.data(), dweights.data(), dx.data(), ld_x, n, k,
                      d, kStream);
     sync();
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t c = 0; c < d; ++c) {
-        float sum = 0.0f;
-        for (int j = 0; j < k; ++j) {
-          sum = std::fma(weights[t * k + j], out_values[ref.slot_of[t * k + j] * ld_out + c], sum);
-        }
-        x_ref[t * ld_x + c] = x0[t * ld_x + c] + sum;
-      }
-    }
-    check_equal("moe_combine BF16 outputs, ld_x " + std::to_string(ld_x), dx.download(), x_ref);
+    check_equal("moe_combine BF16 outputs, ld_x " + std::to_string(ld_x), dx.download(),
+                combined(out_values));
   }
 }
 
