@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: kernel changes as patches against the checkout, each built,
 # checked and timed side by side with it. Processes alternate between the builds (the same code
-# differs by up to ~3% from one process to the next: cuBLAS tunes per process), so a comparison is
-# only made within one call.
+# differs by up to ~6% from one process to the next: cuBLAS tunes per process; from one machine to
+# the next, more), so a comparison is only made within one call, over several rounds.
 #   bash bench/gpu/ab-runner.sh PATCH...      (made here with `git diff main BRANCH > PATCH`, the
 #                                              branch rebased on main)
 # For the checkout ("base") and each patch (built one after the other in the checkout's own build

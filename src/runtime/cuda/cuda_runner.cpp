@@ -1452,7 +1452,8 @@ class CudaRunner final : public Runner {
     // The experts' outputs in BF16 (as a BF16 model's own forward has them), in expert_out's
     // bytes: the down product writes and moe_combine reads e x rows x d of them, ~120 MB a MoE
     // layer of a 2K prefill in FP32, which bound the combine and add to the product's weight
-    // stream (146 -> 136 µs for the product at 2K: docs/benchmarks.md).
+    // stream (the product 146 -> 136 µs at 2K; the step's gain is inside the spread between
+    // processes: docs/benchmarks.md).
     uint16_t* expert_out_bf16 = reinterpret_cast<uint16_t*>(buf_.expert_out);
     all_experts(buf_.expert_act, inner, layer.expert_down[0], d, expert_out_bf16, DType::kBF16);
     gpu::moe_combine(expert_out_bf16, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
