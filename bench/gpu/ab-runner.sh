@@ -8,7 +8,8 @@
 # For the checkout ("base") and each patch (built one after the other in the checkout's own build
 # tree, each patch applied and then reversed): test_model_ops on each patch (with OPS_ARGS, e.g.
 # --expert-gemm; its summary line, FAIL lines kept), then bench_prefill_gemms --skew 0 --only
-# "$GEMMS" (default expert_gemm) on every build, then ROUNDS (default 2)
+# "$GEMMS" (default expert_gemm; GEMMS=none for no rows) on every build, and with ATTENTION=1
+# bench_prefill_attention on every build, then ROUNDS (default 2)
 # rounds of `bench_runner --only "$SHAPE"` (default prefill:1) on the 27-layer random V2-Lite,
 # one process a build in turn; RUNNER_TEST=1 also runs each patch's runner test against the
 # fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
@@ -20,9 +21,10 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out" && out=$(realpath "$out")
 [[ $# -ge 1 ]] || { echo "usage: bash bench/gpu/ab-runner.sh PATCH..."; exit 2; }
-targets=(quantmla bench_runner bench_prefill_gemms test_model_ops test_cuda_runner)
-binaries=(quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms tests/gpu/test_model_ops
-  tests/gpu/test_cuda_runner)
+targets=(quantmla bench_runner bench_prefill_gemms bench_prefill_attention test_model_ops
+  test_cuda_runner)
+binaries=(quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms
+  bench/gpu/bench_prefill_attention tests/gpu/test_model_ops tests/gpu/test_cuda_runner)
 status=0
 
 # Every patch must apply before any device time goes into building.
@@ -65,6 +67,12 @@ for i in "${!names[@]}"; do
     >"$out/test-model-ops-${names[$i]}.txt" 2>&1 || status=1
   echo "${names[$i]}: test_model_ops $(tail -1 "$out/test-model-ops-${names[$i]}.txt")"
   grep -E "FAIL" "$out/test-model-ops-${names[$i]}.txt" | head -5
+done
+for i in "${!names[@]}"; do
+  [[ -n ${ATTENTION:-} ]] || continue
+  echo "== ${names[$i]}: bench_prefill_attention"
+  timeout 200 "/tmp/ab/${names[$i]}/bench_prefill_attention" --repeats 20 2>&1 |
+    tee "$out/prefill-attention-${names[$i]}.txt" | grep -vE "^NVIDIA"
 done
 for i in "${!names[@]}"; do
   echo "== ${names[$i]}: bench_prefill_gemms --only ${GEMMS:=expert_gemm}"
