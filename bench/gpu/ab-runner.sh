@@ -21,10 +21,11 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out" && out=$(realpath "$out")
 [[ $# -ge 1 ]] || { echo "usage: bash bench/gpu/ab-runner.sh PATCH..."; exit 2; }
-targets=(quantmla bench_runner bench_prefill_gemms bench_prefill_attention test_model_ops
-  test_cuda_runner)
+# What each build keeps (paths in the build tree; the ninja targets are their names).
 binaries=(quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms
   bench/gpu/bench_prefill_attention tests/gpu/test_model_ops tests/gpu/test_cuda_runner)
+targets=()
+for binary in "${binaries[@]}"; do targets+=("$(basename "$binary")"); done
 status=0
 
 # Every patch must apply before any device time goes into building.
@@ -49,7 +50,7 @@ for patch in "${patches[@]}"; do names+=("$(basename "$patch" .diff)"); done
 for i in "${!names[@]}"; do
   start=$(date +%s)
   if (( i > 0 )); then
-    mkdir -p build-gpu-full && sed -n 's|^+++ b/||p' "${patches[$((i - 1))]}" >>"$patched"
+    sed -n 's|^+++ b/||p' "${patches[$((i - 1))]}" >>"$patched"  # the base built the tree
     patch -s -p1 <"${patches[$((i - 1))]}"
   fi
   OUT=$out/build-${names[$i]} bash bench/gpu/device-build.sh "${targets[@]}" ||

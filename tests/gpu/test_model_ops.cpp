@@ -2322,8 +2322,6 @@ void run_prefill_attention_cases(gpu::GemmRunner& gemm) {
   run_prefill_attention_errors(gemm);
 }
 
-}  // namespace
-
 // expert_gemm's cases: its errors, both forms, both rings, both layouts, the diagnostic records.
 void run_expert_gemm_cases() {
   run_expert_gemm_errors();
@@ -2343,6 +2341,8 @@ void run_expert_gemm_cases() {
     run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0, true);
   }
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // --prefill-attention: those cases alone (compute-sanitizer runs them in seconds);
