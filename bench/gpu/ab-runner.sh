@@ -98,7 +98,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for i in "${!names[@]}"; do
     line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
       --only "${SHAPE:-prefill:1}" --repeats 10 2>&1 | tail -1)
+    # A process that ends without its row (a crash prints nothing more) is said to have failed.
+    [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
     echo "round $round ${names[$i]}: $line"
   done
 done | tee "$out/runner-ab.txt"
+grep -q FAILED "$out/runner-ab.txt" && status=1
 exit $status
