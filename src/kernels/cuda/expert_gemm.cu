@@ -15,6 +15,7 @@
 // memory and all 256 consumer threads write the activation.
 #include <climits>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -74,20 +75,14 @@ static_assert(accumulator_writes_conflict_free(kLdPlain) &&
                   accumulator_writes_conflict_free(kLdGated),
               "the epilogue's accumulator writes are free of bank conflicts");
 
-// The 4 k16 products of one step of 64 over the first n (a multiple of 32, at most kN) token rows
-// (stages at shared addresses): one wgmma shape for each n, chosen by a chain of comparisons
-// that is uniform over the block.
-template <int kN>
-__device__ __forceinline__ void multiply_step(int n, float (&d)[kTokens / 2], uint32_t weights,
-                                              uint32_t rows, bool first) {
+// f(std::integral_constant<int, N>) for N = n (a multiple of 32 in [32, kN]): each wgmma shape
+// once, chosen by a chain of comparisons that is uniform over the block.
+template <int kN = kTokens, class F>
+__device__ __forceinline__ void dispatch_tile_n(int n, F&& f) {
   if constexpr (kN > 32) {
-    if (n < kN) return multiply_step<kN - 32>(n, d, weights, rows, first);
+    if (n < kN) return dispatch_tile_n<kN - 32>(n, f);
   }
-#pragma unroll
-  for (int step = 0; step < kStepK / 16; ++step) {
-    wgmma_m64nk16_ss<kN>(d, wgmma_descriptor(weights + step * 32),
-                         wgmma_descriptor(rows + step * 32), !first || step > 0);
-  }
+  f(std::integral_constant<int, kN>());
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -152,20 +147,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const uint32_t weight_rows = static_cast<uint32_t>(warpgroup) * 64 * 128;  // its 64 rows
-  float d[kTokens / 2] = {};
+  // Not initialized: the first product overwrites them (scale-d 0). The k loop is instantiated
+  // per shape and chosen once: a chain of shape comparisons inside it makes ptxas inject a
+  // warpgroup.arrive into every branch (C7519), and zeroing the accumulators adds more.
+  float d[kTokens / 2];
   uint64_t first_data_clock = 0;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kStages;
-    mbarrier_wait(&full[s], (kt / kStages) & 1);  // the copies of tile kt have landed
-    if (timed && kt == 0) first_data_clock = clock64();
-    wgmma_fence_registers(d);
-    wgmma_fence();
-    multiply_step<kTokens>(tile_n, d, weights_stage(s) + weight_rows, rows_stage(s), kt == 0);
-    wgmma_commit();
-    wgmma_wait<1>();  // step kt - 1's products are done; step kt's run on
-    wgmma_fence_registers(d);
-    if (kt > 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
-  }
+  const auto products = [&](auto shape) {
+    constexpr int kN = decltype(shape)::value;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      mbarrier_wait(&full[s], (kt / kStages) & 1);  // the copies of tile kt have landed
+      if (timed && kt == 0) first_data_clock = clock64();
+      wgmma_fence_registers(d);
+      wgmma_fence();
+      const uint32_t weights = weights_stage(s) + weight_rows, rows = rows_stage(s);
+#pragma unroll
+      for (int step = 0; step < kStepK / 16; ++step) {
+        wgmma_m64nk16_ss<kN>(d, wgmma_descriptor(weights + step * 32),
+                             wgmma_descriptor(rows + step * 32), kt > 0 || step > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // step kt - 1's products are done; step kt's run on
+      wgmma_fence_registers(d);
+      if (kt > 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
+    }
+  };
+  dispatch_tile_n(tile_n, products);
   wgmma_wait<0>();
   wgmma_fence_registers(d);
   const uint64_t products_clock = timed ? clock64() : 0;

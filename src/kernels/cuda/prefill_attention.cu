@@ -2,13 +2,14 @@
 // flash-attention kernel on the warpgroup tensor-core instructions (wgmma.cuh). A block takes 128
 // queries of one head, two warpgroups of 64 (wgmma's M), and walks the visible keys in tiles of
 // 128, the keys [k_nope ; k_pe] and the transposed values copied into 128-byte-swizzled shared
-// memory (cp.async, two stages each). S = Q K^T takes both operands from shared memory and stays
-// in registers; the running maximum and sum are kept per query row (in the log2 domain of the
-// scaled scores); P is rounded to BF16 and fed to O += P V from registers (S's accumulator layout
-// is the A operand's), issued together with the next tile's S so that the softmax runs while a
-// product is in flight; O is divided by the sum at the end. Query tiles are handed out longest
-// first, which evens the causal triangle. The values are stored transposed by their
-// up-projection so that both products read K-major operands.
+// memory by tensor-map copies that one thread issues (two stages each, a full and an empty barrier
+// per stage, so the two warpgroups never meet at a block barrier). S = Q K^T takes both operands
+// from shared memory and stays in registers; the running maximum and sum are kept per query row (in
+// the log2 domain of the scaled scores); P is rounded to BF16 and fed to O += P V from registers
+// (S's accumulator layout is the A operand's), issued together with the next tile's S so that the
+// softmax runs while a product is in flight; O is divided by the sum at the end. Query tiles are
+// handed out longest first, which evens the causal triangle. The values are stored transposed by
+// their up-projection so that both products read K-major operands.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -17,6 +18,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 #include "quantmla/error.h"
 
@@ -30,18 +32,19 @@ constexpr int kQueryTile = 64 * kWarpgroups;
 constexpr int kKeyTile = 128;
 // A 128-byte-swizzled column block of 128 rows (wgmma.cuh): Q's, K's per 64 head dimensions.
 constexpr int kBlockBytes = 128 * 128;
-// The copies: each thread moves the 16-byte chunk threadIdx % 8 of rows threadIdx / 8 + 32 i.
-constexpr int kCopyRows = kThreads / 8;
-
-// The kernel places chunk c of row r + kCopyRows i at its thread's offset for (r, c) plus
-// i kCopyRows rows; that must be the swizzled place of (r + kCopyRows i, c), and the threads'
-// passes must fill a 128-row block exactly once.
-static_assert(copies_fill_a_block_once<kThreads, 128>(),
-              "each 16-byte piece of a block copied once, swizzled");
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 std::string str(int64_t v) { return std::to_string(v); }
 int64_t values_stride(int64_t context) { return (context + 7) / 8 * 8; }
+
+// The tensor maps of the kernel's copies (tensor_map.h; a box of 64 columns a copy, the rows
+// past each tensor's end zero-filled: queries past the tokens, keys and values past the context).
+struct FlashMaps {
+  CUtensorMap q;       // [tokens, heads, qk]: a box of 128 tokens of one head
+  CUtensorMap k_nope;  // [context, heads, nope]: 128 keys of one head
+  CUtensorMap k_pe;    // [context, 64] (row stride k_pe_stride): 128 keys
+  CUtensorMap v_t;     // [heads, v, context] (row stride v_t_stride): 64 keys of v rows of a head
+};
 
 struct FlashParams {
   const uint16_t* q;       // [tokens, heads, nope + 64] BF16 bits, contiguous
@@ -66,9 +69,10 @@ struct Tiles {
   static constexpr int kValueBytes = kKeyTile / 64 * kValueBlockBytes;
   static constexpr int kStageBytes = kKeyBytes + kValueBytes;
   // + 1024: the swizzle needs 1024-byte-aligned blocks, the dynamic allocation only promises 16.
-  static constexpr size_t kSharedBytes = size_t{kQBytes} + 2 * kStageBytes + 1024;
-  static_assert(kNope % 64 == 0 && kV % kCopyRows == 0 && kValueBlockBytes % 1024 == 0,
-                "whole column blocks, whole copy passes, aligned value blocks");
+  // + 8 barriers: Q's, and a full and an empty one per stage of keys and of values.
+  static constexpr size_t kSharedBytes = size_t{kQBytes} + 2 * kStageBytes + 1024 + 8 * 9;
+  static_assert(kNope % 64 == 0 && kV <= 256 && kValueBlockBytes % 1024 == 0,
+                "whole column blocks, one copy a value block, aligned value blocks");
   static_assert(kQueryTile == kKeyTile && kQueryTile == 128, "one column block is 128 rows");
   static_assert(kSharedBytes <= 227 * 1024, "fits an SM's shared memory");
 };
@@ -80,14 +84,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 template <int kNope, int kV>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_prefill_kernel(const __grid_constant__ FlashParams p) {
+    flash_prefill_kernel(const __grid_constant__ FlashParams p,
+                         const __grid_constant__ CUtensorMap q_map,
+                         const __grid_constant__ CUtensorMap k_nope_map,
+                         const __grid_constant__ CUtensorMap k_pe_map,
+                         const __grid_constant__ CUtensorMap v_t_map) {
   using T = Tiles<kNope, kV>;
   constexpr int kQkSteps = T::kQk / 16;
   constexpr int kKeyTiles8 = kKeyTile / 8;
   constexpr int kValueTiles8 = kV / 8;
   wait_for_previous_kernel();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  // Q, then two stages of keys, then two stages of transposed values.
+  // Q, then two stages of keys, then two stages of transposed values, then the barriers.
   const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
   const auto key_stage = [&](int64_t tile) {
     return base + T::kQBytes + static_cast<uint32_t>(tile & 1) * T::kKeyBytes;
@@ -95,84 +103,73 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto value_stage = [&](int64_t tile) {
     return base + T::kQBytes + 2 * T::kKeyBytes + static_cast<uint32_t>(tile & 1) * T::kValueBytes;
   };
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int g = lane / 4, t4 = lane % 4;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(shared_raw + (base - shared_address(shared_raw)) +
+                                                 T::kQBytes + 2 * T::kStageBytes);
+  uint64_t* key_full = q_full + 1;     // [2] thread 0's arrival with the copies' bytes
+  uint64_t* key_empty = q_full + 3;    // [2] one arrival a warpgroup once S read the stage
+  uint64_t* value_full = q_full + 5;   // [2]
+  uint64_t* value_empty = q_full + 7;  // [2] once P V read the stage
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&key_full[s], 1);
+      mbarrier_init(&key_empty[s], kWarpgroups);
+      mbarrier_init(&value_full[s], 1);
+      mbarrier_init(&value_empty[s], kWarpgroups);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
   // Blocks in launch order take every head's longest query tile first, then the next longest.
   const int h = blockIdx.x;
   const int64_t q0 = (static_cast<int64_t>(gridDim.y) - 1 - blockIdx.y) * kQueryTile;
   const int64_t first_position = p.context - p.tokens;
-  // This thread's two query rows (accumulator rows g and g + 8 of its warp's 16).
-  const int64_t row0 = q0 + warpgroup * 64 + warp * 16 + g, row1 = row0 + 8;
-  const int64_t pos0 = first_position + row0, pos1 = first_position + row1;
-
-  // Copies: chunk `chunk` of rows copy_row + kCopyRows i, at a swizzled offset that is the same
-  // for every i (kCopyRows is a multiple of 8). Rows past the tokens or the context are
-  // zero-filled (a value of garbage times a probability of 0 would still be NaN); the source of
-  // an empty copy is any valid address.
-  const int chunk = threadIdx.x % 8, copy_row = threadIdx.x / 8;
-  const uint32_t copy_offset = swizzled_chunk_offset(copy_row, chunk);
-  {
-    const int64_t qk_row = static_cast<int64_t>(p.heads) * T::kQk;
-#pragma unroll
-    for (int i = 0; i < kQueryTile / kCopyRows; ++i) {
-      const int64_t row = q0 + copy_row + kCopyRows * i;
-      const bool valid = row < p.tokens;
-      const uint16_t* from = p.q + (valid ? row : 0) * qk_row + h * T::kQk + chunk * 8;
-#pragma unroll
-      for (int b = 0; b < T::kQk / 64; ++b) {
-        cp_async_16(base + b * kBlockBytes + copy_offset + i * kCopyRows * 128, from + b * 64,
-                    valid ? 16 : 0);
-      }
-    }
-  }
-  const int64_t k_nope_row = static_cast<int64_t>(p.heads) * kNope;
-  const uint16_t* k_nope_head = p.k_nope + h * kNope + chunk * 8;
-  const uint16_t* k_pe_chunk = p.k_pe + chunk * 8;
-  const uint16_t* v_t_rows = p.v_t + (static_cast<int64_t>(h) * kV + copy_row) * p.v_t_stride;
   // Keys up to the last query's position.
   const int64_t last_query = q0 + kQueryTile < p.tokens ? q0 + kQueryTile - 1 : p.tokens - 1;
   const int64_t last_key = first_position + last_query;
   const int64_t key_tiles = last_key / kKeyTile + 1;
-  // Each a commit group (nothing past the last tile).
+
+  // The copies, all issued by thread 0 (a ninth, producer warp would cap the block at 168
+  // registers a thread, where the kernel takes ~200 and spills at 168): the keys of tile t go to
+  // stage t % 2 once S(t - 2) is done with it in both warpgroups, its values once P(t - 2) V(t - 2)
+  // is (the (t / 2 - 1)-th completion of the stage's empty barrier); queries past the tokens and
+  // keys past the context are the copy engine's zeros (a value of garbage times a probability of 0
+  // would still be NaN).
   const auto load_keys = [&](int64_t tile) {
-    if (tile < key_tiles) {
-      const uint32_t keys = key_stage(tile);
-      const int64_t j0 = tile * kKeyTile;
+    const int s = static_cast<int>(tile & 1);
+    const int j0 = static_cast<int>(tile * kKeyTile);
+    if (tile >= 2) mbarrier_wait(&key_empty[s], static_cast<uint32_t>((tile / 2 - 1) & 1));
+    mbarrier_arrive_expect_bytes(&key_full[s], T::kKeyBytes);
 #pragma unroll
-      for (int i = 0; i < kKeyTile / kCopyRows; ++i) {
-        const int64_t key = j0 + copy_row + kCopyRows * i;
-        const bool valid = key < p.context;
-        const int64_t from_key = valid ? key : 0;
-        const uint32_t to = keys + copy_offset + i * kCopyRows * 128;
-#pragma unroll
-        for (int b = 0; b < kNope / 64; ++b) {
-          cp_async_16(to + b * kBlockBytes, k_nope_head + from_key * k_nope_row + b * 64,
-                      valid ? 16 : 0);
-        }
-        cp_async_16(to + kNope / 64 * kBlockBytes, k_pe_chunk + from_key * p.k_pe_stride,
-                    valid ? 16 : 0);
-      }
+    for (int b = 0; b < kNope / 64; ++b) {
+      tma_load_3d(key_stage(tile) + b * kBlockBytes, &k_nope_map, b * 64, h, j0, &key_full[s]);
     }
-    cp_async_commit();
+    tma_load_2d(key_stage(tile) + kNope / 64 * kBlockBytes, &k_pe_map, 0, j0, &key_full[s]);
   };
   const auto load_values = [&](int64_t tile) {
-    if (tile < key_tiles) {
-      const uint32_t values = value_stage(tile);
+    const int s = static_cast<int>(tile & 1);
+    if (tile >= 2) mbarrier_wait(&value_empty[s], static_cast<uint32_t>((tile / 2 - 1) & 1));
+    mbarrier_arrive_expect_bytes(&value_full[s], T::kValueBytes);
 #pragma unroll
-      for (int b = 0; b < kKeyTile / 64; ++b) {
-        // Keys k0 .. k0 + 7 of this chunk: the part before the context is copied, the rest zeros.
-        const int64_t k0 = tile * kKeyTile + b * 64 + chunk * 8;
-        const int64_t left = p.context - k0;
-        const int bytes = left <= 0 ? 0 : (left >= 8 ? 16 : static_cast<int>(left) * 2);
-#pragma unroll
-        for (int i = 0; i < kV / kCopyRows; ++i) {
-          cp_async_16(values + b * T::kValueBlockBytes + copy_offset + i * kCopyRows * 128,
-                      v_t_rows + i * kCopyRows * p.v_t_stride + (bytes > 0 ? k0 : 0), bytes);
-        }
-      }
+    for (int b = 0; b < kKeyTile / 64; ++b) {
+      tma_load_3d(value_stage(tile) + b * T::kValueBlockBytes, &v_t_map,
+                  static_cast<int>(tile * kKeyTile) + b * 64, 0, h, &value_full[s]);
     }
-    cp_async_commit();
   };
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_bytes(q_full, T::kQBytes);
+#pragma unroll
+    for (int b = 0; b < T::kQk / 64; ++b) {
+      tma_load_3d(base + b * kBlockBytes, &q_map, b * 64, h, static_cast<int>(q0), q_full);
+    }
+    load_keys(0);
+  }
+
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // This thread's two query rows (accumulator rows g and g + 8 of its warp's 16).
+  const int64_t row0 = q0 + warpgroup * 64 + warp * 16 + g, row1 = row0 + 8;
+  const int64_t pos0 = first_position + row0, pos1 = first_position + row1;
   const uint32_t q_rows = base + warpgroup * 64 * 128;  // this warpgroup's 64 rows of each block
   // O += P V for the tile whose probabilities pa holds (16 keys a step, the transposed values'
   // column blocks of 64 keys).
@@ -190,19 +187,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Software pipeline, per iteration t: S(t) = Q K(t)^T and O += P(t-1) V(t-1) are issued
   // together, the softmax of S(t) runs while the second product is in flight, then O is rescaled
-  // and P(t) rounded for the next iteration. At its start (one barrier an iteration) iteration t
-  // copies the keys of t + 1 and the values of t, each into the stage whose last reader, S(t-1)
-  // or P(t-2) V(t-2), both warpgroups finished before the barrier; each copy has a whole
-  // iteration to land.
+  // and P(t) rounded for the next iteration. Each warpgroup releases the keys' stage once S(t) is
+  // done and the values' once P(t-1) V(t-1) is, and waits only for its own copies.
   float sc[kKeyTile / 2] = {};
   float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
-  load_keys(0);  // with the queries
+  mbarrier_wait(q_full, 0);
   for (int64_t tile = 0; tile < key_tiles; ++tile) {
-    cp_async_wait<0>();          // Q, K(t), V(t - 1)
-    fence_proxy_async_shared();  // the copies are read by the tensor cores' proxy
-    __syncthreads();
-    load_keys(tile + 1);
-    load_values(tile);
+    const int s = static_cast<int>(tile & 1);
+    // Iteration t copies the keys of t + 1 and the values of t: each has a whole iteration or
+    // more to land.
+    if (threadIdx.x == 0) {
+      if (tile + 1 < key_tiles) load_keys(tile + 1);
+      load_values(tile);
+    }
+    __syncwarp();
+    mbarrier_wait(&key_full[s], static_cast<uint32_t>((tile / 2) & 1));  // K(t)
+    if (tile > 0) {                                                      // V(t - 1)
+      mbarrier_wait(&value_full[s ^ 1], static_cast<uint32_t>(((tile - 1) / 2) & 1));
+    }
 
     // P(t-1) and O are final before the fence that hands them to the products.
 #pragma unroll
@@ -224,6 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
     }
     wgmma_fence_registers(sc);
+    if (threadIdx.x % 128 == 0) mbarrier_arrive(&key_empty[s]);  // S(t) has read K(t)
 
     // The causal mask where the tile reaches past the block's first query, the online softmax.
     const int64_t j0 = tile * kKeyTile;
@@ -276,6 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence_registers(o);
 #pragma unroll
     for (int k = 0; k < kKeyTile / 16; ++k) wgmma_fence_registers(pa[k]);
+    if (tile > 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&value_empty[s ^ 1]);  // V(t - 1) read
 #pragma unroll
     for (int n = 0; n < kValueTiles8; ++n) {
       o[n * 4 + 0] *= rescale0, o[n * 4 + 1] *= rescale0;
@@ -288,9 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // The last tile's P V.
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  __syncthreads();
+  mbarrier_wait(&value_full[(key_tiles - 1) & 1], static_cast<uint32_t>(((key_tiles - 1) / 2) & 1));
   wgmma_fence();
   issue_pv(key_tiles - 1);
   wgmma_wait<0>();
@@ -319,9 +321,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kNope, int kV>
 void launch_flash(const FlashParams& p, cudaStream_t stream) {
   using T = Tiles<kNope, kV>;
+  constexpr int64_t kQk = T::kQk;
+  const int64_t heads = p.heads;
+  // Boxes of 64 columns by 128 rows (one swizzled column block), of one head where the tensor
+  // holds several.
+  const int64_t q_dims[] = {kQk, heads, p.tokens}, q_strides[] = {kQk, heads * kQk};
+  const int q_box[] = {64, 1, kQueryTile};
+  const int64_t k_nope_dims[] = {kNope, heads, p.context},
+                k_nope_strides[] = {kNope, heads * kNope};
+  const int k_nope_box[] = {64, 1, kKeyTile};
+  const int64_t k_pe_dims[] = {kRope, p.context}, k_pe_strides[] = {p.k_pe_stride};
+  const int k_pe_box[] = {64, kKeyTile};
+  const int64_t v_t_dims[] = {p.context, kV, heads},
+                v_t_strides[] = {p.v_t_stride, kV * p.v_t_stride};
+  const int v_t_box[] = {64, kV, 1};
+  const CUtensorMap q_map = bf16_tensor_map(p.q, 3, q_dims, q_strides, q_box);
+  const CUtensorMap k_nope_map =
+      bf16_tensor_map(p.k_nope, 3, k_nope_dims, k_nope_strides, k_nope_box);
+  const CUtensorMap k_pe_map = bf16_tensor_map(p.k_pe, 2, k_pe_dims, k_pe_strides, k_pe_box);
+  const CUtensorMap v_t_map = bf16_tensor_map(p.v_t, 3, v_t_dims, v_t_strides, v_t_box);
   const dim3 grid(static_cast<unsigned>(p.heads),
                   static_cast<unsigned>((p.tokens + kQueryTile - 1) / kQueryTile));
-  launch_large_shared<flash_prefill_kernel<kNope, kV>>(grid, kThreads, T::kSharedBytes, stream, p);
+  launch_large_shared<flash_prefill_kernel<kNope, kV>>(grid, kThreads, T::kSharedBytes, stream, p,
+                                                       q_map, k_nope_map, k_pe_map, v_t_map);
 }
 
 }  // namespace
@@ -355,12 +377,12 @@ void check_params(const PrefillAttentionParams& p, const PrefillAttentionWorkspa
                      " are not compiled (rope 64 with nope = v = 128 or 64)");
   }
   if (p.rank % 8 != 0 || p.keys_stride % 8 != 0 || p.out_stride % 2 != 0 ||
-      reinterpret_cast<uintptr_t>(p.keys) % 16 != 0 || reinterpret_cast<uintptr_t>(p.q) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(p.keys) % 16 != 0 || reinterpret_cast<uintptr_t>(p.q) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.out) % 4 != 0) {
     throw ShapeError("prefill_attention: rank " + str(p.rank) + ", keys_stride " +
                      str(p.keys_stride) + ", out_stride " + str(p.out_stride) +
-                     " (need rank and keys_stride multiples of 8, keys 16-byte aligned, q and out "
-                     "4-byte aligned, an even out_stride)");
+                     " (need rank and keys_stride multiples of 8, keys and q 16-byte aligned (the "
+                     "copy engine's), out 4-byte aligned, an even out_stride)");
   }
   if (p.context > workspace.max_context ||
       workspace.bytes <

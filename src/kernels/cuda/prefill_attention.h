@@ -50,9 +50,9 @@ struct PrefillAttentionWorkspace {
 
 // Runs the attention of one sequence's chunk on `stream` (the up-projection through `gemm`);
 // allocates nothing. Throws ShapeError for inconsistent shapes, head dimensions outside
-// prefill_attention_supports, rows the kernel cannot copy in 16-byte pieces (rank and keys_stride
-// multiples of 8, keys 16-byte aligned) or store in pairs (out_stride even), a context beyond the
-// workspace's max_context or a workspace smaller than bytes_for.
+// prefill_attention_supports, rows the copy engine cannot read (rank and keys_stride multiples of
+// 8, keys and q 16-byte aligned) or the kernel store in pairs (out_stride even), a context beyond
+// the workspace's max_context or a workspace smaller than bytes_for.
 void prefill_attention(GemmRunner& gemm, const PrefillAttentionParams& params,
                        const PrefillAttentionWorkspace& workspace, cudaStream_t stream);
 
