@@ -358,19 +358,21 @@ int main(int argc, char** argv) {
           median_us([](const auto& b) { return b.end - b.products_done; }),
           median_us([](const auto& b) { return b.end - b.start; }));
     };
-    // expert_gemm: each expert's exact rows, FP32 out (plain) or the activation (gated: gate and
-    // up stacked as one [2816, 2048] operand an expert), for each depth of its operand ring.
+    // expert_gemm: each expert's exact rows, FP32 or BF16 out (plain; BF16 the runner's down
+    // product) or the activation (gated: gate and up stacked as one [2816, 2048] operand an
+    // expert), for each depth of its operand ring.
     std::vector<int32_t> offsets(65, 0);
     for (int e = 0; e < 64; ++e) offsets[e + 1] = offsets[e] + counts[e];
     DeviceArray<int32_t> doffsets(offsets);
     struct Exact {
       const char* name;
       int64_t n, k;
-      bool gated;
+      bool gated, bf16_out;
     };
-    const Exact exact[] = {{"experts gate+up expert_gemm", 2816, 2048, false},
-                           {"experts gate+up+silu expert_gemm", 1408, 2048, true},
-                           {"experts down expert_gemm", 2048, 1408, false}};
+    const Exact exact[] = {{"experts gate+up expert_gemm", 2816, 2048, false, false},
+                           {"experts gate+up+silu expert_gemm", 1408, 2048, true, false},
+                           {"experts down expert_gemm", 2048, 1408, false, false},
+                           {"experts down bf16 out expert_gemm", 2048, 1408, false, true}};
     const auto exact_row = [](const Exact& ex, int stages) {
       return std::string(ex.name) + " s" + std::to_string(stages);
     };
@@ -380,14 +382,17 @@ int main(int argc, char** argv) {
       DeviceArray<uint16_t> w(static_cast<size_t>(64 * weight_rows * ex.k));
       DeviceArray<uint16_t> x(static_cast<size_t>(real_rows * ex.k));
       fill(w, 7), fill(x, 9);
-      DeviceArray<float> y(ex.gated ? 0 : static_cast<size_t>(real_rows * ex.n));
-      DeviceArray<uint16_t> act(ex.gated ? static_cast<size_t>(real_rows * ex.n) : 0);
+      const bool bf16 = ex.gated || ex.bf16_out;  // the outputs' type
+      DeviceArray<float> y(bf16 ? 0 : static_cast<size_t>(real_rows * ex.n));
+      DeviceArray<uint16_t> act(bf16 ? static_cast<size_t>(real_rows * ex.n) : 0);
       gpu::ExpertGemmParams p;
       p.x = x.data(), p.ldx = ex.k, p.x_rows = real_rows;
       p.w = w.data(), p.w_stride = weight_rows * ex.k;
       p.offsets = doffsets.data(), p.num_experts = 64, p.n = ex.n, p.k = ex.k;
       if (ex.gated) {
         p.act = act.data(), p.ld_act = ex.n;
+      } else if (ex.bf16_out) {
+        p.y_bf16 = act.data(), p.ldy = ex.n;
       } else {
         p.y = y.data(), p.ldy = ex.n;
       }

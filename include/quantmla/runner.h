@@ -119,15 +119,16 @@ struct CudaRunnerOptions {
   bool fused_decode = true;
   // How prefill-sized steps multiply the routed experts (decode-sized steps always take the
   // skinny grouped products). kCublas: cuBLAS's strided-batched products over every expert's rows
-  // padded to the busiest expert's count, silu_mul between them. kOursGated (the default: the
-  // fastest pair of products, and a 2K prefill of V2-Lite 2-3% faster than kCublas measured in
-  // one process pair after another, docs/benchmarks.md): gate, up and the activation by our
-  // grouped wgmma product (gpu::expert_gemm) over the same padded layout's real rows only, then
-  // cuBLAS's padded down product. kOurs: both products by gpu::expert_gemm over the exact rows.
-  // Ours where the shapes allow (hidden a multiple of 128, moe_intermediate_size of 64), else
-  // kCublas. bench_runner --experts times them side by side.
+  // padded to the busiest expert's count, silu_mul between them. kOursGated: gate, up and the
+  // activation by our grouped wgmma product (gpu::expert_gemm) over the same padded layout's real
+  // rows only, then cuBLAS's padded down product. kOurs (the default): both products by
+  // gpu::expert_gemm over the exact rows, the down product's outputs in BF16; a 2K prefill of
+  // V2-Lite 2-3% faster than kOursGated on average and steadier from one process to the next
+  // (no cuBLAS tuning choice left in the experts; docs/benchmarks.md, 2026-12-04). Ours where the
+  // shapes allow (hidden a multiple of 128, moe_intermediate_size of 64), else kCublas.
+  // bench_runner --experts times them side by side.
   enum class ExpertProducts { kCublas, kOursGated, kOurs };
-  ExpertProducts expert_products = ExpertProducts::kOursGated;
+  ExpertProducts expert_products = ExpertProducts::kOurs;
   // A token's arithmetic never depends on what shares its step, so its logits are the same bits
   // alone, in any batch, in a prefill chunk of any size, or recomputed after a preemption (vLLM's
   // VLLM_BATCH_INVARIANT, SGLang's deterministic inference): every product by one cuBLASLt

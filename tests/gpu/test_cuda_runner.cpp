@@ -203,10 +203,10 @@ void check_fixture(const fs::path& dir, const std::string& name) {
       moe);
   if (cuda->config().n_routed_experts > 0) {
     // The routed experts' other forms (CudaRunnerOptions::expert_products; the checks above ran
-    // the default, kOursGated): the prefill's ~150 rows an expert take their paths.
+    // the default, kOurs): the prefill's ~150 rows an expert take their paths.
     using ExpertProducts = CudaRunnerOptions::ExpertProducts;
-    for (const auto& [products, label] :
-         {std::pair{ExpertProducts::kCublas, "cublas"}, std::pair{ExpertProducts::kOurs, "ours"}}) {
+    for (const auto& [products, label] : {std::pair{ExpertProducts::kCublas, "cublas"},
+                                          std::pair{ExpertProducts::kOursGated, "ours-gated"}}) {
       CudaRunnerOptions options;
       options.expert_products = products;
       const auto other = make_cuda_runner(model_dir, options);

@@ -1614,14 +1614,15 @@ void run_pad_layout_errors() {
 // expert_gemm (the grouped wgmma product over each expert's exact rows) against double: empty
 // experts, one row, a partial token tile, more than two token tiles, the last expert's last tile
 // reaching past x's rows (the copies' zero fill); every output row written once and the columns
-// past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32; gated:
-// act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0: the padded layout, expert
-// e's rows from e rows_per_expert, the padding rows of x random and those of the output untouched.
-// timed: with ExpertGemmParams::phases, one ordered record from each block with rows, none from
-// the others (blocks numbered token tile fastest, then weight tile, then expert).
+// past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32 (or
+// BF16 with bf16_out); gated: act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0:
+// the padded layout, expert e's rows from e rows_per_expert, the padding rows of x random and those
+// of the output untouched. timed: with ExpertGemmParams::phases, one ordered record from each block
+// with rows, none from the others (blocks numbered token tile fastest, then weight tile, then
+// expert).
 void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
                           int stages, int64_t ld_out, int64_t rows_per_expert = 0,
-                          bool timed = false) {
+                          bool timed = false, bool bf16_out = false) {
   const int experts = static_cast<int>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -1634,14 +1635,16 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
   DeviceArray<uint16_t> dx(random_bf16(static_cast<size_t>(rows * k), 1.0f, &x));
   DeviceArray<uint16_t> dw(random_bf16(static_cast<size_t>(experts * weight_rows * k), 0.05f, &w));
   DeviceArray<int32_t> doffsets(offsets);
-  DeviceArray<float> y(gated ? 0 : static_cast<size_t>(rows * ld_out));
-  DeviceArray<uint16_t> act(gated ? static_cast<size_t>(rows * ld_out) : 0);
+  DeviceArray<float> y(gated || bf16_out ? 0 : static_cast<size_t>(rows * ld_out));
+  DeviceArray<uint16_t> act(gated || bf16_out ? static_cast<size_t>(rows * ld_out) : 0);
   poison(y), poison(act);
   gpu::ExpertGemmParams p;
   p.x = dx.data(), p.ldx = k, p.x_rows = rows, p.w = dw.data(), p.w_stride = weight_rows * k;
   p.offsets = doffsets.data(), p.num_experts = experts, p.n = n, p.k = k;
   if (gated) {
     p.act = act.data(), p.ld_act = ld_out;
+  } else if (bf16_out) {
+    p.y_bf16 = act.data(), p.ldy = ld_out;
   } else {
     p.y = y.data(), p.ldy = ld_out;
   }
@@ -1672,7 +1675,7 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
     }
     expect(ordered, "expert_gemm phases: one ordered record a block with rows");
   }
-  const std::vector<float> all = gated ? to_float(act.download()) : y.download();
+  const std::vector<float> all = gated || bf16_out ? to_float(act.download()) : y.download();
   // x W_e^T row `c` in double, with the bound of its FP32 accumulation.
   const auto product = [&](int e, int64_t r, int64_t c, double* bound) {
     double sum = 0.0, magnitude = 0.0;
@@ -1700,9 +1703,9 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
         double dg = 0.0;
         const double g = product(e, r, c, &dg);
         got.push_back(value);
-        if (!gated) {
+        if (!gated) {  // one BF16 rounding more with bf16_out
           ref.push_back(g);
-          bound.push_back(dg);
+          bound.push_back(bf16_out ? dg + kBf16Unit * (std::fabs(g) + dg) : dg);
           continue;
         }
         // As the skinny GEMM's silu epilogue: |silu'| <= 1.1, 6 FP32 units for expf, the sum,
@@ -1717,8 +1720,11 @@ void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t
       }
     }
   }
-  std::string shape = std::string("expert_gemm ") + (gated ? "gated" : "plain") + " s" +
-                      std::to_string(stages) + " n " + std::to_string(n) + " k " +
+  std::string shape = std::string("expert_gemm ") +
+                      (gated      ? "gated"
+                       : bf16_out ? "plain bf16 out"
+                                  : "plain") +
+                      " s" + std::to_string(stages) + " n " + std::to_string(n) + " k " +
                       std::to_string(k) + " ld " + std::to_string(ld_out) +
                       (rows_per_expert > 0 ? " padded to " + std::to_string(rows_per_expert) : "") +
                       (timed ? " timed" : "") + " rows";
@@ -1755,6 +1761,12 @@ void run_expert_gemm_errors() {
                                  [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.ldy = 130;
   expect_throws<ShapeError>("expert_gemm ldy 130", [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.y_bf16 = reinterpret_cast<uint16_t*>(bad.y);
+  expect_throws<InvalidArgument>("expert_gemm both y and y_bf16",
+                                 [&] { gpu::expert_gemm(bad, kStream); });
+  bad = p, bad.y_bf16 = reinterpret_cast<uint16_t*>(bad.y) + 2, bad.y = nullptr;
+  expect_throws<InvalidArgument>("expert_gemm y_bf16 not 8-byte aligned",
+                                 [&] { gpu::expert_gemm(bad, kStream); });
   bad = p, bad.stages = 7;
   expect_throws<ShapeError>("expert_gemm 7 stages", [&] { gpu::expert_gemm(bad, kStream); });
 
@@ -2340,6 +2352,12 @@ void run_expert_gemm_cases() {
     // rows): the same products.
     run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0, true);
   }
+  // The plain form's BF16 outputs (the runner's down product): both layouts, V2-Lite's shape.
+  run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, false, 4, 264, 0, false,
+                       true);
+  run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, false, 3, 128, 272, false, true);
+  run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, 384, 1408, false, 4, 384, 0, false,
+                       true);
 }
 
 }  // namespace

@@ -87,12 +87,16 @@ __device__ __forceinline__ void dispatch_tile_n(int n, F&& f) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-template <bool kGated, int kStages>
+// The kernel's epilogues: the plain product's FP32 or BF16 outputs, or the gated activation.
+enum class Epilogue { kF32, kBf16, kGated };
+
+template <Epilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ ExpertGemmParams p,
                        const __grid_constant__ CUtensorMap x_map,
                        const __grid_constant__ CUtensorMap w_map) {
   static_assert(kStages >= 3, "the epilogue's tiles take 3 stages");
+  constexpr bool kGated = kEpilogue == Epilogue::kGated;
   wait_for_previous_kernel();
   // Diagnostics (ExpertGemmParams::phases): block-uniform, so the branches below cost nothing else.
   const bool timed = p.phases != nullptr;
@@ -196,11 +200,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     named_barrier(1, kConsumers);
-    // A token's 128 values are 32 float4: a warp stores one token row.
+    // A token's 128 values are 32 float4: a warp stores one token row (in BF16, 32 pieces of 8
+    // bytes, rounded to nearest even as cuBLAS rounds its BF16 outputs).
     const int vec = threadIdx.x % 32;
     for (int t = threadIdx.x / 32; t < valid_tokens; t += kConsumers / 32) {
       const float4 v = *reinterpret_cast<const float4*>(tile + t * kLdPlain + 4 * vec);
-      *reinterpret_cast<float4*>(p.y + (first + t0 + t) * p.ldy + m0 + 4 * vec) = v;
+      const int64_t at = (first + t0 + t) * p.ldy + m0 + 4 * vec;
+      if constexpr (kEpilogue == Epilogue::kF32) {
+        *reinterpret_cast<float4*>(p.y + at) = v;
+      } else {
+        *reinterpret_cast<uint2*>(p.y_bf16 + at) =
+            make_uint2(to_bf16_bits(v.x) | (uint32_t{to_bf16_bits(v.y)} << 16),
+                       to_bf16_bits(v.z) | (uint32_t{to_bf16_bits(v.w)} << 16));
+      }
     }
   } else {
     // Warpgroup 0's gate and warpgroup 1's up products side by side, then a token's 64
@@ -246,8 +258,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <bool kGated>
+template <Epilogue kEpilogue>
 void launch(const ExpertGemmParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr bool kGated = kEpilogue == Epilogue::kGated;
   // x: [x_rows, k], copies of 32 rows; w: [E][weight rows, k], copies of 64 rows of one expert.
   const int64_t x_dims[] = {p.k, p.x_rows}, x_strides[] = {p.ldx};
   const int x_box[] = {kStepK, kTokenBox};
@@ -258,11 +271,11 @@ void launch(const ExpertGemmParams& p, dim3 grid, cudaStream_t stream) {
   const CUtensorMap w_map = bf16_tensor_map(p.w, 3, w_dims, w_strides, w_box);
   switch (p.stages) {
     case 3:
-      return launch_large_shared<expert_gemm_kernel<kGated, 3>>(grid, kThreads, kSharedBytes<3>,
-                                                                stream, p, x_map, w_map);
+      return launch_large_shared<expert_gemm_kernel<kEpilogue, 3>>(grid, kThreads, kSharedBytes<3>,
+                                                                   stream, p, x_map, w_map);
     case 4:
-      return launch_large_shared<expert_gemm_kernel<kGated, 4>>(grid, kThreads, kSharedBytes<4>,
-                                                                stream, p, x_map, w_map);
+      return launch_large_shared<expert_gemm_kernel<kEpilogue, 4>>(grid, kThreads, kSharedBytes<4>,
+                                                                   stream, p, x_map, w_map);
     default:
       throw ShapeError("expert_gemm: " + str(p.stages) + " stages (the kernel takes 3 or 4)");
   }
@@ -300,23 +313,30 @@ void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream) {
                      "x_rows >= 1, w_stride >= weight rows x k a multiple of 8, rows_per_expert "
                      "0 or >= max_rows with x_rows >= experts x rows_per_expert)");
   }
-  if (p.x == nullptr || p.w == nullptr || p.offsets == nullptr || (!gated && p.y == nullptr)) {
+  if (p.x == nullptr || p.w == nullptr || p.offsets == nullptr ||
+      (!gated && (p.y == nullptr) == (p.y_bf16 == nullptr))) {
     throw InvalidArgument(
-        "expert_gemm: x, w, offsets and y (or act) must be device pointers, "
-        "got null");
+        "expert_gemm: x, w, offsets and act (gated) or exactly one of y and y_bf16 (plain) must "
+        "be device pointers");
   }
+  const bool bf16_out = !gated && p.y_bf16 != nullptr;
   if (!aligned16(p.x) || !aligned16(p.w) ||
-      !aligned16(gated ? static_cast<const void*>(p.act) : p.y)) {
-    throw InvalidArgument(std::string("expert_gemm: x, w and ") + (gated ? "act" : "y") +
-                          " must be 16-byte aligned");
+      (gated ? !aligned16(p.act)
+             : (bf16_out ? reinterpret_cast<uintptr_t>(p.y_bf16) % 8 != 0 : !aligned16(p.y)))) {
+    throw InvalidArgument(std::string("expert_gemm: x and w must be 16-byte aligned, ") +
+                          (gated      ? "act 16-byte"
+                           : bf16_out ? "y_bf16 8-byte"
+                                      : "y 16-byte") +
+                          " aligned");
   }
   const int64_t token_tiles = (p.max_rows + kTokens - 1) / kTokens;
   if (token_tiles == 0) return;
   if (token_tiles > INT32_MAX) throw ShapeError("expert_gemm: max_rows " + str(p.max_rows));
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(p.n / tile_n),
                   static_cast<unsigned>(p.num_experts));
-  if (gated) return launch<true>(p, grid, stream);
-  launch<false>(p, grid, stream);
+  if (gated) return launch<Epilogue::kGated>(p, grid, stream);
+  if (bf16_out) return launch<Epilogue::kBf16>(p, grid, stream);
+  launch<Epilogue::kF32>(p, grid, stream);
 }
 
 }  // namespace quantmla::gpu

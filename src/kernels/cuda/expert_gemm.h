@@ -2,9 +2,9 @@
 // tensor-core instructions (wgmma.cuh), each expert's real rows only instead of cuBLAS's
 // strided-batched product over rows padded to the busiest expert (docs/gpu-kernels.md, "Limits
 // and next steps"). The gated form ends in the MLP's activation, so gate and up never reach
-// global memory. The gated product is faster than cuBLAS's padded one and silu_mul, the plain one
-// slower than cuBLAS's (docs/benchmarks.md), so the runner's default
-// (CudaRunnerOptions::expert_products, kOursGated) takes the gated one and cuBLAS's down product.
+// global memory. The gated product is faster than cuBLAS's padded one and silu_mul; the plain one
+// (the down product) is slower than cuBLAS's padded one alone but needs no padding rows, and the
+// runner's default (CudaRunnerOptions::expert_products, kOurs) takes both (docs/benchmarks.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,7 +28,7 @@ static_assert(sizeof(ExpertGemmPhases) == 56, "the record the bench reads");
 // offsets[e] and first_e = offsets[e] (the exact layout: experts' rows back to back) or, with
 // rows_per_expert set, e rows_per_expert (cuBLAS's padded layout, moe_pad_layout: rows past an
 // expert's count are neither multiplied into an output nor written), either
-//   plain (act == nullptr): y[r, :] = x[r, :] W_e^T                  (FP32 accumulation and out)
+//   plain (act == nullptr): y[r, :] = x[r, :] W_e^T       (FP32 accumulation; FP32 or BF16 out)
 //   gated (act != nullptr): act[r, :] = bf16(silu(x[r, :] G_e^T) * (x[r, :] U_e^T))
 // where W_e = w + e w_stride is [n, k], and in the gated form [2 n, k]: G_e its first n rows
 // (gate), U_e the next n (up), the stacked gate/up of an MLP; the activation is cpu::silu_mul's
@@ -42,9 +42,10 @@ struct ExpertGemmParams {
   const int32_t* offsets = nullptr;  // [E + 1] device: a prefix sum from 0
   int num_experts = 0;
   int64_t n = 0, k = 0;
-  float* y = nullptr;  // plain: [rows, n] FP32, row stride ldy
-  int64_t ldy = 0;
-  uint16_t* act = nullptr;  // gated: [rows, n] BF16 bits, row stride ld_act
+  float* y = nullptr;          // plain: [rows, n] FP32, row stride ldy
+  uint16_t* y_bf16 = nullptr;  // plain, instead of y: [rows, n] BF16 bits (rounded to nearest
+  int64_t ldy = 0;             // even from the FP32 sums), row stride ldy
+  uint16_t* act = nullptr;     // gated: [rows, n] BF16 bits, row stride ld_act
   int64_t ld_act = 0;
   int64_t max_rows = 0;  // >= every expert's count (the busiest, from the host's offsets)
   // 0: the exact layout; else the padded one, >= max_rows, with x_rows >= num_experts times it.
@@ -59,8 +60,9 @@ struct ExpertGemmParams {
 
 // Requires n % 128 == 0 (plain) or n % 64 == 0 (gated), k % 64 == 0, ldx % 8 == 0, w_stride % 8
 // == 0 and >= the rows of one expert times k, ldy % 4 == 0, ld_act % 8 == 0, 16-byte aligned x,
-// w, y and act, ldy or ld_act >= n, x_rows >= 1, rows_per_expert 0 or as above. Throws ShapeError
-// or InvalidArgument (with the values) otherwise. Experts without rows are skipped.
+// w, y (or y_bf16, 8-byte aligned) and act, exactly one of y and y_bf16 (plain), ldy or ld_act >=
+// n, x_rows >= 1, rows_per_expert 0 or as above. Throws ShapeError or InvalidArgument (with the
+// values) otherwise. Experts without rows are skipped.
 void expert_gemm(const ExpertGemmParams& p, cudaStream_t stream);
 
 // The blocks expert_gemm launches for p (the records ExpertGemmParams::phases takes).

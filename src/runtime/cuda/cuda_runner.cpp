@@ -1332,8 +1332,14 @@ class CudaRunner final : public Runner {
       }
       const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+      if (exact && !invariant) {
+        exact_experts(layer, slots, busiest, /*bf16_out=*/true);
+        gpu::moe_combine(reinterpret_cast<const uint16_t*>(buf_.expert_out), d, buf_.sort.slot_of,
+                         buf_.expert_weights, buf_.x, d, n, k, d, stream_);
+        return;
+      }
       if (exact) {
-        exact_experts(layer, slots, busiest);
+        exact_experts(layer, slots, busiest, /*bf16_out=*/false);
       } else {
         const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
                                             layer.expert_down.data()};
@@ -1381,8 +1387,11 @@ class CudaRunner final : public Runner {
 
   // The routed experts of a prefill-sized step over their exact rows, gathered in moe_sort's
   // order in buf_.sorted, into buf_.expert_out (the gated product, then down); slots: the rows
-  // of all experts, busiest: the largest expert's.
-  void exact_experts(const DeviceLayer& layer, int64_t slots, int64_t busiest) {
+  // of all experts, busiest: the largest expert's. bf16_out: the outputs in BF16 in
+  // expert_out's bytes (as a BF16 model's forward has them, and half the bytes for the down
+  // product to write and moe_combine to read); else FP32, as the decode steps' products write
+  // them (the batch-invariant mode's choice: a token's outputs the same bits in every step).
+  void exact_experts(const DeviceLayer& layer, int64_t slots, int64_t busiest, bool bf16_out) {
     const int64_t d = config_.hidden_size, inner = config_.moe_intermediate_size;
     gpu::ExpertGemmParams p = gated_experts(layer, slots, busiest, 0);
     gpu::expert_gemm(p, stream_);
@@ -1392,7 +1401,11 @@ class CudaRunner final : public Runner {
     p.w = layer.expert_down[0];
     p.n = d;
     p.k = inner;
-    p.y = buf_.expert_out;
+    if (bf16_out) {
+      p.y_bf16 = reinterpret_cast<uint16_t*>(buf_.expert_out);
+    } else {
+      p.y = buf_.expert_out;
+    }
     p.ldy = d;
     gpu::expert_gemm(p, stream_);
   }
