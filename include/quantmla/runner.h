@@ -123,8 +123,8 @@ struct CudaRunnerOptions {
   // activation by our grouped wgmma product (gpu::expert_gemm) over the same padded layout's real
   // rows only, then cuBLAS's padded down product. kOurs (the default): both products by
   // gpu::expert_gemm over the exact rows, the down product's outputs in BF16; a 2K prefill of
-  // V2-Lite 2-3% faster than kOursGated on average and steadier from one process to the next
-  // (no cuBLAS tuning choice left in the experts; docs/benchmarks.md, 2026-12-04). Ours where the
+  // V2-Lite 4.6% faster than kOursGated over four A/B rounds (23.17 against 24.30 ms on average)
+  // and steadier from one process to the next (docs/benchmarks.md, 2026-12-04). Ours where the
   // shapes allow (hidden a multiple of 128, moe_intermediate_size of 64), else kCublas.
   // bench_runner --experts times them side by side.
   enum class ExpertProducts { kCublas, kOursGated, kOurs };
