@@ -10,8 +10,9 @@
 # --expert-gemm; its summary line, FAIL lines kept), then bench_prefill_gemms --skew 0 --only
 # "$GEMMS" (default expert_gemm; GEMMS=none for no rows) on every build, and with ATTENTION=1
 # bench_prefill_attention on every build, then ROUNDS (default 2)
-# rounds of `bench_runner --only "$SHAPE"` (default prefill:1) on the 27-layer random V2-Lite,
-# one process a build in turn; RUNNER_TEST=1 also runs each patch's runner test against the
+# rounds of `bench_runner --only SHAPE` for each of $SHAPE's shapes (default prefill:1; several
+# separated by spaces, e.g. "decode:64 decode:256") on the 27-layer random V2-Lite, one process a
+# build in turn; RUNNER_TEST=1 also runs each patch's runner test against the
 # fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
 # .carry/deps.tar.xz as for run-runner.sh. Results in $OUT (or gpu-results), one file a step.
 set -uo pipefail
@@ -95,12 +96,14 @@ model=/tmp/v2-lite
 [[ -f $model/config.json ]] || /tmp/ab/base/quantmla make-random-model --preset deepseek-v2-lite \
   --out $model --seed 1 --tokenizer models/mla-tiny/tokenizer.json 2>&1 | tail -1
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for i in "${!names[@]}"; do
-    line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
-      --only "${SHAPE:-prefill:1}" --repeats 10 2>&1 | tail -1)
-    # A process that ends without its row (a crash prints nothing more) is said to have failed.
-    [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
-    echo "round $round ${names[$i]}: $line"
+  for shape in ${SHAPE:-prefill:1}; do
+    for i in "${!names[@]}"; do
+      line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
+        --only "$shape" --repeats 10 2>&1 | tail -1)
+      # A process that ends without its row (a crash prints nothing more) is said to have failed.
+      [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
+      echo "round $round ${names[$i]}: $line"
+    done
   done
 done | tee "$out/runner-ab.txt"
 grep -q FAILED "$out/runner-ab.txt" && status=1
