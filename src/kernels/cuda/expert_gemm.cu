@@ -10,9 +10,9 @@
 // rows is one tile of 192 and its weights are read once. The grid runs an expert's token tiles
 // fastest, then its weight tiles, so the blocks that read one weight tile (experts of more than
 // 256 rows) run side by side and the second read of it hits L2. The accumulators leave through
-// shared memory, whole 16-byte stores per row. Gated: the 128 weight rows are 64 of gate
-// (warpgroup 0) and the same 64 of up (warpgroup 1); both hand their products over in shared
-// memory and all 256 consumer threads write the activation.
+// shared memory, whole 16-byte stores per row (8-byte ones for BF16 outputs). Gated: the 128 weight
+// rows are 64 of gate (warpgroup 0) and the same 64 of up (warpgroup 1); both hand their products
+// over in shared memory and all 256 consumer threads write the activation.
 #include <climits>
 #include <string>
 #include <type_traits>
