@@ -7,6 +7,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out" /tmp/deps
+# Without them CMake would configure against whatever the machine has, and that tree, kept on a
+# warm machine, once linked objects built against two nlohmann-json versions in the next call.
+[[ -f .carry/deps.tar.xz ]] || {
+  echo "device-build.sh: .carry/deps.tar.xz is not here: carry it (scripts/device-carry.sh makes it)"
+  exit 1
+}
 for tarball in .carry/deps.tar.xz .carry/deps-server.tar.xz; do
   [[ -f $tarball ]] && tar -xJf $tarball -C /tmp/deps
 done
