@@ -12,7 +12,7 @@
 # bench_prefill_attention on every build, then ROUNDS (default 2)
 # rounds of `bench_runner --only SHAPE` for each of $SHAPE's shapes (default prefill:1; several
 # separated by spaces, e.g. "decode:64 decode:256") on the 27-layer random V2-Lite, one process a
-# build in turn; RUNNER_TEST=1 also runs each patch's runner test against the
+# build in turn; RUNNER_TEST=1 also runs each build's runner test against the
 # fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
 # .carry/deps.tar.xz as for run-runner.sh. Results in $OUT (or gpu-results), one file a step.
 set -uo pipefail
@@ -82,11 +82,11 @@ for i in "${!names[@]}"; do
     --only "$GEMMS" 2>&1 | tee "$out/prefill-gemms-${names[$i]}.txt" | grep -vE "^(NVIDIA|product)"
 done
 if [[ -n ${RUNNER_TEST:-} ]]; then
-  # The fixtures once (run-runner.sh's runner stage), then each patch's runner against them.
+  # The fixtures once (run-runner.sh's runner stage), then each build's runner against them (the
+  # checkout's too: a check added since its last GPU run is then run on it as well).
   python3 .carry/shared/tools/make_gpu_fixtures.py .carry/shared /tmp/fixtures \
     >"$out/fixtures.txt" 2>&1 || { tail -5 "$out/fixtures.txt"; status=1; }
   for i in "${!names[@]}"; do
-    (( i == 0 )) && continue
     timeout 300 "/tmp/ab/${names[$i]}/test_cuda_runner" --fixtures /tmp/fixtures \
       --model models/mla-tiny >"$out/test-cuda-runner-${names[$i]}.txt" 2>&1 || status=1
     echo "${names[$i]}: test_cuda_runner $(grep -E "FAIL|PASS" "$out/test-cuda-runner-${names[$i]}.txt" | tail -1)"

@@ -201,6 +201,20 @@ void check_fixture(const fs::path& dir, const std::string& name) {
       name + " cuda chunk 100 + decode (bf16)",
       compare_rows(chunk_then_decode(*cuda, bf16, seqs, 100).data(), logits.data(), 2 * len, vocab),
       moe);
+  {
+    // 64 sequences decoding together (32 copies of the two): decode steps of 64 tokens, whose
+    // routed experts may take another form than a 2-token step's (moe_grouped).
+    constexpr int64_t kCopies = 32;
+    std::vector<std::vector<int32_t>> many;
+    for (int64_t c = 0; c < kCopies; ++c) many.insert(many.end(), seqs.begin(), seqs.end());
+    const std::vector<float> got = chunk_then_decode(*cuda, bf16, many, 100);
+    std::vector<float> expected(got.size());
+    for (int64_t c = 0; c < kCopies; ++c) {
+      std::copy(logits.begin(), logits.end(), expected.begin() + c * 2 * len * vocab);
+    }
+    report(name + " cuda chunk 100 + decode, 64 seqs",
+           compare_rows(got.data(), expected.data(), kCopies * 2 * len, vocab), moe);
+  }
   if (cuda->config().n_routed_experts > 0) {
     // The routed experts' other forms (CudaRunnerOptions::expert_products; the checks above ran
     // the default, kOurs): the prefill's ~150 rows an expert take their paths.
