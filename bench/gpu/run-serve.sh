@@ -11,6 +11,8 @@
 # and what the mode costs beside the default run's figures.
 # FORMATS="SPEC ...": the cache formats (default bf16, fp8, int4/int4 and int2/int4).
 # SKIP_U=1: workload P only.
+# SERVE_ARGS="...": more bench-serve flags for every run (e.g. "--max-batched-tokens 8192": the
+# prefill chunks' token budget, 2048 by default; name such runs with TAG).
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +33,8 @@ for spec in ${FORMATS:-bf16 content=fp8,rope=bf16 content=int4:g64,rope=int4:g64
 done
 common=(--device cuda --model /tmp/v2-lite --num-prompts "$n" --input-len "$input"
   --output-len "$output" --seed 0 "${formats[@]}")
+# shellcheck disable=SC2206
+common+=(${SERVE_ARGS:-})
 mode=
 if [[ -n ${BATCH_INVARIANT:-} ]]; then
   common+=(--batch-invariant)
