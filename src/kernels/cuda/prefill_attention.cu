@@ -46,6 +46,8 @@ struct FlashMaps {
   CUtensorMap v_t;     // [heads, v, context] (row stride v_t_stride): 64 keys of v rows of a head
 };
 
+// The kernel's operands: the pointers and strides make launch_flash's tensor maps (FlashMaps),
+// through which the kernel reads them; out and the scalars it reads itself.
 struct FlashParams {
   const uint16_t* q;       // [tokens, heads, nope + 64] BF16 bits, contiguous
   const uint16_t* k_nope;  // [context, heads, nope] BF16 bits, contiguous
