@@ -1332,14 +1332,14 @@ class CudaRunner final : public Runner {
       }
       const int64_t slots = host_offsets_[e];
       gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
-      if (exact && !invariant) {
-        exact_experts(layer, slots, busiest, /*bf16_out=*/true);
-        gpu::moe_combine(reinterpret_cast<const uint16_t*>(buf_.expert_out), d, buf_.sort.slot_of,
-                         buf_.expert_weights, buf_.x, d, n, k, d, stream_);
-        return;
-      }
       if (exact) {
-        exact_experts(layer, slots, busiest, /*bf16_out=*/false);
+        // BF16 outputs except in the batch-invariant mode (exact_experts says why).
+        exact_experts(layer, slots, busiest, /*bf16_out=*/!invariant);
+        if (!invariant) {
+          gpu::moe_combine(reinterpret_cast<const uint16_t*>(buf_.expert_out), d, buf_.sort.slot_of,
+                           buf_.expert_weights, buf_.x, d, n, k, d, stream_);
+          return;
+        }
       } else {
         const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
                                             layer.expert_down.data()};
