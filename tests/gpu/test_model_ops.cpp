@@ -1615,14 +1615,29 @@ void run_pad_layout_errors() {
 // experts, one row, a partial token tile, more than two token tiles, the last expert's last tile
 // reaching past x's rows (the copies' zero fill); every output row written once and the columns
 // past n of a wider output untouched (the output starts as NaN). Plain: y = x W^T in FP32 (or
-// BF16 with bf16_out); gated: act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0:
+// BF16: kPlainBf16); gated: act = bf16(silu(x G^T) * (x U^T)), W = [G; U]. rows_per_expert > 0:
 // the padded layout, expert e's rows from e rows_per_expert, the padding rows of x random and those
 // of the output untouched. timed: with ExpertGemmParams::phases, one ordered record from each block
 // with rows, none from the others (blocks numbered token tile fastest, then weight tile, then
 // expert).
-void run_expert_gemm_case(const std::vector<int32_t>& counts, int64_t n, int64_t k, bool gated,
-                          int stages, int64_t ld_out, int64_t rows_per_expert = 0,
-                          bool timed = false, bool bf16_out = false) {
+enum class ExpertForm { kPlainF32, kPlainBf16, kGated };
+struct ExpertGemmCase {
+  std::vector<int32_t> counts;  // rows of each expert
+  int64_t n = 0, k = 0;
+  ExpertForm form = ExpertForm::kPlainF32;
+  int stages = 4;
+  int64_t ld_out = 0;
+  int64_t rows_per_expert = 0;  // > 0: the padded layout
+  bool timed = false;           // with ExpertGemmParams::phases
+};
+void run_expert_gemm_case(const ExpertGemmCase& test) {
+  const std::vector<int32_t>& counts = test.counts;
+  const int64_t n = test.n, k = test.k, ld_out = test.ld_out;
+  const int64_t rows_per_expert = test.rows_per_expert;
+  const int stages = test.stages;
+  const bool timed = test.timed;
+  const bool gated = test.form == ExpertForm::kGated;
+  const bool bf16_out = test.form == ExpertForm::kPlainBf16;
   const int experts = static_cast<int>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -2337,27 +2352,50 @@ void run_prefill_attention_cases(gpu::GemmRunner& gemm) {
 // expert_gemm's cases: its errors, both forms, both rings, both layouts, the diagnostic records.
 void run_expert_gemm_cases() {
   run_expert_gemm_errors();
-  for (const bool gated : {false, true}) {
+  const std::vector<int32_t> tiles = {0, 1, 130, 257, 64, 0, 200, 70, 513};
+  const std::vector<int32_t> padded = {0, 1, 130, 257, 64, 0, 200, 70};
+  const std::vector<int32_t> v2_lite = {190, 210, 175, 240, 0, 3, 128, 129};
+  for (const ExpertForm form : {ExpertForm::kPlainF32, ExpertForm::kGated}) {
+    const int64_t v2_n = form == ExpertForm::kGated ? 192 : 384;
     for (int stages = 3; stages <= 4; ++stages) {
-      run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, stages,
-                           stages == 4 ? 264 : 256);
+      run_expert_gemm_case({.counts = tiles,
+                            .n = 256,
+                            .k = 128,
+                            .form = form,
+                            .stages = stages,
+                            .ld_out = stages == 4 ? 264 : 256});
       // The padded layout (the runner's batched experts): blocks of 272 rows.
-      run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, gated, stages, 128, 272);
+      run_expert_gemm_case({.counts = padded,
+                            .n = 128,
+                            .k = 128,
+                            .form = form,
+                            .stages = stages,
+                            .ld_out = 128,
+                            .rows_per_expert = 272});
     }
-    run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated, 4,
-                         gated ? 192 : 384);
-    run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, gated ? 192 : 384, 1408, gated, 4,
-                         gated ? 192 : 384, 240);
+    run_expert_gemm_case({.counts = v2_lite, .n = v2_n, .k = 1408, .form = form, .ld_out = v2_n});
+    run_expert_gemm_case({.counts = v2_lite,
+                          .n = v2_n,
+                          .k = 1408,
+                          .form = form,
+                          .ld_out = v2_n,
+                          .rows_per_expert = 240});
     // With the diagnostic records (ExpertGemmParams::phases, bench_prefill_gemms' "phases"
     // rows): the same products.
-    run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, gated, 4, 264, 0, true);
+    run_expert_gemm_case(
+        {.counts = tiles, .n = 256, .k = 128, .form = form, .ld_out = 264, .timed = true});
   }
   // The plain form's BF16 outputs (the runner's down product): both layouts, V2-Lite's shape.
-  run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70, 513}, 256, 128, false, 4, 264, 0, false,
-                       true);
-  run_expert_gemm_case({0, 1, 130, 257, 64, 0, 200, 70}, 128, 128, false, 3, 128, 272, false, true);
-  run_expert_gemm_case({190, 210, 175, 240, 0, 3, 128, 129}, 384, 1408, false, 4, 384, 0, false,
-                       true);
+  const ExpertForm bf16 = ExpertForm::kPlainBf16;
+  run_expert_gemm_case({.counts = tiles, .n = 256, .k = 128, .form = bf16, .ld_out = 264});
+  run_expert_gemm_case({.counts = padded,
+                        .n = 128,
+                        .k = 128,
+                        .form = bf16,
+                        .stages = 3,
+                        .ld_out = 128,
+                        .rows_per_expert = 272});
+  run_expert_gemm_case({.counts = v2_lite, .n = 384, .k = 1408, .form = bf16, .ld_out = 384});
 }
 
 }  // namespace
