@@ -1256,6 +1256,10 @@ class CudaRunner final : public Runner {
       count(3 * shared * inner * d, 3 * n * shared * inner * d);
     }
     bool tail = few && runs("combine");
+    // What the combine reads: the routed experts' outputs in buf_.expert_out (FP32, or BF16 bits
+    // where expert_out_bf16) and each token's slots among them.
+    const int32_t* slot_of = buf_.sort.slot_of;
+    bool expert_out_bf16 = false;
     if (grouped && runs("experts")) {
       const int groups = shared + static_cast<int>(e);
       const int64_t rows = n * k + shared * n;
@@ -1328,29 +1332,31 @@ class CudaRunner final : public Runner {
       const int64_t padded_rows = (busiest + 15) / 16 * 16;
       if (!exact && !invariant && layer.expert_stride > 0 && e * padded_rows <= expert_rows_) {
         batched_experts(layer, padded_rows, busiest);
-        return;
-      }
-      const int64_t slots = host_offsets_[e];
-      gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
-      if (exact) {
-        // BF16 outputs except in the batch-invariant mode (exact_experts says why).
-        exact_experts(layer, slots, busiest, /*bf16_out=*/!invariant);
-        if (!invariant) {
-          gpu::moe_combine(reinterpret_cast<const uint16_t*>(buf_.expert_out), d, buf_.sort.slot_of,
-                           buf_.expert_weights, buf_.x, d, n, k, d, stream_);
-          return;
-        }
+        slot_of = buf_.padded_slot_of;
+        expert_out_bf16 = true;
       } else {
-        const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
-                                            layer.expert_down.data()};
-        gpu::moe_expert_mlps(*gemm_, host_offsets_, static_cast<int>(e), buf_.sorted, d, weights, d,
-                             inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
-                             stream_);
+        const int64_t slots = host_offsets_[e];
+        gpu::moe_gather(buf_.h, d, n, buf_.sort.token_of_slot, slots, buf_.sorted, d, d, stream_);
+        if (exact) {
+          expert_out_bf16 = !invariant;  // exact_experts says why
+          exact_experts(layer, slots, busiest, expert_out_bf16);
+        } else {
+          const gpu::MoeExpertWeights weights{layer.expert_gate.data(), layer.expert_up.data(),
+                                              layer.expert_down.data()};
+          gpu::moe_expert_mlps(*gemm_, host_offsets_, static_cast<int>(e), buf_.sorted, d, weights,
+                               d, inner, buf_.expert_gate_up, buf_.expert_act, buf_.expert_out, d,
+                               stream_);
+        }
       }
     }
     if (runs("combine") && !(tail && runs("experts"))) {
-      gpu::moe_combine(buf_.expert_out, d, buf_.sort.slot_of, buf_.expert_weights, buf_.x, d, n, k,
-                       d, stream_, shared);
+      if (expert_out_bf16) {
+        gpu::moe_combine(reinterpret_cast<const uint16_t*>(buf_.expert_out), d, slot_of,
+                         buf_.expert_weights, buf_.x, d, n, k, d, stream_, shared);
+      } else {
+        gpu::moe_combine(buf_.expert_out, d, slot_of, buf_.expert_weights, buf_.x, d, n, k, d,
+                         stream_, shared);
+      }
     }
   }
 
@@ -1415,7 +1421,8 @@ class CudaRunner final : public Runner {
   // idle): each expert's rows padded with zero rows to the busiest expert's count. The layout is
   // made on the device from the sort (moe_pad_layout); only the offsets came back, for `rows`
   // (>= busiest, the largest expert's rows). With ExpertProducts::kOursGated the gate/up product
-  // and the activation are gpu::expert_gemm's over the real rows of the same layout.
+  // and the activation are gpu::expert_gemm's over the real rows of the same layout. The outputs
+  // in BF16 bits in buf_.expert_out, a token's slots in buf_.padded_slot_of (run_moe combines).
   void batched_experts(const DeviceLayer& layer, int64_t rows, int64_t busiest) {
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size, e = c.n_routed_experts, n = n_;
@@ -1467,10 +1474,7 @@ class CudaRunner final : public Runner {
     // layer of a 2K prefill in FP32, which bound the combine and add to the product's weight
     // stream (the product 146 -> 136 µs at 2K; the step's gain is inside the spread between
     // processes: docs/benchmarks.md).
-    uint16_t* expert_out_bf16 = reinterpret_cast<uint16_t*>(buf_.expert_out);
-    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, expert_out_bf16, DType::kBF16);
-    gpu::moe_combine(expert_out_bf16, d, buf_.padded_slot_of, buf_.expert_weights, buf_.x, d, n, k,
-                     d, stream_);
+    all_experts(buf_.expert_act, inner, layer.expert_down[0], d, buf_.expert_out, DType::kBF16);
   }
 
   // The outputs copied back, the routed experts counted, the lengths committed.
