@@ -234,13 +234,15 @@ int main(int argc, char** argv) {
     for (const std::string& spec : specs) {
       if ((only && spec != only_cache) || prefill_only) continue;
       const CacheFormat format = CacheFormat::parse(spec);
+      if (only && only_kind != "decode") continue;
+      // --only decode:B: any batch B, at ctx 1024.
       const std::vector<int64_t> contexts =
-          quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};
-      const std::vector<int64_t> batches =
-          quick ? std::vector<int64_t>{1, 4, 16} : std::vector<int64_t>{1, 16, 64, 256};
+          quick || only ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};
+      const std::vector<int64_t> batches = only    ? std::vector<int64_t>{only_size}
+                                           : quick ? std::vector<int64_t>{1, 4, 16}
+                                                   : std::vector<int64_t>{1, 16, 64, 256};
       for (int64_t context : contexts) {
         for (int64_t batch : batches) {
-          if (only && (only_kind != "decode" || context != 1024 || batch != only_size)) continue;
           DecodeRow row{batch, context, spec};
           const int64_t extra = repeats + 4;
           const int64_t pages = batch * PagePool::pages_for_tokens(context + extra);

@@ -10,8 +10,9 @@
 // kernel would pay for writing them back: 60 MB, as much as a whole expert layer reads), median
 // of the repeats after 3 warm-ups. "floor" is an empty kernel timed the same way (the launch).
 // Routing: m = 1 puts its 6 slots on 6 distinct experts; larger m picks 6 distinct experts per
-// token at random (seeded). --sweep also times every tiling and prints the best (to tune
-// skinny_gemm_tiling).
+// token at random (seeded). --sweep also times every tiling (16- and 32-row tiles where the rows
+// of a group pass 16) and prints the best (to tune skinny_gemm_tiling); --only NAME keeps the
+// shapes whose name contains NAME, --ms 64,256 sets the row counts.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool sweep = false;
   int repeats = 20;
+  std::string only;
+  std::vector<int> ms = {1, 4, 16, 64, 256};  // 256 for the routed experts only (a serving batch)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -89,8 +93,16 @@ int main(int argc, char** argv) {
       sweep = true;
     } else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) {
       repeats = std::max(1, std::stoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) {
+      ms.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) ms.push_back(std::stoi(item));
     } else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--sweep] [--repeats N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json FILE] [--sweep] [--repeats N] [--only NAME] [--ms M,M,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -124,14 +136,13 @@ int main(int argc, char** argv) {
         {"shared down", 2048, 2816, false, false},   {"lm_head", 102400, 2048, false, false},
         {"experts gate+up", 1408, 2048, true, true}, {"experts down", 2048, 1408, false, true},
     };
-    // 256 for the routed experts only (a serving batch: 24 rows per expert on average).
-    const int ms[] = {1, 4, 16, 64, 256};
     gpu::GemmRunner gemm;
     std::mt19937 rng(1234);
     std::vector<Row> rows;
     std::printf("%-16s %3s %9s %9s %9s %7s %10s %9s%s\n", "shape", "m", "tiling", "us", "GB/s",
                 "% copy", "cuBLAS us", "speed-up", sweep ? "   best tiling" : "");
     for (const Shape& s : shapes) {
+      if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
       const int copies = s.experts ? kExperts : 1;
       const auto matrix = static_cast<size_t>(s.n * s.k);
       // Gate and up of one matrix next to each other ([2n, k]), so cuBLAS reads the same bytes.
@@ -205,15 +216,18 @@ int main(int argc, char** argv) {
               bench::median_us_flushed([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, repeats);
         }
         if (sweep) {
-          for (const int tile_n : {8, 16, 32, 64}) {
-            for (const int warps : {1, 2, 3, 4, 6, 8}) {
-              const gpu::SkinnyTiling t{tile_n, warps};
-              try {
-                const double us =
-                    bench::median_us_flushed([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, 7);
-                row.sweep.emplace_back(t, us);
-                if (us < row.best_us) row.best_us = us, row.best = t;
-              } catch (const InvalidArgument&) {  // more warps than the shared memory holds
+          const int most_m_tiles = rows_total > 16 * (s.experts ? kExperts : 1) / 2 ? 2 : 1;
+          for (int m_tiles = 1; m_tiles <= most_m_tiles; ++m_tiles) {
+            for (const int tile_n : {8, 16, 32, 64}) {
+              for (const int warps : {1, 2, 3, 4, 6, 8}) {
+                const gpu::SkinnyTiling t{tile_n, warps, m_tiles};
+                try {
+                  const double us =
+                      bench::median_us_flushed([&] { gpu::skinny_gemm(p, t, nullptr); }, flush, 7);
+                  row.sweep.emplace_back(t, us);
+                  if (us < row.best_us) row.best_us = us, row.best = t;
+                } catch (const InvalidArgument&) {  // more warps than the shared memory holds
+                }
               }
             }
           }
@@ -221,7 +235,10 @@ int main(int argc, char** argv) {
         std::printf("%-16s %3d %5d x %d %9.2f %9.0f %6.0f%% %10.2f %8.2fx", s.name, m,
                     row.tiling.tile_n, row.tiling.warps, row.us, row.gbps,
                     100.0 * row.gbps / copy_gbps, row.cublas_us, row.cublas_us / row.us);
-        if (sweep) std::printf("   %d x %d %.2f us", row.best.tile_n, row.best.warps, row.best_us);
+        if (sweep) {
+          std::printf("   %d x %d (%d-row) %.2f us", row.best.tile_n, row.best.warps,
+                      16 * row.best.m_tiles, row.best_us);
+        }
         if (row.tiling.m_tiles > 1) {
           std::printf("   (32-row tiles; 16-row: %.2f us)", row.one_mma_tile_us);
         }
@@ -242,13 +259,13 @@ int main(int argc, char** argv) {
                      "    {\"shape\": \"%s\", \"m\": %d, \"tile_n\": %d, \"warps\": %d, "
                      "\"m_tiles\": %d, \"us\": %.3f, \"us_16_row_tiles\": %.3f, \"weight_mb\": "
                      "%.3f, \"gbps\": %.1f, \"cublas_us\": %.3f, \"best_tile_n\": %d, "
-                     "\"best_warps\": %d, \"best_us\": %.3f, \"sweep\": [",
+                     "\"best_warps\": %d, \"best_m_tiles\": %d, \"best_us\": %.3f, \"sweep\": [",
                      r.shape.c_str(), r.m, r.tiling.tile_n, r.tiling.warps, r.tiling.m_tiles, r.us,
                      r.tiling.m_tiles > 1 ? r.one_mma_tile_us : r.us, r.weight_mb, r.gbps,
-                     r.cublas_us, r.best.tile_n, r.best.warps, r.best_us);
+                     r.cublas_us, r.best.tile_n, r.best.warps, r.best.m_tiles, r.best_us);
         for (size_t j = 0; j < r.sweep.size(); ++j) {
-          std::fprintf(f, "%s[%d, %d, %.3f]", j ? ", " : "", r.sweep[j].first.tile_n,
-                       r.sweep[j].first.warps, r.sweep[j].second);
+          std::fprintf(f, "%s[%d, %d, %d, %.3f]", j ? ", " : "", r.sweep[j].first.tile_n,
+                       r.sweep[j].first.warps, r.sweep[j].first.m_tiles, r.sweep[j].second);
         }
         std::fprintf(f, "]}%s\n", i + 1 < rows.size() ? "," : "");
       }

@@ -899,9 +899,12 @@ void run(const SkinnyGemmParams& params, SkinnyTiling tiling, cudaStream_t strea
 //   or everything), then the widest column tile (x re-read less), then the most bytes in flight.
 // - Otherwise (the LM head, the routed experts past m = 1) CTAs stream in many waves and the
 //   small ones schedule best: 32 weight rows and 2 warps (48 KB, 4 CTAs an SM) read the 420 MB LM
-//   head at the copy rate.
-// - Never tile_n 64 nor a single warp (unless K has < 4 chunks): both measured slower everywhere
-//   (one warp cannot keep a CTA's loads and mma going; at m = 64, 64 columns lost 7-22% to 32).
+//   head at the copy rate. The routed experts' 32-row tiles (past ~170 tokens at 6 of 64 experts)
+//   take one warp: at 256 tokens 8% faster for gate and up, 6% for down than two warps
+//   (bench_skinny --sweep, 2026-12-04); with 16-row tiles one warp is 1-6% slower below 128.
+// - Never tile_n 64, nor a single warp in one wave (unless K has < 4 chunks): both measured slower
+//   everywhere (one warp cannot keep a CTA's loads and mma going; at m = 64, 64 columns lost
+//   7-22% to 32).
 SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
   const DeviceLimits limits = device_limits();
   const bool silu = params.epilogue == SkinnyEpilogue::kSiluMul;
@@ -947,7 +950,12 @@ SkinnyTiling skinny_gemm_tiling(const SkinnyGemmParams& params) {
     }
   }
   if (best.tile_n != 0) return best;
-  return {silu ? 16 : 32, static_cast<int>(std::min<int64_t>(2, warps_by_k)), m_tiles};
+  // Grouped 32-row tiles take one warp: a stage holds as many x rows as weight rows, so one warp's
+  // stages are already as large as two warps' with 16-row tiles, and a smaller CTA fits twice as
+  // often on an SM.
+  const int64_t warps =
+      params.offsets != nullptr && m_tiles == 2 ? 1 : std::min<int64_t>(2, warps_by_k);
+  return {silu ? 16 : 32, static_cast<int>(warps), m_tiles};
 }
 
 bool skinny_norm_fits(int64_t rows, int64_t k) {
