@@ -12,7 +12,8 @@
 # bench_prefill_attention on every build, then ROUNDS (default 2)
 # rounds of `bench_runner --only SHAPE` for each of $SHAPE's shapes (default prefill:1; several
 # separated by spaces, e.g. "decode:64 decode:256") on the 27-layer random V2-Lite, one process a
-# build in turn; RUNNER_TEST=1 also runs each build's runner test against the
+# build in turn (decode shapes on the BF16 cache, or CACHE=SPEC's, e.g.
+# CACHE=content=int4:g64,rope=int4:g64); RUNNER_TEST=1 also runs each build's runner test against the
 # fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
 # .carry/deps.tar.xz as for run-runner.sh. Results in $OUT (or gpu-results), one file a step.
 set -uo pipefail
@@ -99,7 +100,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for shape in ${SHAPE:-prefill:1}; do
     for i in "${!names[@]}"; do
       line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
-        --only "$shape" --repeats 10 2>&1 | tail -1)
+        --only "$shape" ${CACHE:+--cache "$CACHE"} --repeats 10 2>&1 | tail -1)
       # A process that ends without its row (a crash prints nothing more) is said to have failed.
       [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
       echo "round $round ${names[$i]}: $line"

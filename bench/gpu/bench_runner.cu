@@ -1,13 +1,14 @@
 // The CUDA runner on a production-shape model (make-random-model): decode step time at several
 // batch sizes and contexts beside the weight-read bound, prefill tokens/s on 2K-token prompts with
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
-//   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B|prefill:P] [--no-pdl]
-//   [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours] [--cache SPEC]
-//   (--only: one shape, for profiling: decode of B sequences at ctx 1024 with the BF16 cache (or
-//   --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
+//   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B[:CTX]|prefill:P]
+//   [--no-pdl] [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours]
+//   [--cache SPEC]
+//   (--only: one shape, for profiling: decode of B sequences at ctx CTX, default 1024, with the
+//   BF16 cache (or --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
 //   CudaRunnerOptions::fused_decode off; --quick: decode of 1, 4 and 16 sequences at 1K, no
-//   prefill; --prefill: the prefill rows only;
-//   --experts: CudaRunnerOptions::expert_products, default the runner's own)
+//   prefill; --prefill: the prefill rows only; --experts: CudaRunnerOptions::expert_products,
+//   default the runner's own)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -140,8 +141,9 @@ struct PrefillRow {
 int main(int argc, char** argv) {
   std::string model_dir, json_path;
   int repeats = 10;
-  std::string only_kind;  // --only decode:B | prefill:P
+  std::string only_kind;  // --only decode:B[:CTX] | prefill:P
   int64_t only_size = 0;
+  int64_t only_context = 1024;
   bool programmatic = true;   // --no-pdl: the runner's kernels launched the plain way
   bool fused = true;          // --no-fusion: the separate kernels of decode steps
   bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
@@ -160,6 +162,8 @@ int main(int argc, char** argv) {
       const size_t colon = value.find(':');
       only_kind = value.substr(0, colon);
       only_size = colon == std::string::npos ? 0 : std::atoll(value.c_str() + colon + 1);
+      const size_t second = colon == std::string::npos ? colon : value.find(':', colon + 1);
+      if (second != std::string::npos) only_context = std::atoll(value.c_str() + second + 1);
     }
     if (flag == "--model") model_dir = argv[++i];
     if (flag == "--json") json_path = argv[++i];
@@ -182,11 +186,12 @@ int main(int argc, char** argv) {
     if (options.expert_products == products) experts = name;
   }
   if (model_dir.empty() || !experts_known ||
-      (only && ((only_kind != "decode" && only_kind != "prefill") || only_size < 1))) {
+      (only &&
+       ((only_kind != "decode" && only_kind != "prefill") || only_size < 1 || only_context < 1))) {
     std::fprintf(
         stderr,
         "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
-        "decode:B|prefill:P] [--cache SPEC] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
+        "decode:B[:CTX]|prefill:P] [--cache SPEC] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
         "[--experts cublas|ours-gated|ours]\n");
     return 2;
   }
@@ -235,9 +240,10 @@ int main(int argc, char** argv) {
       if ((only && spec != only_cache) || prefill_only) continue;
       const CacheFormat format = CacheFormat::parse(spec);
       if (only && only_kind != "decode") continue;
-      // --only decode:B: any batch B, at ctx 1024.
-      const std::vector<int64_t> contexts =
-          quick || only ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 16384};
+      // --only decode:B[:CTX]: any batch B, at ctx CTX (1024 unless given).
+      const std::vector<int64_t> contexts = only    ? std::vector<int64_t>{only_context}
+                                            : quick ? std::vector<int64_t>{1024}
+                                                    : std::vector<int64_t>{1024, 16384};
       const std::vector<int64_t> batches = only    ? std::vector<int64_t>{only_size}
                                            : quick ? std::vector<int64_t>{1, 4, 16}
                                                    : std::vector<int64_t>{1, 16, 64, 256};
