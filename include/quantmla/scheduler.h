@@ -142,6 +142,7 @@ class Scheduler {
   std::function<std::string(std::span<const int32_t>)> detokenize_;
   RequestId next_id_ = 1;
   int64_t admissions_ = 0;
+  int64_t rounds_ = 0;  // step() calls, to mark the entries one of them scheduled
   std::deque<std::shared_ptr<Entry>> waiting_;
   std::vector<std::shared_ptr<Entry>> running_;  // in admission order
   std::vector<FinishedRequest> cancelled_;

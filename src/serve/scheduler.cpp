@@ -71,6 +71,7 @@ struct Scheduler::Entry {
   int64_t high_water = 0;  // most tokens computed before a preemption (recomputation counts)
   int64_t admission = 0;
   int64_t preemptions = 0;
+  int64_t scheduled_round = 0;  // the step() call that last scheduled it (Scheduler::rounds_)
   double arrival_s = 0, first_token_s = -1;
 
   int64_t known() const { return static_cast<int64_t>(tokens.size()); }
@@ -261,9 +262,15 @@ StepReport Scheduler::step() {
   };
   std::vector<Scheduled> scheduled;
   int64_t budget = options_.max_batched_tokens;
+  // A mark on the entry, not a search of `scheduled`: a step over n running requests stays O(n).
+  const int64_t round = ++rounds_;
   const auto is_scheduled = [&](const std::shared_ptr<Entry>& e) {
-    return std::any_of(scheduled.begin(), scheduled.end(),
-                       [&](const Scheduled& s) { return s.entry == e; });
+    return e->scheduled_round == round;
+  };
+  const auto schedule = [&](const std::shared_ptr<Entry>& e, int64_t first, int64_t count) {
+    e->scheduled_round = round;
+    scheduled.push_back({e, first, count});
+    budget -= count;
   };
   // Running requests in admission order: first every decode (one token), then the prefills
   // still under way. Pages for a chunk are taken when it is scheduled; when none are free the
@@ -296,8 +303,7 @@ StepReport Scheduler::step() {
         }
       }
       if (self_preempted) continue;  // running_[i] is now the next request
-      scheduled.push_back({entry, entry->computed, count});
-      budget -= count;
+      schedule(entry, entry->computed, count);
       ++i;
     }
   }
@@ -309,9 +315,7 @@ StepReport Scheduler::step() {
     if (!try_admit(entry)) break;
     waiting_.pop_front();
     running_.push_back(entry);
-    const int64_t count = std::min(entry->known(), budget);
-    scheduled.push_back({entry, 0, count});
-    budget -= count;
+    schedule(entry, 0, std::min(entry->known(), budget));
   }
   stats_.peak_running = std::max<int64_t>(stats_.peak_running, running_.size());
   if (scheduled.empty()) return report;
