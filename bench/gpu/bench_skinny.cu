@@ -10,9 +10,9 @@
 // kernel would pay for writing them back: 60 MB, as much as a whole expert layer reads), median
 // of the repeats after 3 warm-ups. "floor" is an empty kernel timed the same way (the launch).
 // Routing: m = 1 puts its 6 slots on 6 distinct experts; larger m picks 6 distinct experts per
-// token at random (seeded). --sweep also times every tiling (16- and 32-row tiles where the rows
-// of a group pass 16) and prints the best (to tune skinny_gemm_tiling); --only NAME keeps the
-// shapes whose name contains NAME, --ms 64,256 sets the row counts.
+// token at random (seeded). --sweep also times every tiling (16- and 32-row tiles where a group
+// has more than 8 rows on average) and prints the best (to tune skinny_gemm_tiling); --only NAME
+// keeps the shapes whose name contains NAME, --ms 64,256 sets the row counts.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,7 +98,14 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) {
       ms.clear();
       std::stringstream list(argv[++i]);
-      for (std::string item; std::getline(list, item, ',');) ms.push_back(std::stoi(item));
+      for (std::string item; std::getline(list, item, ',');) {
+        const int m = std::atoi(item.c_str());
+        if (m < 1) {
+          std::fprintf(stderr, "--ms: \"%s\" is not a row count >= 1\n", item.c_str());
+          return 2;
+        }
+        ms.push_back(m);
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--sweep] [--repeats N] [--only NAME] [--ms M,M,...]\n",
