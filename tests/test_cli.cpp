@@ -463,6 +463,52 @@ TEST_F(CliTest, BenchServeWritesItsTableAndJson) {
   EXPECT_EQ(out["preemption_check"]["identical"], 3);
 }
 
+// --schedule-only reads only config.json: a directory holding nothing else will do, and its figures
+// are the schedule's (no times); --step-log writes one line a step.
+TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
+  const fs::path dir = scratch_ / "config-only";
+  fs::create_directories(dir);
+  fs::copy_file(testing::source_dir() / "models/mla-tiny/config.json", dir / "config.json");
+  const fs::path json = scratch_ / "schedule.json", log = scratch_ / "steps.csv";
+  const CliResult result = run_cli(
+      "bench-serve --schedule-only --model '" + dir.string() +
+      "' --num-prompts 12 --input-len 100 --output-len 100 --cache bf16 --cache "
+      "content=int2:g64,rope=int4:g64 --cache-memory 2700KiB --max-batched-tokens 64 --json '" +
+      json.string() + "' --step-log '" + log.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("prefilled"), std::string::npos) << result.out;
+  const auto out = nlohmann::json::parse(testing::slurp(json));
+  EXPECT_EQ(out["device"], "schedule-only");
+  EXPECT_EQ(out["schedule_only"], true);
+  EXPECT_EQ(out["warmup_passes"], 0) << "no warm-up by default off the GPU";
+  ASSERT_EQ(out["formats"].size(), 2u);
+  int64_t steps = 0;
+  for (const auto& f : out["formats"]) {
+    EXPECT_EQ(f["completed"], 12);
+    EXPECT_EQ(f["output_tokens"], 12 * 100);
+    EXPECT_FALSE(f.contains("output_tok_s")) << "no time was measured";
+    EXPECT_FALSE(f.contains("wall_s"));
+    steps += f["steps"].get<int64_t>();
+  }
+  EXPECT_GT(out["formats"][0]["preemptions"].get<int64_t>(), 0) << "the budget is meant to bind";
+  EXPECT_GT(out["formats"][1]["mean_batch"].get<double>(),
+            out["formats"][0]["mean_batch"].get<double>());
+  std::istringstream lines(testing::slurp(log));
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line, "cache,step,decodes,decode_context,prefill_tokens");
+  int64_t rows = 0;
+  while (std::getline(lines, line)) ++rows;
+  EXPECT_EQ(rows, steps);
+
+  expect_failure(run_cli("bench-serve --schedule-only --num-prompts 2 --input-len 8 --output-len "
+                         "2 --check-outputs 2"),
+                 {"--schedule-only runs no model"});
+  expect_failure(run_cli("bench-serve --schedule-only --model '" + scratch_.string() +
+                         "' --num-prompts 2 --input-len 8 --output-len 2"),
+                 {"config.json"});
+}
+
 TEST_F(CliTest, BenchServeRefusesBadBudgets) {
   expect_failure(
       run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 0.5"),

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "error_matchers.h"
@@ -514,6 +515,86 @@ TEST(ServeBench, WorkloadAndFiguresAddUp) {
   EXPECT_THROW(run_serve_bench(runner, bf16, page - 1, requests, options), InvalidArgument);
   w.range_ratio = 1.0;
   EXPECT_THROW(make_workload(w, runner.config()), InvalidArgument);
+}
+
+// The schedule-only runner (bench-serve --schedule-only) makes the scheduler take the decisions it
+// takes over a runner that computes: the same steps, batches, preemptions and recomputation, and
+// a step log that adds up to the run's counters.
+TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu (SCHEDULER_SEED to repeat)\n", static_cast<unsigned long long>(seed));
+  FakeRunner runner;
+  const std::unique_ptr<Runner> replay = make_schedule_only_runner(runner.config());
+  EXPECT_EQ(replay->device(), "schedule-only");
+  ServeWorkload w;
+  w.num_prompts = 40;
+  w.input_len = 120;
+  w.output_len = 40;
+  w.range_ratio = 0.6;
+  w.seed = seed;
+  const std::vector<Request> requests = make_workload(w, runner.config());
+  const CacheFormat bf16 = CacheFormat::parse("bf16");
+  SchedulerOptions options;
+  options.max_batched_tokens = 96;
+  options.max_seqs = 12;
+  const int64_t bytes = 9 * PagePool::bytes_per_page({1, 8, 8}, bf16);
+  const ServeResult real = run_serve_bench(runner, bf16, bytes, requests, options);
+  const ServeResult planned = run_serve_bench(*replay, bf16, bytes, requests, options);
+  EXPECT_GT(real.preemptions, 0) << "the budget is meant to preempt";
+  EXPECT_EQ(planned.steps, real.steps);
+  EXPECT_EQ(planned.decode_steps, real.decode_steps);
+  EXPECT_EQ(planned.preemptions, real.preemptions);
+  EXPECT_EQ(planned.recomputed_tokens, real.recomputed_tokens);
+  EXPECT_EQ(planned.peak_seqs, real.peak_seqs);
+  EXPECT_DOUBLE_EQ(planned.mean_batch, real.mean_batch);
+  EXPECT_EQ(planned.completed, 40);
+  ASSERT_EQ(planned.step_log.size(), real.step_log.size());
+  int64_t decodes = 0, prefill = 0, context = 0;
+  for (size_t i = 0; i < planned.step_log.size(); ++i) {
+    const StepRecord& p = planned.step_log[i];
+    const StepRecord& r = real.step_log[i];
+    EXPECT_EQ(std::make_tuple(p.decodes, p.decode_context, p.prefill_tokens),
+              std::make_tuple(r.decodes, r.decode_context, r.prefill_tokens))
+        << "step " << i;
+    EXPECT_LE(p.decodes + p.prefill_tokens, options.max_batched_tokens);
+    EXPECT_GT(p.decode_context, p.decodes * 50 - 1) << "each decode attends its prompt and more";
+    decodes += p.decodes;
+    prefill += p.prefill_tokens;
+    context += p.decode_context;
+  }
+  // Prefill tokens: the prompts, the recomputed ones, and after each preemption of a request that
+  // had generated, its newest token (sampled, never computed before).
+  EXPECT_GE(prefill, planned.prompt_tokens + planned.recomputed_tokens);
+  EXPECT_LE(prefill, planned.prompt_tokens + planned.recomputed_tokens + planned.preemptions);
+  // A token comes from a decode or ends a prefill: each request's first, and the next one after
+  // each recomputation (fewer when a preemption hit a request that had not finished its prefill).
+  EXPECT_LE(decodes + static_cast<int64_t>(requests.size()), planned.output_tokens);
+  EXPECT_GE(decodes + static_cast<int64_t>(requests.size()) + planned.preemptions,
+            planned.output_tokens);
+  EXPECT_GT(context, 0);
+  // A warm-up pass runs the same requests on the same pool first, untimed: the timed run then
+  // takes the same schedule, and its pool was left empty by the warm-up.
+  const int64_t steps_before = runner.steps;
+  const ServeResult warmed = run_serve_bench(runner, bf16, bytes, requests, options, {}, 1);
+  EXPECT_EQ(runner.steps - steps_before, 2 * real.steps);
+  EXPECT_EQ(warmed.steps, real.steps);
+  EXPECT_EQ(warmed.preemptions, real.preemptions);
+  EXPECT_EQ(warmed.outputs, real.outputs);
+  EXPECT_THROW(run_serve_bench(runner, bf16, bytes, requests, options, {}, -1), InvalidArgument);
+  // Its pools hold no records, so their bytes cost nothing and a record cannot be read.
+  auto pool = replay->make_pool(bf16, int64_t{1} << 20);
+  EXPECT_EQ(pool->memory(), PoolMemory::kNone);
+  const SequenceId sequence = pool->add_sequence();
+  pool->reserve(sequence, 64);
+  EXPECT_THROW(pool->record(0, sequence, 0), InvalidArgument);
+  auto host_pool = runner.make_pool(bf16, 4);
+  const SequenceId host_sequence = host_pool->add_sequence();
+  host_pool->reserve(host_sequence, 1);
+  const std::vector<int32_t> token = {5};
+  expect_contains(error_message<InvalidArgument>([&] {
+                    replay->step({{{host_sequence, token, LogitRows::kLast, {}}}}, *host_pool, {});
+                  }),
+                  {"another runner"});
 }
 
 TEST(ServeBench, ParsesByteSizes) {

@@ -13,6 +13,11 @@
 # SKIP_U=1: workload P only.
 # SERVE_ARGS="...": more bench-serve flags for every run (e.g. "--max-batched-tokens 8192": the
 # prefill chunks' token budget, 2048 by default; name such runs with TAG).
+# WARMUP=N: untimed passes of the workload before each format's timed one (bench-serve --warmup;
+# its default on the GPU is 1, which doubles the call's time; WARMUP=0 times cold runs, as every
+# run up to the fourteenth session (2026-12-04) did: then the first format, BF16, also paid the process's one-time costs).
+# Each run also writes its steps (decodes, their keys, prefill tokens, ms) to ...-steps.csv: the
+# step time against the batch as the serving run met it (bench/serve_projection.py's input).
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +40,7 @@ common=(--device cuda --model /tmp/v2-lite --num-prompts "$n" --input-len "$inpu
   --output-len "$output" --seed 0 "${formats[@]}")
 # shellcheck disable=SC2206
 common+=(${SERVE_ARGS:-})
+[[ -n ${WARMUP:-} ]] && common+=(--warmup "$WARMUP")
 mode=
 if [[ -n ${BATCH_INVARIANT:-} ]]; then
   common+=(--batch-invariant)
@@ -45,11 +51,13 @@ for kernel in ${DECODE_KERNELS:-auto}; do
   echo "== workload P: $((peak / 8)) bytes of cache (1/8 of the BF16 peak), decode kernel $kernel"
   QUANTMLA_DECODE_KERNEL=$kernel $build/quantmla bench-serve "${common[@]}" \
     --cache-memory $((peak / 8)) --check-outputs 16 --json "$out/$name-pressure$suffix.json" \
-    --plot "$out/$name-pressure$suffix.svg" 2>"$out/p$suffix.err"
+    --plot "$out/$name-pressure$suffix.svg" --step-log "$out/$name-pressure$suffix-steps.csv" \
+    2>"$out/p$suffix.err"
 done
 if [[ -z $mode && -z ${SKIP_U:-} ]]; then
   echo "== workload U: $((peak + peak / 8)) bytes (every request at once)"
   $build/quantmla bench-serve "${common[@]}" --cache-memory $((peak + peak / 8)) \
-    --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" 2>"$out/u.err"
+    --json "$out/$name-no-pressure.json" --plot "$out/$name-no-pressure.svg" \
+    --step-log "$out/$name-no-pressure-steps.csv" 2>"$out/u.err"
 fi
 tail -n 3 "$out"/*.err

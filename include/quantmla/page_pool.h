@@ -15,7 +15,8 @@
 
 namespace quantmla {
 
-enum class PoolMemory { kHost, kDevice };
+// kNone: bookkeeping only, no records (the schedule-only runner's pools, for planning).
+enum class PoolMemory { kHost, kDevice, kNone };
 
 // Where a pool's pages live. Every layer has num_pages * kPageTokens records of record_bytes.
 class PageStorage {

@@ -89,6 +89,14 @@ class Runner {
 // The CPU runner over `model`, which must outlive it.
 std::unique_ptr<Runner> make_cpu_runner(const Model& model);
 
+// A runner without a model, for planning a serving run (bench-serve --schedule-only): a step
+// computes nothing, commits each chunk's tokens and returns, for every logit row, a token that is
+// not `config.eos_token_id` (so a request runs to its max_tokens or a stop token id of its own)
+// and zero logits. Its pools hold no records, so a budget of any size costs no memory; the
+// scheduler above it makes the same decisions as over a real runner with the same pages, since
+// none depends on what the model computes.
+std::unique_ptr<Runner> make_schedule_only_runner(const ModelConfig& config);
+
 struct CudaRunnerOptions {
   int device = 0;
   // Largest number of tokens one step runs (sizes the activation workspace, allocated once).

@@ -85,6 +85,7 @@ struct StepReport {
   int64_t tokens = 0;                     // tokens of the step
   int64_t sequences = 0;                  // chunks of the step
   int64_t decodes = 0;                    // of them single-token decodes of running sequences
+  int64_t decode_context = 0;             // keys the decodes attend over, summed over them
   std::vector<FinishedRequest> finished;  // requests that ended in this step
   // Every token generated in this step, with its request (streaming), in step order.
   struct Generated {

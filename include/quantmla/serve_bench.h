@@ -28,6 +28,13 @@ struct ServeWorkload {
 // [0, 1), or a length the model's positions cannot hold.
 std::vector<Request> make_workload(const ServeWorkload& workload, const ModelConfig& config);
 
+// One step of a run: its decodes, the keys they attend over (summed), its prefill tokens (prompt
+// chunks and recomputation) and its wall time.
+struct StepRecord {
+  int64_t decodes = 0, decode_context = 0, prefill_tokens = 0;
+  double seconds = 0;
+};
+
 struct ServeResult {
   std::string cache;
   int64_t bytes_per_token = 0;  // all layers
@@ -43,17 +50,22 @@ struct ServeResult {
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_steps_s = 0, prefill_steps_s = 0;
   int64_t output_tokens = 0, prompt_tokens = 0;
+  std::vector<StepRecord> step_log;           // every step, in order
   std::vector<std::vector<int32_t>> outputs;  // per request, in submission order (empty: failed)
 };
 
 // Progress of one run: (done, total, running, waiting), called about once a second.
 using ServeProgress = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
 
-// Runs `requests` on a pool of `cache_bytes` in `format` (PagePool::pages_for_bytes). Throws
-// InvalidArgument when the budget holds no page.
+// Runs `requests` on a pool of `cache_bytes` in `format` (PagePool::pages_for_bytes), after
+// `warmup_passes` untimed runs of the same requests on the same pool: the timed run then meets
+// every step shape warm (kernels loaded, GEMM plans chosen, CUDA graphs captured for that pool), as
+// a serving engine does once it has run a while, and the first format of a bench-serve run pays
+// no more one-time costs than the others. Throws InvalidArgument when the budget holds no page or
+// warmup_passes < 0.
 ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
                             const std::vector<Request>& requests, const SchedulerOptions& options,
-                            const ServeProgress& progress = {});
+                            const ServeProgress& progress = {}, int64_t warmup_passes = 0);
 
 // The p-quantile (p in [0, 1]) of `values`, linearly interpolated as numpy's default; 0 when empty.
 double percentile(std::vector<double> values, double p);

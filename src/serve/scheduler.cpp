@@ -349,6 +349,7 @@ StepReport Scheduler::step() {
     ++report.sequences;
     if (is_decode) {
       ++report.decodes;
+      report.decode_context += s.first + 1;
       ++stats_.decode_tokens;
       any_decode = true;
     } else {

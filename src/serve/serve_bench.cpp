@@ -61,7 +61,10 @@ std::vector<Request> make_workload(const ServeWorkload& w, const ModelConfig& co
 
 ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
                             const std::vector<Request>& requests, const SchedulerOptions& options,
-                            const ServeProgress& progress) {
+                            const ServeProgress& progress, int64_t warmup_passes) {
+  if (warmup_passes < 0) {
+    throw InvalidArgument("bench-serve: " + std::to_string(warmup_passes) + " warm-up passes");
+  }
   const ModelConfig& c = runner.config();
   const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};
   ServeResult result;
@@ -75,6 +78,16 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
                           " bytes a page)");
   }
   auto pool = runner.make_pool(format, result.pages);
+  for (int64_t pass = 0; pass < warmup_passes; ++pass) {
+    Scheduler warmup(runner, *pool, options);
+    for (const Request& r : requests) {
+      try {
+        warmup.add(r);
+      } catch (const CapacityError&) {
+      }
+    }
+    while (warmup.has_work()) warmup.step();
+  }
   Scheduler scheduler(runner, *pool, options);
   std::vector<RequestId> ids(requests.size(), 0);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -96,6 +109,10 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     StepReport report = scheduler.step();
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    if (report.tokens > 0) {
+      result.step_log.push_back(
+          {report.decodes, report.decode_context, report.tokens - report.decodes, step_s});
+    }
     if (report.tokens > report.decodes) {
       ++result.prefill_steps;
       result.prefill_steps_s += step_s;

@@ -22,14 +22,47 @@ struct BenchServeOptions {
   std::string model = kDefaultModel;
   std::string device = "cpu";
   bool batch_invariant = false;
+  bool schedule_only = false;
   ServeWorkload workload;
   std::vector<std::string> caches;
   std::string cache_memory = "64MiB";
   SchedulerOptions scheduler;
   int64_t check_outputs = 0;
-  std::string json, plot;
+  int64_t warmup = -1;  // -1: one pass on a GPU (CUDA graphs, kernel loading), none elsewhere
+  std::string json, plot, step_log;
   OnlineOptions online;  // --url: against a running server
 };
+
+// --schedule-only: the schedule's figures (no time was measured).
+void print_schedule_row(const ServeResult& r) {
+  std::printf("%-34s %7lld %5lld %6.1f %6lld %7lld %7lld %6lld %8lld %9lld %4lld/%lld\n",
+              r.cache.c_str(), static_cast<long long>(r.pages), static_cast<long long>(r.peak_seqs),
+              r.mean_batch, static_cast<long long>(r.steps), static_cast<long long>(r.decode_steps),
+              static_cast<long long>(r.prefill_steps), static_cast<long long>(r.preemptions),
+              static_cast<long long>(r.recomputed_tokens),
+              static_cast<long long>(r.prompt_tokens + r.recomputed_tokens),
+              static_cast<long long>(r.completed), static_cast<long long>(r.completed + r.failed));
+  std::fflush(stdout);
+}
+
+// --step-log: one CSV line a step (its decodes, the keys they attend over, its prefill tokens, and
+// its wall time when the model ran), to see how the step time grows with the batch or to cost a
+// schedule.
+void write_step_log(const std::string& path, const std::vector<ServeResult>& results, bool timed) {
+  std::ofstream file(path, std::ios::trunc);
+  if (!file) throw IoError("cannot write " + path);
+  file << "cache,step,decodes,decode_context,prefill_tokens" << (timed ? ",step_ms" : "") << "\n";
+  for (const ServeResult& r : results) {
+    for (size_t i = 0; i < r.step_log.size(); ++i) {
+      const StepRecord& s = r.step_log[i];
+      file << '"' << r.cache << "\"," << i << ',' << s.decodes << ',' << s.decode_context << ','
+           << s.prefill_tokens;
+      if (timed) file << ',' << s.seconds * 1e3;
+      file << '\n';
+    }
+  }
+  if (!file) throw IoError("cannot write " + path);
+}
 
 void print_row(const ServeResult& r) {
   std::printf(
@@ -91,28 +124,44 @@ void run_bench_online_cli(const BenchServeOptions& options) {
 }
 
 void run_bench_serve(const BenchServeOptions& options) {
+  if (options.schedule_only && (!options.online.url.empty() || options.device != "cpu" ||
+                                options.batch_invariant || options.check_outputs > 0)) {
+    throw InvalidArgument(
+        "--schedule-only runs no model: it takes no --url, --device, --batch-invariant or "
+        "--check-outputs");
+  }
   if (!options.online.url.empty()) {
     run_bench_online_cli(options);
     return;
   }
   std::unique_ptr<Model> model;
-  const std::unique_ptr<Runner> runner = make_runner(options.device, options.model, {}, model,
-                                                     &options.scheduler, options.batch_invariant);
+  const std::unique_ptr<Runner> runner =
+      options.schedule_only ? make_schedule_only_runner(ModelConfig::from_file(
+                                  std::filesystem::path(options.model) / "config.json"))
+                            : make_runner(options.device, options.model, {}, model,
+                                          &options.scheduler, options.batch_invariant);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
   const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
+  const int64_t warmup = options.warmup >= 0 ? options.warmup : options.device == "cuda" ? 1 : 0;
   std::vector<std::string> caches = options.caches;
   if (caches.empty()) caches = {"bf16"};
   std::fprintf(stderr,
                "bench-serve: %lld requests (input %lld, output %lld, range %.2f, seed %llu) "
-               "on %s%s, %lld bytes of cache\n",
+               "on %s%s, %lld bytes of cache, %lld warm-up passes a format\n",
                static_cast<long long>(requests.size()),
                static_cast<long long>(options.workload.input_len),
                static_cast<long long>(options.workload.output_len), options.workload.range_ratio,
                static_cast<unsigned long long>(options.workload.seed), runner->device().c_str(),
-               options.batch_invariant ? " (batch-invariant)" : "", static_cast<long long>(bytes));
-  std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache", "pages",
-              "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
-              "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
+               options.batch_invariant ? " (batch-invariant)" : "", static_cast<long long>(bytes),
+               static_cast<long long>(warmup));
+  if (options.schedule_only) {
+    std::printf("%-34s %7s %5s %6s %6s %7s %7s %6s %8s %9s %s\n", "cache", "pages", "peak", "batch",
+                "steps", "decode", "prefill", "preem", "recomp", "prefilled", "done");
+  } else {
+    std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache", "pages",
+                "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
+                "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
+  }
   std::vector<ServeResult> results;
   for (const std::string& spec : caches) {
     const CacheFormat format = CacheFormat::parse(spec);
@@ -124,8 +173,13 @@ void run_bench_serve(const BenchServeOptions& options) {
                        "waiting\n",
                        spec.c_str(), static_cast<long long>(done), static_cast<long long>(total),
                        static_cast<long long>(running), static_cast<long long>(waiting));
-        }));
-    print_row(results.back());
+        },
+        warmup));
+    if (options.schedule_only) {
+      print_schedule_row(results.back());
+    } else {
+      print_row(results.back());
+    }
   }
   // Greedy outputs of the first requests with and without preemption: the format that preempted
   // most, its first K requests alone in a budget that holds them all.
@@ -164,33 +218,43 @@ void run_bench_serve(const BenchServeOptions& options) {
              {"preemptions_alone", free_run.preemptions},
              {"identical", same}};
   }
+  if (!options.step_log.empty()) write_step_log(options.step_log, results, !options.schedule_only);
   if (!options.json.empty()) {
     nlohmann::json formats = nlohmann::json::array();
     for (const ServeResult& r : results) {
-      formats.push_back({{"cache", r.cache},
-                         {"bytes_per_token", r.bytes_per_token},
-                         {"pages", r.pages},
-                         {"wall_s", r.wall_s},
-                         {"output_tok_s", r.output_tok_s},
-                         {"total_tok_s", r.total_tok_s},
-                         {"requests_s", r.requests_s},
-                         {"peak_seqs", r.peak_seqs},
-                         {"mean_batch", r.mean_batch},
-                         {"steps", r.steps},
-                         {"preemptions", r.preemptions},
-                         {"recomputed_tokens", r.recomputed_tokens},
-                         {"ttft_p50_ms", r.ttft_p50_ms},
-                         {"ttft_p99_ms", r.ttft_p99_ms},
-                         {"tpot_p50_ms", r.tpot_p50_ms},
-                         {"tpot_p99_ms", r.tpot_p99_ms},
-                         {"completed", r.completed},
-                         {"failed", r.failed},
-                         {"output_tokens", r.output_tokens},
-                         {"prompt_tokens", r.prompt_tokens},
-                         {"decode_steps", r.decode_steps},
-                         {"decode_steps_s", r.decode_steps_s},
-                         {"prefill_steps", r.prefill_steps},
-                         {"prefill_steps_s", r.prefill_steps_s}});
+      nlohmann::json row = {{"cache", r.cache},
+                            {"bytes_per_token", r.bytes_per_token},
+                            {"pages", r.pages},
+                            {"wall_s", r.wall_s},
+                            {"output_tok_s", r.output_tok_s},
+                            {"total_tok_s", r.total_tok_s},
+                            {"requests_s", r.requests_s},
+                            {"peak_seqs", r.peak_seqs},
+                            {"mean_batch", r.mean_batch},
+                            {"steps", r.steps},
+                            {"preemptions", r.preemptions},
+                            {"recomputed_tokens", r.recomputed_tokens},
+                            {"ttft_p50_ms", r.ttft_p50_ms},
+                            {"ttft_p99_ms", r.ttft_p99_ms},
+                            {"tpot_p50_ms", r.tpot_p50_ms},
+                            {"tpot_p99_ms", r.tpot_p99_ms},
+                            {"completed", r.completed},
+                            {"failed", r.failed},
+                            {"output_tokens", r.output_tokens},
+                            {"prompt_tokens", r.prompt_tokens},
+                            {"decode_steps", r.decode_steps},
+                            {"decode_steps_s", r.decode_steps_s},
+                            {"prefill_steps", r.prefill_steps},
+                            {"prefill_steps_s", r.prefill_steps_s}};
+      if (options.schedule_only) {
+        // Host time of steps that computed nothing: not a figure of any device.
+        for (const char* key :
+             {"wall_s", "output_tok_s", "total_tok_s", "requests_s", "ttft_p50_ms", "ttft_p99_ms",
+              "tpot_p50_ms", "tpot_p99_ms", "decode_steps_s", "prefill_steps_s"}) {
+          row.erase(key);
+        }
+      }
+      formats.push_back(row);
     }
     const nlohmann::json out = {{"device", runner->device()},
                                 {"model", options.model},
@@ -202,6 +266,8 @@ void run_bench_serve(const BenchServeOptions& options) {
                                 {"max_batched_tokens", options.scheduler.max_batched_tokens},
                                 {"max_seqs", options.scheduler.max_seqs},
                                 {"batch_invariant", options.batch_invariant},
+                                {"schedule_only", options.schedule_only},
+                                {"warmup_passes", warmup},
                                 {"cache_memory_bytes", bytes},
                                 {"formats", formats},
                                 {"preemption_check", check}};
@@ -210,11 +276,15 @@ void run_bench_serve(const BenchServeOptions& options) {
     file << out.dump(2) << "\n";
   }
   if (!options.plot.empty()) {
-    PlotPanel throughput{"output throughput", "cache bytes per token", "output tokens/s", {}};
+    // --schedule-only measured no time: its first panel is the mean decode batch instead.
+    PlotPanel throughput =
+        options.schedule_only
+            ? PlotPanel{"mean decode batch", "cache bytes per token", "sequences a step", {}}
+            : PlotPanel{"output throughput", "cache bytes per token", "output tokens/s", {}};
     PlotPanel concurrency{"peak concurrent sequences", "cache bytes per token", "sequences", {}};
     for (const ServeResult& r : results) {
-      throughput.points.push_back(
-          {static_cast<double>(r.bytes_per_token), r.output_tok_s, r.cache});
+      throughput.points.push_back({static_cast<double>(r.bytes_per_token),
+                                   options.schedule_only ? r.mean_batch : r.output_tok_s, r.cache});
       concurrency.points.push_back(
           {static_cast<double>(r.bytes_per_token), static_cast<double>(r.peak_seqs), r.cache});
     }
@@ -237,6 +307,10 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model directory")->capture_default_str();
   add_device_option(*cmd, o->device);
   add_batch_invariant_option(*cmd, o->batch_invariant);
+  cmd->add_flag("--schedule-only", o->schedule_only,
+                "Run the scheduler without the model (only --model's config.json is read): the "
+                "pages, concurrency, mean decode batch, steps and preemptions each format's budget "
+                "gives, in seconds on any machine; no time is measured");
   cmd->add_option("--num-prompts", o->workload.num_prompts, "Requests")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -267,8 +341,16 @@ void add_bench_serve(CLI::App& app) {
                   "Rerun the first K requests without cache pressure and compare greedy outputs")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup", o->warmup,
+                  "Untimed passes of the workload before each format's timed one, on its pool "
+                  "(default: 1 with --device cuda, so that CUDA graphs and kernels are ready as "
+                  "in a server that has run a while; 0 elsewhere)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "Write the results as JSON to this file");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
+  cmd->add_option(
+      "--step-log", o->step_log,
+      "Write every step (cache, step, decodes, their keys, prefill tokens, ms) to this CSV");
   cmd->add_option("--url", o->online.url,
                   "Online: send the requests to a running server (http://HOST:PORT) instead; "
                   "--model then only gives the vocabulary (config.json)");

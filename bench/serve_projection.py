@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Projects bench-serve throughput on workloads not yet run, from runs that were measured.
+
+For planning a device run, not a result: every figure it prints is labelled a projection.
+
+1. Each measured bench-serve JSON's workload is replayed by `quantmla bench-serve --schedule-only`
+   (the scheduler makes the same decisions without the model: the replay gives the same steps,
+   preemptions and recomputed tokens as the measured run), whose --step-log gives every step's
+   decodes n, the keys they attend over K, and its prefill tokens p.
+2. One step-time model is fitted to the measured runs' wall time of decode-only steps and of steps
+   with prefill, by least squares on relative errors:
+       t = a + b n + tau p + c E(n + p) + d_format K + g G
+   E(T) = 1 - (1 - k / N)^T, the expected share of the N routed experts that T tokens choosing k
+   each read (their weights are most of a step's bytes); d per cache format (attention reads the
+   cache); G = 1 for a decode step that is not a graph replay (the first and second occurrence of
+   its batch size for the pool, the CUDA runner's policy with its map of 64 graphs cleared whole
+   when full); a, b, tau, c and g shared by every format (the same weights and GEMMs). Each run's
+   first format also carries the process's one-time costs, h seconds (kernel loading, GEMM plans),
+   in its prefill steps.
+3. It prints each measured run beside the model (the residuals say how far to trust it), then
+   replays each --project workload and costs its steps with the model twice: cold, as the runs it
+   was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve --warmup 1).
+
+  python3 bench/serve_projection.py --quantmla build/quantmla --model DIR \
+      --measured docs/benchmarks/serving/h200-v2-lite-pressure.json ... \
+      --project 1024:512:128 --project 512:256:1024:637009920:16384:1024
+
+DIR needs only config.json (`quantmla make-random-model --preset deepseek-v2-lite --config-only`).
+A --project workload is REQUESTS:INPUT:OUTPUT[:CACHE_BYTES[:MAX_BATCHED_TOKENS:MAX_SEQS]]; the
+default budget is 1/8 of the workload's peak tokens in BF16 (the issue's workload P).
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SHARED = ["a", "b", "tau", "c", "g", "h"]
+GRAPH_MAP, GRAPH_TOKENS = 64, 256  # CudaRunner::kMaxGraphs, CudaRunnerOptions::max_graph_tokens
+
+
+def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_bytes, mbt, seqs,
+           caches):
+    """Step logs of a schedule-only replay: {cache: [(n, K, p), ...]}, and its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log, out = os.path.join(tmp, "steps.csv"), os.path.join(tmp, "run.json")
+        cmd = [quantmla, "bench-serve", "--schedule-only", "--model", model, "--num-prompts",
+               str(requests), "--input-len", str(input_len), "--output-len", str(output_len),
+               "--random-range-ratio", str(ratio), "--seed", str(seed), "--cache-memory",
+               str(cache_bytes), "--max-batched-tokens", str(mbt), "--max-seqs", str(seqs),
+               "--step-log", log, "--json", out]
+        for c in caches:
+            cmd += ["--cache", c]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        steps = {}
+        with open(log) as f:
+            for row in csv.DictReader(f):
+                steps.setdefault(row["cache"], []).append(
+                    (int(row["decodes"]), int(row["decode_context"]), int(row["prefill_tokens"])))
+        with open(out) as f:
+            return steps, json.load(f)
+
+
+def features(steps, experts, top_k, first, warm=False):
+    """Sums of the model's terms [1, n, p, E, G, h, K] over decode-only steps and over steps with
+    prefill; `first`: the run's first format (h); warm: no graph warm-up, no one-time costs."""
+    sums = {"decode": [0.0] * 7, "prefill": [0.0] * 7}
+    graphs = {}  # batch size -> uncaptured runs so far (2: captured)
+    for n, keys, p in steps:
+        share = 1.0 - (1.0 - top_k / experts) ** (n + p)
+        not_replayed = 0.0
+        if p == 0 and 0 < n <= GRAPH_TOKENS and not warm:
+            if len(graphs) >= GRAPH_MAP and n not in graphs:
+                graphs.clear()
+            graphs[n] = graphs.get(n, 0) + 1
+            not_replayed = 1.0 if graphs[n] <= 2 else 0.0
+        term = [1.0, n, p, share, not_replayed, 0.0, keys / 1000.0]
+        kind = "prefill" if p > 0 else "decode"
+        sums[kind] = [s + t for s, t in zip(sums[kind], term)]
+    if first and not warm:
+        sums["prefill"][5] = 1.0
+    return sums
+
+
+def solve(rows, targets):
+    """Least squares by the normal equations (a few unknowns; no numpy here)."""
+    m = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(m)] for i in range(m)]
+    atb = [sum(r[i] * t for r, t in zip(rows, targets)) for i in range(m)]
+    for col in range(m):
+        pivot = max(range(col, m), key=lambda r: abs(ata[r][col]))
+        ata[col], ata[pivot] = ata[pivot], ata[col]
+        atb[col], atb[pivot] = atb[pivot], atb[col]
+        for r in range(m):
+            if r != col and ata[col][col] != 0:
+                f = ata[r][col] / ata[col][col]
+                ata[r] = [x - f * y for x, y in zip(ata[r], ata[col])]
+                atb[r] -= f * atb[col]
+    return [atb[i] / ata[i][i] for i in range(m)]
+
+
+def modeled(params, caches, cache, sums):
+    d = params[len(SHARED) + caches.index(cache)]
+    shared = len(SHARED)
+    return sum(p * s for p, s in zip(params[:shared], sums[:shared])) + d * sums[shared]
+
+
+def design_row(caches, cache, sums):
+    shared = len(SHARED)
+    row = list(sums[:shared]) + [0.0] * len(caches)
+    row[shared + caches.index(cache)] = sums[shared]
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quantmla", default="build/quantmla")
+    ap.add_argument("--model", required=True, help="directory with the model's config.json")
+    ap.add_argument("--measured", nargs="+", required=True, help="bench-serve JSON files")
+    ap.add_argument("--project", action="append", default=[], help="REQ:IN:OUT[:BYTES[:MBT:SEQS]]")
+    args = ap.parse_args()
+    with open(os.path.join(args.model, "config.json")) as f:
+        config = json.load(f)
+    experts, top_k = config["n_routed_experts"], config["num_experts_per_tok"]
+
+    runs = []  # (label, cache, kind, sums, measured seconds, measured json row)
+    caches = []
+    for path in args.measured:
+        with open(path) as f:
+            m = json.load(f)
+        formats = [r["cache"] for r in m["formats"]]
+        steps, replayed = replay(args.quantmla, args.model, m["requests"], m["input_len"],
+                                 m["output_len"], m["random_range_ratio"], m["seed"],
+                                 m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
+                                 formats)
+        for index, (r, again) in enumerate(zip(m["formats"], replayed["formats"])):
+            if (r["steps"], r["preemptions"]) != (again["steps"], again["preemptions"]):
+                sys.exit(f"{path} {r['cache']}: the replay took {again['steps']} steps and "
+                         f"{again['preemptions']} preemptions, the run {r['steps']} and "
+                         f"{r['preemptions']}: not the same schedule")
+            if r["cache"] not in caches:
+                caches.append(r["cache"])
+            sums = features(steps[r["cache"]], experts, top_k, index == 0)
+            label = os.path.basename(path).removesuffix(".json")
+            for kind in ("decode", "prefill"):
+                seconds = r[f"{kind}_steps_s"]
+                if seconds > 0:
+                    runs.append((label, r["cache"], kind, sums[kind], seconds, r))
+
+    rows = [[x / s for x in design_row(caches, c, sums)] for _, c, _, sums, s, _ in runs]
+    params = solve(rows, [1.0] * len(rows))
+    print("step-time model (ms): " + ", ".join(
+        f"{n} {v * 1e3:.4g}" for n, v in zip(SHARED, params)) + "; d per 1K keys: " + ", ".join(
+        f"{c} {v * 1e3:.4g}" for c, v in zip(caches, params[len(SHARED):])))
+    worst = max(abs(modeled(params, caches, c, sums) / sec - 1) for _, c, _, sums, sec, _ in runs)
+    print(f"largest error over the {len(runs)} measured sums: {100 * worst:.1f}%")
+    print(f"{'measured run':<44} {'cache':<32} {'kind':<8} {'measured s':>10} {'model s':>8} "
+          f"{'error':>6}")
+    for label, cache, kind, sums, seconds, _ in runs:
+        t = modeled(params, caches, cache, sums)
+        print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
+              f"{100 * (t / seconds - 1):+5.1f}%")
+
+    for spec in args.project:
+        parts = [int(x) for x in spec.split(":")]
+        requests, input_len, output_len = parts[:3]
+        bf16_bytes = config["num_hidden_layers"] * (config["kv_lora_rank"] +
+                                                    config["qk_rope_head_dim"]) * 2
+        budget = parts[3] if len(parts) > 3 else requests * (input_len + output_len) * bf16_bytes // 8
+        mbt, seqs = (parts[4], parts[5]) if len(parts) > 5 else (2048, 256)
+        steps, replayed = replay(args.quantmla, args.model, requests, input_len, output_len, 0.0,
+                                 0, budget, mbt, seqs, caches)
+        for warm in (False, True):
+            print(f"\nprojection (a model, not a measurement), {'warm' if warm else 'cold'}: "
+                  f"{requests} x {input_len}/{output_len}, {budget} bytes, "
+                  f"--max-batched-tokens {mbt} --max-seqs {seqs}")
+            print(f"{'cache':<32} {'pages':>6} {'peak':>5} {'batch':>6} {'preem':>6} "
+                  f"{'decode s':>9} {'prefill s':>9} {'out tok/s':>9} {'vs bf16':>7} {'vs fp8':>7}")
+            tok_s = {}
+            for index, r in enumerate(replayed["formats"]):
+                sums = features(steps[r["cache"]], experts, top_k, index == 0, warm)
+                dec = modeled(params, caches, r["cache"], sums["decode"])
+                pre = modeled(params, caches, r["cache"], sums["prefill"])
+                tok_s[r["cache"]] = r["output_tokens"] / (dec + pre)
+                base = tok_s[caches[0]]
+                fp8 = next((v for k, v in tok_s.items() if "fp8" in k), None)
+                print(f"{r['cache']:<32} {r['pages']:6d} {r['peak_seqs']:5d} "
+                      f"{r['mean_batch']:6.1f} {r['preemptions']:6d} {dec:9.2f} {pre:9.2f} "
+                      f"{tok_s[r['cache']]:9.0f} {tok_s[r['cache']] / base:6.2f}x "
+                      + (f"{tok_s[r['cache']] / fp8:6.2f}x" if fp8 else ""))
+
+
+if __name__ == "__main__":
+    main()
