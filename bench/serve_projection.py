@@ -42,7 +42,7 @@ GRAPH_MAP, GRAPH_TOKENS = 64, 256  # CudaRunner::kMaxGraphs, CudaRunnerOptions::
 
 
 def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_bytes, mbt, seqs,
-           caches):
+           caches, extra=()):
     """Step logs of a schedule-only replay: {cache: [(n, K, p), ...]}, and its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         log, out = os.path.join(tmp, "steps.csv"), os.path.join(tmp, "run.json")
@@ -53,6 +53,7 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
                "--step-log", log, "--json", out]
         for c in caches:
             cmd += ["--cache", c]
+        cmd += list(extra)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         steps = {}
         with open(log) as f:
@@ -120,6 +121,8 @@ def main():
     ap.add_argument("--model", required=True, help="directory with the model's config.json")
     ap.add_argument("--measured", nargs="+", required=True, help="bench-serve JSON files")
     ap.add_argument("--project", action="append", default=[], help="REQ:IN:OUT[:BYTES[:MBT:SEQS]]")
+    ap.add_argument("--project-args", default="",
+                    help="more bench-serve flags for the projected runs' replays")
     args = ap.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
         config = json.load(f)
@@ -171,11 +174,11 @@ def main():
         budget = parts[3] if len(parts) > 3 else requests * (input_len + output_len) * bf16_bytes // 8
         mbt, seqs = (parts[4], parts[5]) if len(parts) > 5 else (2048, 256)
         steps, replayed = replay(args.quantmla, args.model, requests, input_len, output_len, 0.0,
-                                 0, budget, mbt, seqs, caches)
+                                 0, budget, mbt, seqs, caches, args.project_args.split())
         for warm in (False, True):
             print(f"\nprojection (a model, not a measurement), {'warm' if warm else 'cold'}: "
                   f"{requests} x {input_len}/{output_len}, {budget} bytes, "
-                  f"--max-batched-tokens {mbt} --max-seqs {seqs}")
+                  f"--max-batched-tokens {mbt} --max-seqs {seqs} {args.project_args}")
             print(f"{'cache':<32} {'pages':>6} {'peak':>5} {'batch':>6} {'preem':>6} "
                   f"{'decode s':>9} {'prefill s':>9} {'out tok/s':>9} {'vs bf16':>7} {'vs fp8':>7}")
             tok_s = {}
