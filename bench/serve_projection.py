@@ -17,6 +17,9 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    when full); a, b, tau, c and g shared by every format (the same weights and GEMMs). Each run's
    first format also carries the process's one-time costs, h seconds (kernel loading, GEMM plans),
    in its prefill steps.
+   A measured run whose --step-log sits beside its JSON (NAME-steps.csv, as bench/gpu/run-serve.sh
+   writes it) is fitted step by step instead (one sum per kind of step and batch bucket of 16), and
+   a run after a warm-up pass (the JSON's warmup_passes) carries no G and no h.
 3. It prints each measured run beside the model (the residuals say how far to trust it), then
    replays each --project workload and costs its steps with the model twice: cold, as the runs it
    was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve --warmup 1).
@@ -64,12 +67,12 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
             return steps, json.load(f)
 
 
-def features(steps, experts, top_k, first, warm=False):
-    """Sums of the model's terms [1, n, p, E, G, h, K] over decode-only steps and over steps with
-    prefill; `first`: the run's first format (h); warm: no graph warm-up, no one-time costs."""
-    sums = {"decode": [0.0] * 7, "prefill": [0.0] * 7}
+def step_terms(steps, experts, top_k, first, warm=False):
+    """Each step's kind ("decode" or "prefill"), its batch bucket (16 decodes wide) and the model's
+    terms [1, n, p, E, G, h, K]; `first`: the run's first format (h on its first step); warm: a run
+    after a warm-up pass (no graph captures, no one-time costs)."""
     graphs = {}  # batch size -> uncaptured runs so far (2: captured)
-    for n, keys, p in steps:
+    for index, (n, keys, p) in enumerate(steps):
         share = 1.0 - (1.0 - top_k / experts) ** (n + p)
         not_replayed = 0.0
         if p == 0 and 0 < n <= GRAPH_TOKENS and not warm:
@@ -77,12 +80,34 @@ def features(steps, experts, top_k, first, warm=False):
                 graphs.clear()
             graphs[n] = graphs.get(n, 0) + 1
             not_replayed = 1.0 if graphs[n] <= 2 else 0.0
-        term = [1.0, n, p, share, not_replayed, 0.0, keys / 1000.0]
+        one_time = 1.0 if first and index == 0 and not warm else 0.0
         kind = "prefill" if p > 0 else "decode"
+        yield kind, (n + 15) // 16, [1.0, n, p, share, not_replayed, one_time, keys / 1000.0]
+
+
+def features(steps, experts, top_k, first, warm=False):
+    """The terms summed over decode-only steps and over steps with prefill."""
+    sums = {"decode": [0.0] * 7, "prefill": [0.0] * 7}
+    for kind, _, term in step_terms(steps, experts, top_k, first, warm):
         sums[kind] = [s + t for s, t in zip(sums[kind], term)]
-    if first and not warm:
-        sums["prefill"][5] = 1.0
     return sums
+
+
+def read_step_log(path):
+    """A measured run's --step-log: {cache: ([(n, K, p), ...], [seconds, ...])}; None without
+    times."""
+    if not os.path.exists(path):
+        return None
+    logs = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if "step_ms" not in row:
+                return None
+            steps, seconds = logs.setdefault(row["cache"], ([], []))
+            steps.append((int(row["decodes"]), int(row["decode_context"]),
+                          int(row["prefill_tokens"])))
+            seconds.append(float(row["step_ms"]) / 1e3)
+    return logs
 
 
 def solve(rows, targets):
@@ -128,12 +153,30 @@ def main():
         config = json.load(f)
     experts, top_k = config["n_routed_experts"], config["num_experts_per_tok"]
 
-    runs = []  # (label, cache, kind, sums, measured seconds, measured json row)
+    runs = []  # (label, cache, kind, the terms summed, measured seconds)
     caches = []
     for path in args.measured:
         with open(path) as f:
             m = json.load(f)
         formats = [r["cache"] for r in m["formats"]]
+        warm = m.get("warmup_passes", 0) > 0
+        label = os.path.basename(path).removesuffix(".json")
+        logged = read_step_log(path.removesuffix(".json") + "-steps.csv")
+        if logged is not None:
+            # Measured step by step: one equation per kind of step and batch bucket.
+            for index, cache in enumerate(formats):
+                if cache not in caches:
+                    caches.append(cache)
+                steps, seconds = logged[cache]
+                buckets = {}
+                for (kind, bucket, term), t in zip(
+                        step_terms(steps, experts, top_k, index == 0, warm), seconds):
+                    sums, total = buckets.get((kind, bucket), ([0.0] * 7, 0.0))
+                    buckets[(kind, bucket)] = ([a + b for a, b in zip(sums, term)], total + t)
+                for (kind, bucket), (sums, total) in sorted(buckets.items()):
+                    if total > 0:
+                        runs.append((f"{label} n<={16 * bucket}", cache, kind, sums, total))
+            continue
         steps, replayed = replay(args.quantmla, args.model, m["requests"], m["input_len"],
                                  m["output_len"], m["random_range_ratio"], m["seed"],
                                  m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
@@ -145,23 +188,22 @@ def main():
                          f"{r['preemptions']}: not the same schedule")
             if r["cache"] not in caches:
                 caches.append(r["cache"])
-            sums = features(steps[r["cache"]], experts, top_k, index == 0)
-            label = os.path.basename(path).removesuffix(".json")
+            sums = features(steps[r["cache"]], experts, top_k, index == 0, warm)
             for kind in ("decode", "prefill"):
                 seconds = r[f"{kind}_steps_s"]
                 if seconds > 0:
-                    runs.append((label, r["cache"], kind, sums[kind], seconds, r))
+                    runs.append((label, r["cache"], kind, sums[kind], seconds))
 
-    rows = [[x / s for x in design_row(caches, c, sums)] for _, c, _, sums, s, _ in runs]
+    rows = [[x / s for x in design_row(caches, c, sums)] for _, c, _, sums, s in runs]
     params = solve(rows, [1.0] * len(rows))
     print("step-time model (ms): " + ", ".join(
         f"{n} {v * 1e3:.4g}" for n, v in zip(SHARED, params)) + "; d per 1K keys: " + ", ".join(
         f"{c} {v * 1e3:.4g}" for c, v in zip(caches, params[len(SHARED):])))
-    worst = max(abs(modeled(params, caches, c, sums) / sec - 1) for _, c, _, sums, sec, _ in runs)
+    worst = max(abs(modeled(params, caches, c, sums) / sec - 1) for _, c, _, sums, sec in runs)
     print(f"largest error over the {len(runs)} measured sums: {100 * worst:.1f}%")
     print(f"{'measured run':<44} {'cache':<32} {'kind':<8} {'measured s':>10} {'model s':>8} "
           f"{'error':>6}")
-    for label, cache, kind, sums, seconds, _ in runs:
+    for label, cache, kind, sums, seconds in runs:
         t = modeled(params, caches, cache, sums)
         print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
               f"{100 * (t / seconds - 1):+5.1f}%")
