@@ -19,10 +19,10 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    in its prefill steps.
    A measured run whose --step-log sits beside its JSON (NAME-steps.csv, as bench/gpu/run-serve.sh
    writes it) is fitted step by step instead (one sum per kind of step and batch bucket of 16), and
-   a run after a warm-up pass (the JSON's warmup_passes) carries no G and no h.
+   a run after a warm-up (the JSON's warmup) carries no G and no h.
 3. It prints each measured run beside the model (the residuals say how far to trust it), then
    replays each --project workload and costs its steps with the model twice: cold, as the runs it
-   was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve --warmup 1).
+   was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve --warmup full).
 
   python3 bench/serve_projection.py --quantmla build/quantmla --model DIR \
       --measured docs/benchmarks/serving/h200-v2-lite-pressure.json ... \
@@ -159,7 +159,7 @@ def main():
         with open(path) as f:
             m = json.load(f)
         formats = [r["cache"] for r in m["formats"]]
-        warm = m.get("warmup_passes", 0) > 0
+        warm = m.get("warmup", "none") != "none"
         label = os.path.basename(path).removesuffix(".json")
         logged = read_step_log(path.removesuffix(".json") + "-steps.csv")
         if logged is not None:

@@ -480,7 +480,7 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
   const auto out = nlohmann::json::parse(testing::slurp(json));
   EXPECT_EQ(out["device"], "schedule-only");
   EXPECT_EQ(out["schedule_only"], true);
-  EXPECT_EQ(out["warmup_passes"], 0) << "no warm-up by default off the GPU";
+  EXPECT_EQ(out["warmup"], "none") << "no warm-up by default off the GPU";
   ASSERT_EQ(out["formats"].size(), 2u);
   int64_t steps = 0;
   for (const auto& f : out["formats"]) {
@@ -507,6 +507,21 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
   expect_failure(run_cli("bench-serve --schedule-only --model '" + scratch_.string() +
                          "' --num-prompts 2 --input-len 8 --output-len 2"),
                  {"config.json"});
+}
+
+// The shape warm-up through the real CPU runner: its steps are ones the runner accepts.
+TEST_F(CliTest, BenchServeWarmsUpShapesOnTheRunner) {
+  const fs::path json = scratch_ / "warm.json";
+  const CliResult result =
+      run_cli("bench-serve --num-prompts 3 --input-len 8 --output-len 3 --max-seqs 3 "
+              "--max-batched-tokens 600 --warmup shapes --json '" +
+              json.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto out = nlohmann::json::parse(testing::slurp(json));
+  EXPECT_EQ(out["warmup"], "shapes");
+  EXPECT_EQ(out["formats"][0]["completed"], 3);
+  expect_failure(run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --warmup twice"),
+                 {"--warmup"});
 }
 
 TEST_F(CliTest, BenchServeRefusesBadBudgets) {

@@ -57,6 +57,14 @@ class FakeRunner final : public Runner {
   void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) override {
     check_step(batch, pool, config_, outputs);
     ++steps;
+    StepShape shape;
+    for (const SequenceChunk& chunk : batch.chunks) {
+      shape.decode = shape.decode && chunk.tokens.size() == 1;
+      shape.tokens += static_cast<int64_t>(chunk.tokens.size());
+      shape.widest = std::max<int64_t>(shape.widest, pool.block_table(chunk.sequence).size());
+    }
+    shape.chunks = static_cast<int64_t>(batch.chunks.size());
+    shapes.push_back(shape);
     size_t row = 0;
     for (const SequenceChunk& chunk : batch.chunks) {
       std::vector<int32_t>& history = histories[chunk.sequence];
@@ -90,6 +98,12 @@ class FakeRunner final : public Runner {
   ModelConfig config_;
   std::map<SequenceId, std::vector<int32_t>> histories;
   int64_t steps = 0;
+  struct StepShape {
+    bool decode = true;  // every chunk one token
+    int64_t chunks = 0, tokens = 0;
+    int64_t widest = 0;  // the longest block table among the chunks' sequences
+  };
+  std::vector<StepShape> shapes;
   int64_t pages_owned_twice = 0;
 };
 
@@ -575,12 +589,12 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
   // A warm-up pass runs the same requests on the same pool first, untimed: the timed run then
   // takes the same schedule, and its pool was left empty by the warm-up.
   const int64_t steps_before = runner.steps;
-  const ServeResult warmed = run_serve_bench(runner, bf16, bytes, requests, options, {}, 1);
+  const ServeResult warmed =
+      run_serve_bench(runner, bf16, bytes, requests, options, {}, ServeWarmup::kFull);
   EXPECT_EQ(runner.steps - steps_before, 2 * real.steps);
   EXPECT_EQ(warmed.steps, real.steps);
   EXPECT_EQ(warmed.preemptions, real.preemptions);
   EXPECT_EQ(warmed.outputs, real.outputs);
-  EXPECT_THROW(run_serve_bench(runner, bf16, bytes, requests, options, {}, -1), InvalidArgument);
   // Its pools hold no records, so their bytes cost nothing and a record cannot be read.
   auto pool = replay->make_pool(bf16, int64_t{1} << 20);
   EXPECT_EQ(pool->memory(), PoolMemory::kNone);
@@ -595,6 +609,66 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
                     replay->step({{{host_sequence, token, LogitRows::kLast, {}}}}, *host_pool, {});
                   }),
                   {"another runner"});
+}
+
+// The shape warm-up meets every decode batch size twice at each block-table width class and a
+// prefill chunk of each power of two of tokens, and leaves the pool as it found it.
+TEST(ServeBench, ShapeWarmUpMeetsEveryDecodeBatchAndWidth) {
+  FakeRunner runner;
+  const CacheFormat bf16 = CacheFormat::parse("bf16");
+  auto pool = runner.make_pool(bf16, 200);
+  SchedulerOptions options;
+  options.max_seqs = 12;
+  options.max_batched_tokens = 2048;
+  warm_up_shapes(runner, *pool, options, 3000);  // 47 pages: widths 1, 32 and 47
+  EXPECT_EQ(pool->used_pages(), 0);
+  EXPECT_EQ(pool->num_sequences(), 0);
+  EXPECT_EQ(runner.pages_owned_twice, 0);
+  std::map<std::pair<int64_t, int64_t>, int> decodes;  // (batch, widest) -> steps
+  std::set<int64_t> prefill_chunks;
+  for (const auto& shape : runner.shapes) {
+    if (shape.decode) {
+      ++decodes[{shape.chunks, shape.widest}];
+    } else if (shape.chunks == 1) {
+      prefill_chunks.insert(shape.tokens);
+    }
+  }
+  for (int64_t batch = 1; batch <= 12; ++batch) {
+    for (const int64_t widest : {1, 32, 47}) {
+      EXPECT_EQ((decodes[{batch, widest}]), 2) << "batch " << batch << ", widest " << widest;
+    }
+  }
+  EXPECT_EQ(decodes.size(), 36u) << "no other decode shapes";
+  for (const int64_t count : {512, 1024, 2048}) EXPECT_TRUE(prefill_chunks.contains(count));
+  EXPECT_FALSE(prefill_chunks.contains(4096)) << "past the step budget";
+
+  // A pool too small for the widest ramp skips it; a busy pool's sequences are left alone.
+  FakeRunner small;
+  auto tight = small.make_pool(bf16, 40);
+  const SequenceId kept = tight->add_sequence();
+  tight->reserve(kept, 64 * 5);
+  warm_up_shapes(small, *tight, options, 3000);
+  EXPECT_EQ(tight->used_pages(), 5);
+  int64_t widest = 0;
+  for (const auto& shape : small.shapes) widest = std::max(widest, shape.widest);
+  EXPECT_EQ(widest, 32) << "47 pages do not fit beside the 5 in use";
+
+  // Through run_serve_bench: the same timed schedule as without a warm-up.
+  ServeWorkload w;
+  w.num_prompts = 20;
+  w.input_len = 200;
+  w.output_len = 30;
+  const std::vector<Request> requests = make_workload(w, runner.config());
+  const int64_t bytes = 30 * PagePool::bytes_per_page({1, 8, 8}, bf16);
+  const ServeResult cold = run_serve_bench(runner, bf16, bytes, requests, options);
+  const ServeResult warm =
+      run_serve_bench(runner, bf16, bytes, requests, options, {}, ServeWarmup::kShapes);
+  EXPECT_EQ(warm.steps, cold.steps);
+  EXPECT_EQ(warm.preemptions, cold.preemptions);
+  EXPECT_EQ(warm.outputs, cold.outputs);
+  EXPECT_EQ(parse_serve_warmup("shapes"), ServeWarmup::kShapes);
+  expect_contains(error_message<InvalidArgument>([] { parse_serve_warmup("twice"); }),
+                  {"none, shapes or full"});
 }
 
 TEST(ServeBench, ParsesByteSizes) {

@@ -6,7 +6,7 @@
 #   [WARM=1] bash bench/gpu/run-online.sh [NUM_PROMPTS INPUT_LEN OUTPUT_LEN CONCURRENCY]
 #   (default 256 512 128 256). WARM=1 runs the workload twice on each side (one process each) and
 #   compares the second runs: no first-time costs (CUDA graph captures, cuBLASLt plans); the
-#   offline side through bench-serve --warmup 1 (up to 2026-12-04: the format given twice, the
+#   offline side through bench-serve --warmup full (up to 2026-12-04: the format given twice, the
 #   JSON's second row).
 # Needs .carry/deps.tar.xz and .carry/deps-server.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
@@ -26,7 +26,7 @@ limits=(--max-seqs 256 --max-batched-tokens 2048)
 echo "== offline: $n requests $input/$output, $cache, $budget bytes of cache"
 # The offline run's warm-up pass (bench-serve --warmup) matches the online side's: none, or one.
 $build/quantmla bench-serve --device cuda --model /tmp/v2-lite --cache $cache \
-  --warmup "$([[ -n ${WARM:-} ]] && echo 1 || echo 0)" --cache-memory $budget \
+  --warmup "$([[ -n ${WARM:-} ]] && echo full || echo none)" --cache-memory $budget \
   "${workload[@]}" "${limits[@]}" --json "$out/offline.json" 2>"$out/offline.err" | tail -3
 echo "== online: quantmla serve + bench-serve --url, concurrency $concurrency"
 $build/quantmla serve --device cuda --model /tmp/v2-lite --cache $cache --cache-memory $budget \

@@ -57,15 +57,35 @@ struct ServeResult {
 // Progress of one run: (done, total, running, waiting), called about once a second.
 using ServeProgress = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
 
-// Runs `requests` on a pool of `cache_bytes` in `format` (PagePool::pages_for_bytes), after
-// `warmup_passes` untimed runs of the same requests on the same pool: the timed run then meets
-// every step shape warm (kernels loaded, GEMM plans chosen, CUDA graphs captured for that pool), as
-// a serving engine does once it has run a while, and the first format of a bench-serve run pays
-// no more one-time costs than the others. Throws InvalidArgument when the budget holds no page or
-// warmup_passes < 0.
+// How bench-serve warms the runner up on a format's pool before its timed run, so that the timed
+// run meets its step shapes prepared (kernels loaded, GEMM plans chosen, CUDA graphs captured for
+// that pool), as a serving engine has them once it has run a while, and the first format of a
+// run pays no more one-time costs than the others.
+enum class ServeWarmup {
+  kNone,
+  kShapes,  // warm_up_shapes: the step shapes alone, in seconds
+  kFull,    // the whole workload once, untimed: exact, doubles the run's time
+};
+const char* to_string(ServeWarmup warmup);
+// "none", "shapes" or "full"; throws InvalidArgument otherwise.
+ServeWarmup parse_serve_warmup(const std::string& text);
+
+// Runs, untimed, each step shape a backend may prepare on first use that the scheduler's steps
+// with these options will take, on `pool` (left as it was found: every sequence it adds is
+// removed): one prefill chunk of each power of two of tokens from 512 up to the step budget, and
+// decode steps of every batch size from the largest down to 1, twice each, with the batch's
+// longest sequence at one page and at each power of two of pages from 32 up to
+// `longest_tokens`' pages (block tables of every width a backend may round to). Fewer where the
+// pool's free pages do not suffice.
+void warm_up_shapes(Runner& runner, PagePool& pool, const SchedulerOptions& options,
+                    int64_t longest_tokens);
+
+// Runs `requests` on a pool of `cache_bytes` in `format` (PagePool::pages_for_bytes), warmed up
+// first as `warmup` says. Throws InvalidArgument when the budget holds no page.
 ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
                             const std::vector<Request>& requests, const SchedulerOptions& options,
-                            const ServeProgress& progress = {}, int64_t warmup_passes = 0);
+                            const ServeProgress& progress = {},
+                            ServeWarmup warmup = ServeWarmup::kNone);
 
 // The p-quantile (p in [0, 1]) of `values`, linearly interpolated as numpy's default; 0 when empty.
 double percentile(std::vector<double> values, double p);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <string>
 
 #include "quantmla/error.h"
@@ -59,12 +60,89 @@ std::vector<Request> make_workload(const ServeWorkload& w, const ModelConfig& co
   return requests;
 }
 
+const char* to_string(ServeWarmup warmup) {
+  switch (warmup) {
+    case ServeWarmup::kNone:
+      return "none";
+    case ServeWarmup::kShapes:
+      return "shapes";
+    case ServeWarmup::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+ServeWarmup parse_serve_warmup(const std::string& text) {
+  for (const ServeWarmup w : {ServeWarmup::kNone, ServeWarmup::kShapes, ServeWarmup::kFull}) {
+    if (text == to_string(w)) return w;
+  }
+  throw InvalidArgument("warm-up \"" + text + "\": expected none, shapes or full");
+}
+
+void warm_up_shapes(Runner& runner, PagePool& pool, const SchedulerOptions& options,
+                    int64_t longest_tokens) {
+  // Any id of the vocabulary will do: nothing the steps compute is kept.
+  const std::vector<int32_t> tokens(
+      static_cast<size_t>(std::max<int64_t>(options.max_batched_tokens, 1)), 0);
+  const auto chunk = [&](SequenceId sequence, int64_t count, LogitRows logits) {
+    return SequenceChunk{
+        sequence, std::span<const int32_t>(tokens).first(static_cast<size_t>(count)), logits, {}};
+  };
+  std::vector<int32_t> sampled(static_cast<size_t>(options.max_seqs));
+  const int64_t max_tokens = runner.config().max_position_embeddings;
+
+  // Prefill chunks: a backend may choose a GEMM plan for each power-of-two bucket of rows.
+  for (int64_t count = 512;
+       count <= options.max_batched_tokens &&
+       PagePool::pages_for_tokens(count) <= pool.free_pages() && count <= max_tokens;
+       count *= 2) {
+    const SequenceId sequence = pool.add_sequence();
+    pool.reserve(sequence, count);
+    runner.step({{chunk(sequence, count, LogitRows::kLast)}}, pool,
+                {{}, std::span<int32_t>(sampled).first(1)});
+    pool.remove_sequence(sequence);
+  }
+
+  // Decode steps of every batch size, the longest sequence at 1 page, then at 32, 64, ... pages.
+  const int64_t longest_pages =
+      PagePool::pages_for_tokens(std::min(std::max<int64_t>(longest_tokens, 1), max_tokens));
+  std::vector<int64_t> widths = {1};
+  for (int64_t pages = 32; pages / 2 < longest_pages; pages *= 2) {
+    widths.push_back(std::min(pages, longest_pages));
+  }
+  for (const int64_t width : widths) {
+    // The first sequence holds `width` pages and decodes at its last position; the others hold
+    // one page and decode at position 0, each step after truncating back.
+    const int64_t first_position = width == 1 ? 0 : std::min(width * kPageTokens, max_tokens) - 1;
+    const int64_t batch =
+        std::min({options.max_seqs, options.max_batched_tokens, pool.free_pages() - width + 1});
+    if (batch < 1) continue;
+    std::vector<SequenceId> sequences;
+    for (int64_t i = 0; i < batch; ++i) {
+      sequences.push_back(pool.add_sequence());
+      pool.reserve(sequences.back(), i == 0 ? first_position + 1 : 1);
+    }
+    for (int64_t done = 0; done < first_position;) {  // the first sequence's earlier rows
+      const int64_t count = std::min(first_position - done, options.max_batched_tokens);
+      runner.step({{chunk(sequences[0], count, LogitRows::kNone)}}, pool, {});
+      done += count;
+    }
+    for (int64_t n = batch; n >= 1; --n) {
+      StepBatch step;
+      for (int64_t i = 0; i < n; ++i)
+        step.chunks.push_back(chunk(sequences[i], 1, LogitRows::kLast));
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        for (int64_t i = 0; i < n; ++i) pool.set_length(sequences[i], i == 0 ? first_position : 0);
+        runner.step(step, pool, {{}, std::span<int32_t>(sampled).first(static_cast<size_t>(n))});
+      }
+    }
+    for (const SequenceId sequence : sequences) pool.remove_sequence(sequence);
+  }
+}
+
 ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t cache_bytes,
                             const std::vector<Request>& requests, const SchedulerOptions& options,
-                            const ServeProgress& progress, int64_t warmup_passes) {
-  if (warmup_passes < 0) {
-    throw InvalidArgument("bench-serve: " + std::to_string(warmup_passes) + " warm-up passes");
-  }
+                            const ServeProgress& progress, ServeWarmup warmup) {
   const ModelConfig& c = runner.config();
   const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};
   ServeResult result;
@@ -78,16 +156,22 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
                           " bytes a page)");
   }
   auto pool = runner.make_pool(format, result.pages);
-  for (int64_t pass = 0; pass < warmup_passes; ++pass) {
-    Scheduler warmup(runner, *pool, options);
+  if (warmup == ServeWarmup::kFull) {
+    Scheduler untimed(runner, *pool, options);
     for (const Request& r : requests) {
       try {
-        warmup.add(r);
+        untimed.add(r);
       } catch (const CapacityError&) {
         // never fits: the timed run counts it as failed
       }
     }
-    while (warmup.has_work()) warmup.step();
+    while (untimed.has_work()) untimed.step();
+  } else if (warmup == ServeWarmup::kShapes) {
+    int64_t longest = 1;
+    for (const Request& r : requests) {
+      longest = std::max(longest, static_cast<int64_t>(r.prompt.size()) + r.max_tokens);
+    }
+    warm_up_shapes(runner, *pool, options, longest);
   }
   Scheduler scheduler(runner, *pool, options);
   std::vector<RequestId> ids(requests.size(), 0);

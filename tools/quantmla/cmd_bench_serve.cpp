@@ -28,7 +28,7 @@ struct BenchServeOptions {
   std::string cache_memory = "64MiB";
   SchedulerOptions scheduler;
   int64_t check_outputs = 0;
-  int64_t warmup = -1;  // -1: one pass on a GPU (CUDA graphs, kernel loading), none elsewhere
+  std::string warmup;  // empty: full on a GPU (CUDA graphs, kernel loading), none elsewhere
   std::string json, plot, step_log;
   OnlineOptions online;  // --url: against a running server
 };
@@ -142,18 +142,20 @@ void run_bench_serve(const BenchServeOptions& options) {
                                           &options.scheduler, options.batch_invariant);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
   const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
-  const int64_t warmup = options.warmup >= 0 ? options.warmup : options.device == "cuda" ? 1 : 0;
+  const ServeWarmup warmup = !options.warmup.empty()    ? parse_serve_warmup(options.warmup)
+                             : options.device == "cuda" ? ServeWarmup::kFull
+                                                        : ServeWarmup::kNone;
   std::vector<std::string> caches = options.caches;
   if (caches.empty()) caches = {"bf16"};
   std::fprintf(stderr,
                "bench-serve: %lld requests (input %lld, output %lld, range %.2f, seed %llu) "
-               "on %s%s, %lld bytes of cache, %lld warm-up passes a format\n",
+               "on %s%s, %lld bytes of cache, warm-up %s\n",
                static_cast<long long>(requests.size()),
                static_cast<long long>(options.workload.input_len),
                static_cast<long long>(options.workload.output_len), options.workload.range_ratio,
                static_cast<unsigned long long>(options.workload.seed), runner->device().c_str(),
                options.batch_invariant ? " (batch-invariant)" : "", static_cast<long long>(bytes),
-               static_cast<long long>(warmup));
+               to_string(warmup));
   if (options.schedule_only) {
     std::printf("%-34s %7s %5s %6s %6s %7s %7s %6s %8s %9s %s\n", "cache", "pages", "peak", "batch",
                 "steps", "decode", "prefill", "preem", "recomp", "prefilled", "done");
@@ -267,7 +269,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                                 {"max_seqs", options.scheduler.max_seqs},
                                 {"batch_invariant", options.batch_invariant},
                                 {"schedule_only", options.schedule_only},
-                                {"warmup_passes", warmup},
+                                {"warmup", to_string(warmup)},
                                 {"cache_memory_bytes", bytes},
                                 {"formats", formats},
                                 {"preemption_check", check}};
@@ -342,10 +344,11 @@ void add_bench_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--warmup", o->warmup,
-                  "Untimed passes of the workload before each format's timed one, on its pool "
-                  "(default: 1 with --device cuda, so that CUDA graphs and kernels are ready as "
-                  "in a server that has run a while; 0 elsewhere)")
-      ->check(CLI::NonNegativeNumber);
+                  "Before each format's timed run, on its pool: none; shapes (each step shape "
+                  "once or twice, seconds); full (the whole workload once, untimed). Default: full "
+                  "with --device cuda (CUDA graphs and kernels ready, as in a server that has run "
+                  "a while), none elsewhere")
+      ->check(CLI::IsMember({"none", "shapes", "full"}));
   cmd->add_option("--json", o->json, "Write the results as JSON to this file");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
   cmd->add_option(
