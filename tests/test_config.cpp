@@ -255,6 +255,10 @@ TEST(Config, MalformedJson) {
                   {"cfg.json", "not valid JSON"});
   expect_contains(error_message<FormatError>([] { ModelConfig::from_json("[1]", "cfg.json"); }),
                   {"cfg.json", "array"});
+  // A number beyond a double is nlohmann's out_of_range, not a parse_error (found by fuzzing).
+  expect_contains(error_message<FormatError>(
+                      [] { ModelConfig::from_json(R"({"hidden_size": 1e999})", "cfg.json"); }),
+                  {"cfg.json", "not valid JSON", "number overflow"});
 }
 
 TEST(Config, RejectsInconsistentValues) {

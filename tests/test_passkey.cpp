@@ -54,6 +54,7 @@ TEST(Passkey, MalformedFilesAreRefusedWithTheirPlace) {
   };
   for (const Case& c : std::vector<Case>{
            {"[{\"ctx\": 1024", "not valid JSON"},
+           {"[{\"ctx\": 1e999}]", "number overflow"},
            {"{\"ctx\": 1}", "expected a JSON array"},
            {"[3]", "prompt 0: expected an object"},
            {"[{\"depth\": 0.5, \"prompt\": [0], \"answer\": [1]}]", "\"ctx\" must be an integer"},

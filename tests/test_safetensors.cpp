@@ -231,6 +231,11 @@ TEST_F(SafetensorsTempDir, RejectsInvalidJsonHeader) {
   write_raw(path, R"({"a": {"dtype": "F32",)", 0);
   expect_contains(error_message<FormatError>([&] { SafetensorsFile::open(path); }),
                   {"bad_json.safetensors", "not valid JSON"});
+  // A number beyond a double: nlohmann's out_of_range, which once escaped as an untyped
+  // exception (found by tests/fuzz/fuzz_safetensors).
+  write_raw(path, "62e71114", 0);
+  expect_contains(error_message<FormatError>([&] { SafetensorsFile::open(path); }),
+                  {"bad_json.safetensors", "not valid JSON", "number overflow"});
 }
 
 TEST_F(SafetensorsTempDir, RejectsNonObjectHeader) {
@@ -352,6 +357,9 @@ TEST_F(SafetensorsTempDir, IndexWithInvalidJson) {
   write_sharded_model(dir_, R"({"weight_map":{"a":)");
   expect_contains(error_message<FormatError>([&] { TensorStore::open_dir(dir_); }),
                   {"model.safetensors.index.json", "not valid JSON"});
+  write_sharded_model(dir_, R"({"metadata":{"total_size":1e400},"weight_map":{}})");
+  expect_contains(error_message<FormatError>([&] { TensorStore::open_dir(dir_); }),
+                  {"model.safetensors.index.json", "not valid JSON", "number overflow"});
 }
 
 TEST_F(SafetensorsTempDir, IndexWithoutWeightMap) {

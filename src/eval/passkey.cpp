@@ -37,7 +37,7 @@ std::vector<PasskeyPrompt> load_passkey_prompts(const std::string& path) {
   json document;
   try {
     document = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, numbers beyond a double
     throw FormatError(path + ": not valid JSON: " + e.what());
   }
   if (!document.is_array()) throw FormatError(path + ": expected a JSON array of prompts");
@@ -111,7 +111,8 @@ PasskeyResult evaluate_passkey(Runner& runner, const std::vector<PasskeyPrompt>&
   const int64_t budget = options.max_batch_tokens;
   // A round's prompts hold at most max(budget, longest) tokens, and each of them at most two
   // pages more (its last partial page, its answer).
-  const int64_t round_prompts = std::min<int64_t>(count, budget / std::max<int64_t>(min_length, 1) + 1);
+  const int64_t round_prompts =
+      std::min<int64_t>(count, budget / std::max<int64_t>(min_length, 1) + 1);
   auto pool = runner.make_pool(
       options.cache, PagePool::pages_for_tokens(std::max(budget, max_total)) + 2 * round_prompts);
   std::vector<std::vector<int32_t>> outputs(prompts.size());
@@ -139,7 +140,8 @@ PasskeyResult evaluate_passkey(Runner& runner, const std::vector<PasskeyPrompt>&
         const auto length = static_cast<int64_t>(ids.size());
         if (offset >= length) continue;
         const int64_t n = std::min(budget, length - offset);
-        batch.chunks.push_back({seqs[r], std::span(ids).subspan(offset, n),
+        batch.chunks.push_back({seqs[r],
+                                std::span(ids).subspan(offset, n),
                                 offset + n == length ? LogitRows::kLast : LogitRows::kNone,
                                 {}});
       }
@@ -165,7 +167,8 @@ PasskeyResult evaluate_passkey(Runner& runner, const std::vector<PasskeyPrompt>&
       std::vector<int32_t> tokens_out(batch.chunks.size());
       runner.step(batch, *pool, {{}, tokens_out});
       for (size_t c = 0; c < batch.chunks.size(); ++c) {
-        const size_t r = std::find(seqs.begin(), seqs.end(), batch.chunks[c].sequence) - seqs.begin();
+        const size_t r =
+            std::find(seqs.begin(), seqs.end(), batch.chunks[c].sequence) - seqs.begin();
         outputs[round[r]].push_back(tokens_out[c]);
       }
     }

@@ -329,7 +329,7 @@ ModelConfig ModelConfig::from_json(const std::string& json_text, const std::stri
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse errors, numbers beyond a double
     throw FormatError(source + ": not valid JSON: " + error.what());
   }
   if (!root.is_object()) {

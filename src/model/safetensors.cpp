@@ -254,7 +254,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_size);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse errors, numbers beyond a double
     throw FormatError(file + ": header is not valid JSON: " + error.what());
   }
   if (!header.is_object()) {

@@ -34,8 +34,7 @@ double counter_uniform(uint64_t seed, uint64_t counter) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-int32_t sample_token(std::span<const float> logits, const SamplerOptions& options,
-                     double uniform) {
+int32_t sample_token(std::span<const float> logits, const SamplerOptions& options, double uniform) {
   const auto best = std::max_element(logits.begin(), logits.end());
   if (options.temperature == 0.0f) return static_cast<int32_t>(best - logits.begin());
 

@@ -70,7 +70,7 @@ void write_text_file(const fs::path& path, const std::string& text) {
 ordered_json parse_json(const std::string& text, const std::string& source) {
   try {
     return ordered_json::parse(text);
-  } catch (const ordered_json::parse_error& error) {
+  } catch (const ordered_json::exception& error) {  // parse errors, numbers beyond a double
     throw FormatError(source + ": not valid JSON: " + error.what());
   }
 }

@@ -24,7 +24,7 @@ json read_index(const fs::path& index_path) {
   json index;
   try {
     index = json::parse(text.str());
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse errors, numbers beyond a double
     throw FormatError(file + ": not valid JSON: " + error.what());
   }
   if (!index.is_object()) throw FormatError(file + ": not a JSON object");

@@ -5,6 +5,7 @@
 // no multiply-add can be fused into one rounding behind our back.
 #include "kernels/cpu/decode_rows.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstddef>
@@ -212,7 +213,12 @@ __attribute__((target("avx2,f16c"))) void decode_rows_avx2(Path path, const uint
 }
 
 bool has_avx2_f16c() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for __builtin_cpu_supports.
+  static const bool supported = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) != 0 &&
+           (c & bit_F16C) != 0;
+  }();
   return supported;
 }
 

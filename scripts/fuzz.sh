@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/) with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer over the whole library, and runs each for SECONDS (default 60) from a
+# corpus seeded with real inputs (../shared's chat templates, conversations and texts, the bundled
+# model's weights). A crash leaves its input in build-fuzz/findings/ and the script exits non-zero.
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors)
+shared=${QUANTMLA_SHARED_DIR:-$(cd .. && pwd)/shared}
+build=build-fuzz
+flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"
+CC=clang CXX=clang++ cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DQUANTMLA_FUZZ=ON -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
+  -DQUANTMLA_SHARED_DIR="$shared" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" >/dev/null
+cmake --build $build --target "${targets[@]}"
+mkdir -p $build/findings
+seed() {  # seed DIR: the target's starting corpus from real inputs
+  local dir=$1 target=$2
+  mkdir -p "$dir"
+  case $target in
+    fuzz_chat_template)
+      python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['template_source'], end='')" \
+        "$shared/reference/chat-template-reference.json" >"$dir/deepseek-v3.jinja" ;;
+    fuzz_chat_messages)
+      python3 - "$shared/reference/chat-template-reference.json" "$dir" <<'PY'
+import json, sys
+for i, case in enumerate(json.load(open(sys.argv[1]))["cases"]):
+    open(f"{sys.argv[2]}/case{i}.json", "w").write(json.dumps(case["messages"], ensure_ascii=False))
+PY
+      ;;
+    fuzz_tokenizer)
+      python3 - "$shared/reference/tokenizer-reference.json" "$dir" <<'PY'
+import json, sys
+texts = json.load(open(sys.argv[1]))["texts"]
+for name, value in texts.items():
+    for i, text in enumerate(value if isinstance(value, list) else [value]):
+        open(f"{sys.argv[2]}/{name}{i}", "wb").write(text.encode()[:4000])
+PY
+      printf 'Hello <｜begin▁of▁sentence｜> world' >"$dir/special" ;;
+    fuzz_safetensors)
+      python3 - "$dir/small.safetensors" <<'PY'
+import json, struct, sys
+header = json.dumps({"__metadata__": {"format": "pt"},
+                     "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                     "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header + bytes(range(22)))
+PY
+      head -c 8192 models/mla-tiny/model-00004-of-00004.safetensors >"$dir/shard-head" ;;
+  esac
+}
+status=0
+for target in "${targets[@]}"; do
+  corpus=$build/corpus/$target
+  [[ -d $corpus ]] || seed "$corpus" "$target"
+  echo "== $target, $seconds s"
+  if ! ASAN_OPTIONS=detect_leaks=0 $build/tests/fuzz/$target "$corpus" -max_total_time="$seconds" \
+    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -artifact_prefix=$build/findings/$target- \
+    -print_final_stats=1 2>$build/$target.log; then
+    echo "$target: FOUND a failure (tail of $build/$target.log):"
+    tail -30 $build/$target.log
+    status=1
+  else
+    grep -E "stat::number_of_executed_units|cov:" $build/$target.log | tail -2
+  fi
+done
+exit $status
