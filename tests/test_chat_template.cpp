@@ -395,6 +395,58 @@ TEST(ChatTemplateErrors, RuntimeErrorsNameThePosition) {
   expect_contains(error_message<InvalidArgument>(
                       [] { render("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"); }),
                   {"RecursionError"});
+  // Repetition past any prompt is refused at once, not built (found by fuzz_chat_template: the
+  // renderer spent seconds and gigabytes on a string times 10^14).
+  expect_contains(error_message<InvalidArgument>([] { render("{{ 111111111111118 * '}' }}"); }),
+                  {"MemoryError", "a string of 111111111111118"});
+  expect_contains(error_message<InvalidArgument>([] { render("{{ [1, 2] * 10000000 }}"); }),
+                  {"MemoryError", "a list of 20000000"});
+  for (const char* filter : {"indent(1000000000000000)", "tojson(indent=1000000000000000)"}) {
+    expect_contains(
+        error_message<InvalidArgument>([&] { render(std::string("{{ [1] | ") + filter + " }}"); }),
+        {"MemoryError"});
+  }
+  // Nesting: a context, or a value a template builds, nested past Value::kMaxNesting is refused
+  // (Python's RecursionError), not walked until the stack runs out.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const auto deep_json = nlohmann::json::parse(deep);
+  expect_contains(error_message<InvalidArgument>([&] {
+                    nlohmann::json context = nlohmann::json::object();  // moved in, not copied
+                    context.emplace("x", nlohmann::json::parse(deep));
+                    ChatTemplate("{{ x }}").render(context);
+                  }),
+                  {"RecursionError", "deeper than 512"});
+  expect_contains(error_message<InvalidArgument>([] {
+                    render(
+                        "{% set ns = namespace(x=[]) %}{% for i in range(600) %}"
+                        "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}");
+                  }),
+                  {"RecursionError", "nested deeper than 512"});
+  EXPECT_EQ(render("{% set ns = namespace(x=[]) %}{% for i in range(3) %}{% set ns.x = [ns.x] "
+                   "%}{% endfor %}{{ ns.x }}"),
+            "[[[[]]]]");
+  expect_contains(error_message<InvalidArgument>([&] {
+                    apply_chat_template(ChatTemplate("{{ messages }}"), deep_json, true, "", "");
+                  }),
+                  {"chat messages nest deeper than"});
+  // Printing a value whose text would pass the limit (the fuzzer's third timeout: a conversation
+  // repeated 420,000 times, printed).
+  expect_contains(
+      error_message<InvalidArgument>([] { render("{{ [{'a': 'x' * 1000}] * 20000 }}"); }),
+      {"MemoryError", "at most 16777216"});
+  // Doubling in a loop stops at the same limit, by + and by ~.
+  for (const char* op : {"+", "~"}) {
+    expect_contains(error_message<InvalidArgument>([&] {
+                      render(std::string("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+                                         "{% set ns.s = ns.s ") +
+                             op + " ns.s %}{% endfor %}");
+                    }),
+                    {"MemoryError", "at most 16777216"});
+  }
+  EXPECT_EQ(render("{{ 'ab' * 3 }}{{ 'x' * -2 }}{{ [1] * 2 }}"), "ababab[1, 1]");
+  // An empty sequence repeated any number of times is empty at once (a loop of 8 * 10^8 empty
+  // appends was the fuzzer's second timeout).
+  EXPECT_EQ(render("{{ ([] * 802000000) | length }}{{ '' * 9000000000000000000 }}"), "0");
 }
 
 TEST(ChatTemplateContext, JsonKeyOrderAndTransformersVariables) {

@@ -372,6 +372,17 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   ASSERT_TRUE(route);
   EXPECT_EQ(route->status, 404);
   EXPECT_TRUE(json::parse(route->body).contains("error"));
+  // A body nested 100,000 deep (600 KB) is refused before anything copies or walks it: a copy
+  // of a JSON value recurses once a level, and this one would exhaust the stack.
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    const std::string deep = R"({"prompt": "x", "messages": [{"role": "user", "content": "hi"}], )"
+                             R"("tools": )" +
+                             std::string(100000, '[') + std::string(100000, ']') + "}";
+    auto nested = c.Post(path, kAuth, deep, "application/json");
+    ASSERT_TRUE(nested) << path << " " << httplib::to_string(nested.error());
+    EXPECT_EQ(nested->status, 400) << path;
+    EXPECT_NE(nested->body.find("nests deeper than"), std::string::npos) << nested->body;
+  }
   auto huge = c.Post("/v1/completions", kAuth, std::string(9 << 20, ' '), "application/json");
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);

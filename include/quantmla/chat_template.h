@@ -10,10 +10,11 @@
 // list methods; range, namespace, dict, raise_exception, strftime_now.
 //
 // Known differences from jinja2, none of which the DeepSeek, Kimi or Moonlight templates meet:
-// integers beyond 64 bits are refused; upper/lower/title map ASCII, Latin-1, Latin Extended-A,
-// Greek and Cyrillic letters only; filters jinja2 returns as generators (map, select, reverse, ...)
-// give lists, which differ only when printed as they are; no raw, call, filter, with, include or
-// import blocks, and no *args/**kwargs in calls.
+// integers beyond 64 bits are refused, and so are strings and lists of more than 2^24 bytes or
+// items (Python's MemoryError, at once instead of after the allocation); upper/lower/title map
+// ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic letters only; filters jinja2 returns as
+// generators (map, select, reverse, ...) give lists, which differ only when printed as they are;
+// no raw, call, filter, with, include or import blocks, and no *args/**kwargs in calls.
 #pragma once
 
 #include <filesystem>

@@ -3,6 +3,7 @@
 
 #include "quantmla/error.h"
 #include "quantmla/io.h"
+#include "quantmla/json_depth.h"
 #include "tokenizer/chat_template_ast.h"
 #include "tokenizer/chat_template_frames.h"
 #include "tokenizer/chat_template_lexer.h"
@@ -126,6 +127,14 @@ std::string apply(const ChatTemplate& chat_template, const Json& messages,
   if (!tools.is_null() && !tools.is_array()) {
     throw InvalidArgument(std::string("chat tools must be a JSON array or null, got ") +
                           tools.type_name());
+  }
+  // Checked before the copies below, which recurse once a level (quantmla/json_depth.h).
+  constexpr int kMaxNesting = detail::jinja::Value::kMaxNesting - 2;
+  for (const Json* part : {&messages, &tools}) {
+    if (json_nesting_depth(*part, kMaxNesting) > kMaxNesting) {
+      throw InvalidArgument("chat " + std::string(part == &messages ? "messages" : "tools") +
+                            " nest deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
   }
   Json context = Json::object();
   context["messages"] = messages;

@@ -221,6 +221,7 @@ Value round_filter(const Value& operand, const CallArgs& args) {
 Value indent_filter(const Value& operand, const CallArgs& args) {
   const BoundArguments bound("indent", args, {"width", "first", "blank"});
   const Value width = bound.get(0, Value(int64_t{4}));
+  if (width.is_integral()) check_built_size(static_cast<long double>(width.as_int()), true);
   const std::string indentation =
       width.is_string()
           ? width.as_string()
@@ -256,6 +257,7 @@ Value tojson_filter(const Value& operand, const CallArgs& args) {
   options.ensure_ascii = truthy(bound.get(0, Value(false)));
   const Value indent = bound.get(1);
   if (indent.is_integral()) {
+    check_built_size(static_cast<long double>(indent.as_int()), true);
     options.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
   } else if (indent.is_string()) {
     options.indent = indent.as_string();

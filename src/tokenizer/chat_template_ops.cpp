@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -131,13 +132,20 @@ Value numeric_operation(const std::string& op, const Value& a, const Value& b) {
 }
 
 Value repeat(const Value& sequence, int64_t times) {
-  if (sequence.is_string()) {
+  const bool string = sequence.is_string();
+  const size_t length = string ? sequence.as_string().size() : sequence.as_list().size();
+  // Nothing to repeat, or no times: empty at once (not a loop of up to 2^63 empty appends).
+  const int64_t copies = length == 0 ? 0 : std::max<int64_t>(times, 0);
+  check_built_size(static_cast<long double>(length) * static_cast<long double>(copies), string);
+  if (string) {
     std::string out;
-    for (int64_t i = 0; i < times; ++i) out += sequence.as_string();
+    out.reserve(length * static_cast<size_t>(copies));
+    for (int64_t i = 0; i < copies; ++i) out += sequence.as_string();
     return Value(std::move(out));
   }
   List items;
-  for (int64_t i = 0; i < times; ++i) {
+  items.reserve(length * static_cast<size_t>(copies));
+  for (int64_t i = 0; i < copies; ++i) {
     items.insert(items.end(), sequence.as_list().begin(), sequence.as_list().end());
   }
   return Value::list(std::move(items), sequence.is_tuple());
@@ -222,7 +230,12 @@ void slice_indices(const Value& start, const Value& stop, const Value& step, int
 }  // namespace
 
 Value binary_operation(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string left = to_str(a);
+    const std::string right = to_str(b);
+    check_built_size(static_cast<long double>(left.size()) + right.size(), true);
+    return Value(left + right);
+  }
   raise_if_undefined(a);
   if (op == "%" && a.is_string()) return format_percent(a.as_string(), b);
   raise_if_undefined(b);
@@ -233,6 +246,7 @@ Value binary_operation(const std::string& op, const Value& a, const Value& b) {
         throw RenderError("TypeError: can only concatenate str (not \"" + type_name(b) +
                           "\") to str");
       }
+      check_built_size(static_cast<long double>(a.as_string().size()) + b.as_string().size(), true);
       return Value(a.as_string() + b.as_string());
     }
     if (a.kind() == Value::Kind::kList) {
@@ -240,6 +254,7 @@ Value binary_operation(const std::string& op, const Value& a, const Value& b) {
         throw RenderError("TypeError: can only concatenate " + type_name(a) + " (not \"" +
                           type_name(b) + "\") to " + type_name(a));
       }
+      check_built_size(static_cast<long double>(a.as_list().size()) + b.as_list().size(), false);
       List items = a.as_list();
       items.insert(items.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(items), a.is_tuple());

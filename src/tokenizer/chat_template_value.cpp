@@ -1,7 +1,9 @@
 #include "tokenizer/chat_template_value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "tokenizer/chat_template_text.h"
@@ -26,17 +28,41 @@ Value::Value(int64_t value) : kind_(Kind::kInt), int_(value) {}
 Value::Value(double value) : kind_(Kind::kFloat), float_(value) {}
 Value::Value(std::string value) : kind_(Kind::kString), string_(std::move(value)) {}
 
+namespace {
+
+// 1 + the deepest of `items`' nesting, or RenderError past Value::kMaxNesting.
+uint16_t nesting_of(const std::vector<const Value*>& items) {
+  int deepest = 0;
+  for (const Value* item : items) deepest = std::max(deepest, item->nesting());
+  if (deepest + 1 > Value::kMaxNesting) {
+    throw RenderError("RecursionError: lists and dicts nested deeper than " +
+                      std::to_string(Value::kMaxNesting) + " levels");
+  }
+  return static_cast<uint16_t>(deepest + 1);
+}
+
+}  // namespace
+
 Value Value::list(List items, bool tuple) {
+  std::vector<const Value*> children;
+  for (const Value& item : items) children.push_back(&item);
   Value value;
   value.kind_ = Kind::kList;
   value.tuple_ = tuple;
+  value.nesting_ = nesting_of(children);
   value.list_ = std::make_shared<const List>(std::move(items));
   return value;
 }
 
 Value Value::dict(Dict items) {
+  std::vector<const Value*> children;
+  for (const auto& [key, item] : items.entries) {
+    children.push_back(&key);
+    children.push_back(&item);
+  }
   Value value;
   value.kind_ = Kind::kDict;
+  value.nesting_ = nesting_of(children);
   value.dict_ = std::make_shared<Dict>(std::move(items));
   return value;
 }
@@ -44,6 +70,7 @@ Value Value::dict(Dict items) {
 Value Value::new_namespace(Dict attributes) {
   Value value = dict(std::move(attributes));
   value.kind_ = Kind::kNamespace;
+  value.nesting_ = 0;  // its attributes change after this; it prints without them
   return value;
 }
 
@@ -177,6 +204,17 @@ std::string float_repr(double value) {
   return out;
 }
 
+void check_built_size(long double size, bool string) {
+  constexpr int64_t kMaxBuilt = int64_t{1} << 24;
+  if (size > kMaxBuilt) {
+    char count[64];
+    std::snprintf(count, sizeof count, "%.0Lf", size);
+    throw RenderError("MemoryError: a " + std::string(string ? "string" : "list") + " of " + count +
+                      (string ? " bytes" : " items") + "; a template may build at most " +
+                      std::to_string(kMaxBuilt));
+  }
+}
+
 namespace {
 
 std::string sequence_repr(const Value& value) {
@@ -185,6 +223,7 @@ std::string sequence_repr(const Value& value) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (i > 0) out += ", ";
     out += repr(items[i]);
+    check_built_size(static_cast<long double>(out.size()), true);
   }
   if (value.is_tuple() && items.size() == 1) out += ",";
   out += value.is_tuple() ? ")" : "]";
@@ -198,6 +237,7 @@ std::string dict_repr(const Dict& dict) {
     if (!first) out += ", ";
     first = false;
     out += repr(key) + ": " + repr(item);
+    check_built_size(static_cast<long double>(out.size()), true);
   }
   return out + "}";
 }
@@ -318,7 +358,12 @@ bool less(const Value& a, const Value& b, const std::string& op) {
 namespace {
 
 template <typename Json>
-Value convert_json(const Json& json) {
+Value convert_json(const Json& json, int depth = 0) {
+  // Checked before descending: the recursion here is as deep as the JSON.
+  if (depth >= Value::kMaxNesting) {
+    throw RenderError("RecursionError: the context nests deeper than " +
+                      std::to_string(Value::kMaxNesting) + " levels");
+  }
   switch (json.type()) {
     case nlohmann::json::value_t::null:
       return Value::none();
@@ -346,14 +391,14 @@ Value convert_json(const Json& json) {
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(json.size());
-      for (const auto& item : json) items.push_back(convert_json(item));
+      for (const auto& item : json) items.push_back(convert_json(item, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Dict dict;
       dict.entries.reserve(json.size());
       for (auto it = json.begin(); it != json.end(); ++it) {
-        dict.entries.emplace_back(Value(it.key()), convert_json(it.value()));
+        dict.entries.emplace_back(Value(it.key()), convert_json(it.value(), depth + 1));
       }
       return Value::dict(std::move(dict));
     }

@@ -62,6 +62,10 @@ class Value {
   Value(double value);
   Value(std::string value);
   Value(const char* value) : Value(std::string(value)) {}
+  // Lists and dicts nest at most kMaxNesting deep (RenderError, Python's RecursionError, past
+  // it): what prints, compares, dumps or frees them recurses once a level, and a value nested
+  // thousands deep (a client's messages, a template's loop) would exhaust the stack.
+  static constexpr int kMaxNesting = 512;
   static Value list(List items, bool tuple = false);
   static Value dict(Dict items);
   static Value new_namespace(Dict attributes);
@@ -88,12 +92,14 @@ class Value {
   const Dict& as_dict() const { return *dict_; }
   Dict& namespace_attributes() const { return *dict_; }
   const Callable& as_callable() const { return *callable_; }
+  int nesting() const { return nesting_; }
   // Identity of a namespace or callable, for `is sameas` and ==.
   const void* identity() const;
 
  private:
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
+  uint16_t nesting_ = 0;  // lists and dicts: 1 + the deepest item's (a namespace's count as 0)
   int64_t int_ = 0;
   double float_ = 0;
   std::string string_;  // the string, or an undefined's hint
@@ -110,6 +116,11 @@ struct Dict {
   // Python's d[key] = value: a new key goes last, an existing one keeps its place.
   void set(Value key, Value value);
 };
+
+// Throws RenderError (Python's MemoryError) for a string (bytes) or list (items) of more than
+// 2^24: Python would try to build it and fail at some point; a template (from a model's files)
+// that builds one past any sane prompt is refused at once instead of hanging the renderer.
+void check_built_size(long double size, bool string);
 
 // Python's type name ("int", "str", "NoneType"), for error messages like Python's.
 std::string type_name(const Value& value);

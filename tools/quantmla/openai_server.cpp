@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "quantmla/error.h"
+#include "quantmla/json_depth.h"
 #include "quantmla/stream_text.h"
 
 namespace quantmla::cli {
@@ -112,6 +113,9 @@ double number_field(const json& body, const char* name, double fallback, double 
 }
 
 // Serialized with invalid UTF-8 (a token's bytes may be part of a character) replaced.
+// Deeper bodies are refused before anything copies or walks them (quantmla/json_depth.h says why).
+constexpr int kMaxBodyNesting = 256;
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat) {
@@ -297,6 +301,11 @@ struct OpenAiServer::Impl {
     }
     if (!body.is_object())
       throw ApiError{400, "the body must be a JSON object", "invalid_request_error", ""};
+    if (json_nesting_depth(body, kMaxBodyNesting) > kMaxBodyNesting) {
+      throw ApiError{400,
+                     "the body nests deeper than " + std::to_string(kMaxBodyNesting) + " levels",
+                     "invalid_request_error", ""};
+    }
     if (body.contains("model") && body["model"] != options.served_model_name) {
       throw ApiError{404,
                      "The model `" +
