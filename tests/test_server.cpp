@@ -264,6 +264,10 @@ TEST_F(ServerTest, Logprobs) {
   EXPECT_EQ(
       post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 6}}, 400)["error"]["param"],
       "logprobs");
+  // 2^32 + 5 is not 5 (an int conversion would have wrapped it).
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 4294967301LL}},
+                 400)["error"]["param"],
+            "logprobs");
   // Streamed: the same logprobs, spread over the chunks.
   const std::vector<json> events = stream(*server_, "/v1/completions",
                                           {{"prompt", "The Debian"},

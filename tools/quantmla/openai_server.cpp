@@ -112,10 +112,10 @@ double number_field(const json& body, const char* name, double fallback, double 
   return v;
 }
 
-// Serialized with invalid UTF-8 (a token's bytes may be part of a character) replaced.
 // Deeper bodies are refused before anything copies or walks them (quantmla/json_depth.h says why).
 constexpr int kMaxBodyNesting = 256;
 
+// Serialized with invalid UTF-8 (a token's bytes may be part of a character) replaced.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat) {
@@ -157,14 +157,16 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
         r.top_logprobs = 0;
         if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
           const json& top = body["top_logprobs"];
-          if (!top.is_number_integer() || top.get<int>() < 0 || top.get<int>() > kMaxTopLogprobs) {
+          // Compared as 64-bit integers: get<int>() would wrap 2^32 + 5 to 5.
+          if (!top.is_number_integer() || top.get<int64_t>() < 0 ||
+              top.get<int64_t>() > kMaxTopLogprobs) {
             bad_field("top_logprobs", "top_logprobs must be an integer in [0, 20]");
           }
           r.top_logprobs = top.get<int>();
         }
       }
     } else {
-      if (!lp.is_number_integer() || lp.get<int>() < 0 || lp.get<int>() > 5) {
+      if (!lp.is_number_integer() || lp.get<int64_t>() < 0 || lp.get<int64_t>() > 5) {
         bad_field("logprobs", "logprobs must be an integer in [0, 5]");
       }
       r.top_logprobs = lp.get<int>();
