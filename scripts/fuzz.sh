@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors)
+[[ ${#targets[@]} -gt 0 ]] ||
+  targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors fuzz_server_request)
 shared=${QUANTMLA_SHARED_DIR:-$(cd .. && pwd)/shared}
 build=build-fuzz
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"
@@ -41,6 +42,15 @@ for name, value in texts.items():
         open(f"{sys.argv[2]}/{name}{i}", "wb").write(text.encode()[:4000])
 PY
       printf 'Hello <｜begin▁of▁sentence｜> world' >"$dir/special" ;;
+    fuzz_server_request)  # the first byte picks the route (even: completions, odd: chat)
+      printf '\x00{"prompt": "The Debian", "max_tokens": 3, "logprobs": 2, "stop": ["x"]}' \
+        >"$dir/completion"
+      printf '\x00{"prompt": [1, 400, 500], "n": 2, "stream": true, "seed": 7}' >"$dir/ids"
+      printf '\x01{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", '\
+'"content": "hi"}], "max_tokens": 4, "logprobs": true, "top_logprobs": 3}' >"$dir/chat"
+      printf '\x01{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '\
+'"function": {"name": "f", "parameters": {"type": "object"}}}], "stream": true, '\
+'"stream_options": {"include_usage": true}}' >"$dir/tools" ;;
     fuzz_safetensors)
       python3 - "$dir/small.safetensors" <<'PY'
 import json, struct, sys

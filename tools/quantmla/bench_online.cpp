@@ -40,6 +40,7 @@ Measured send_one(const std::string& host, int port, const Request& r, const Onl
   if (!o.model_name.empty()) body["model"] = o.model_name;
   httplib::Client client(host, port);
   client.set_read_timeout(600, 0);
+  client.set_tcp_nodelay(true);  // the request's header and body writes go out at once
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";

@@ -76,7 +76,8 @@ struct ApiError {
 std::string error_json(const ApiError& e) {
   json error = {{"message", e.message}, {"type", e.type}, {"code", e.status}};
   error["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-  return json{{"error", error}}.dump();
+  // Replacing invalid UTF-8: a parse error's message quotes the client's bytes as they came.
+  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
@@ -813,6 +814,8 @@ bool OpenAiServer::listen() {
   // (a benchmark's 256) overflows it, and the dropped handshakes come back seconds later or fail.
   // The socket is kept here and listened on again with the system's limit after binding.
   int listening = -1;
+  // Responses and stream events go out as written, not held for the previous segment's ACK.
+  s.http.set_tcp_nodelay(true);
   s.http.set_socket_options([&listening](socket_t sock) {
     httplib::default_socket_options(sock);
     if (listening < 0) listening = sock;
