@@ -10,7 +10,8 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] ||
-  targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors fuzz_server_request)
+  targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors fuzz_model_config
+    fuzz_server_request)
 shared=${QUANTMLA_SHARED_DIR:-$(cd .. && pwd)/shared}
 build=build-fuzz
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"
@@ -51,6 +52,15 @@ PY
       printf '\x01{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '\
 '"function": {"name": "f", "parameters": {"type": "object"}}}], "stream": true, '\
 '"stream_options": {"include_usage": true}}' >"$dir/tools" ;;
+    fuzz_model_config)
+      cp models/mla-tiny/config.json "$dir/mla-tiny.json"
+      for m in "$shared"/models/*/config.json; do cp "$m" "$dir/$(basename "$(dirname "$m")").json"; done
+      if [[ -x build/quantmla ]]; then  # the presets' configs, when the main build is there
+        for preset in deepseek-v2-lite moonlight-16b deepseek-v3; do
+          build/quantmla make-random-model --preset $preset --out "$dir/unused" --config-only \
+            >"$dir/$preset.json"
+        done
+      fi ;;
     fuzz_safetensors)
       python3 - "$dir/small.safetensors" <<'PY'
 import json, struct, sys
