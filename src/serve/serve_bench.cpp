@@ -129,8 +129,9 @@ void warm_up_shapes(Runner& runner, PagePool& pool, const SchedulerOptions& opti
     }
     for (int64_t n = batch; n >= 1; --n) {
       StepBatch step;
-      for (int64_t i = 0; i < n; ++i)
+      for (int64_t i = 0; i < n; ++i) {
         step.chunks.push_back(chunk(sequences[i], 1, LogitRows::kLast));
+      }
       for (int repeat = 0; repeat < 2; ++repeat) {
         for (int64_t i = 0; i < n; ++i) pool.set_length(sequences[i], i == 0 ? first_position : 0);
         runner.step(step, pool, {{}, std::span<int32_t>(sampled).first(static_cast<size_t>(n))});
