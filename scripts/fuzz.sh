@@ -10,8 +10,8 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] ||
-  targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_safetensors fuzz_model_config
-    fuzz_server_request)
+  targets=(fuzz_chat_template fuzz_chat_messages fuzz_tokenizer fuzz_tokenizer_json fuzz_safetensors
+    fuzz_model_config fuzz_server_request)
 shared=${QUANTMLA_SHARED_DIR:-$(cd .. && pwd)/shared}
 build=build-fuzz
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"
@@ -52,6 +52,17 @@ PY
       printf '\x01{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '\
 '"function": {"name": "f", "parameters": {"type": "object"}}}], "stream": true, '\
 '"stream_options": {"include_usage": true}}' >"$dir/tools" ;;
+    fuzz_tokenizer_json)  # the bundled tokenizer cut to its byte symbols and first merges
+      python3 - models/mla-tiny/tokenizer.json "$dir/small.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+vocab = dict(list(spec["model"]["vocab"].items())[:300])
+spec["model"]["vocab"] = vocab
+spec["model"]["merges"] = [m for m in spec["model"]["merges"][:400]
+                           if "".join(m) in vocab and all(p in vocab for p in m)][:40]
+json.dump(spec, open(sys.argv[2], "w"), ensure_ascii=False)
+PY
+      ;;
     fuzz_model_config)
       cp models/mla-tiny/config.json "$dir/mla-tiny.json"
       for m in "$shared"/models/*/config.json; do cp "$m" "$dir/$(basename "$(dirname "$m")").json"; done
