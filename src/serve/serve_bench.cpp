@@ -199,13 +199,6 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
       result.step_log.push_back(
           {report.decodes, report.decode_context, report.tokens - report.decodes, step_s});
     }
-    if (report.tokens > report.decodes) {
-      ++result.prefill_steps;
-      result.prefill_steps_s += step_s;
-    } else if (report.tokens > 0) {
-      ++result.decode_steps;
-      result.decode_steps_s += step_s;
-    }
     for (FinishedRequest& f : report.finished) {
       ++result.completed;
       result.output_tokens += static_cast<int64_t>(f.tokens.size());
@@ -225,6 +218,15 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     }
   }
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const StepRecord& step : result.step_log) {
+    if (step.prefill_tokens > 0) {
+      ++result.prefill_steps;
+      result.prefill_steps_s += step.seconds;
+    } else {
+      ++result.decode_steps;
+      result.decode_steps_s += step.seconds;
+    }
+  }
   const SchedulerStats& stats = scheduler.stats();
   result.output_tok_s = static_cast<double>(result.output_tokens) / result.wall_s;
   result.total_tok_s =

@@ -30,10 +30,8 @@ Value::Value(std::string value) : kind_(Kind::kString), string_(std::move(value)
 
 namespace {
 
-// 1 + the deepest of `items`' nesting, or RenderError past Value::kMaxNesting.
-uint16_t nesting_of(const std::vector<const Value*>& items) {
-  int deepest = 0;
-  for (const Value* item : items) deepest = std::max(deepest, item->nesting());
+// 1 + `deepest` (the deepest item's nesting), or RenderError past Value::kMaxNesting.
+uint16_t one_level_deeper(int deepest) {
   if (deepest + 1 > Value::kMaxNesting) {
     throw RenderError("RecursionError: lists and dicts nested deeper than " +
                       std::to_string(Value::kMaxNesting) + " levels");
@@ -44,25 +42,24 @@ uint16_t nesting_of(const std::vector<const Value*>& items) {
 }  // namespace
 
 Value Value::list(List items, bool tuple) {
-  std::vector<const Value*> children;
-  for (const Value& item : items) children.push_back(&item);
+  int deepest = 0;
+  for (const Value& item : items) deepest = std::max(deepest, item.nesting());
   Value value;
   value.kind_ = Kind::kList;
   value.tuple_ = tuple;
-  value.nesting_ = nesting_of(children);
+  value.nesting_ = one_level_deeper(deepest);
   value.list_ = std::make_shared<const List>(std::move(items));
   return value;
 }
 
 Value Value::dict(Dict items) {
-  std::vector<const Value*> children;
+  int deepest = 0;
   for (const auto& [key, item] : items.entries) {
-    children.push_back(&key);
-    children.push_back(&item);
+    deepest = std::max({deepest, key.nesting(), item.nesting()});
   }
   Value value;
   value.kind_ = Kind::kDict;
-  value.nesting_ = nesting_of(children);
+  value.nesting_ = one_level_deeper(deepest);
   value.dict_ = std::make_shared<Dict>(std::move(items));
   return value;
 }

@@ -1,26 +1,15 @@
 // A .safetensors file (a model's, untrusted bytes): opened and validated, it is refused with a
 // FormatError or every tensor it lists lies inside the file with dtype x shape = its byte length.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <string>
 
+#include "fuzz_common.h"
 #include "quantmla/error.h"
 #include "quantmla/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::filesystem::path path =
-      std::filesystem::temp_directory_path() /
-      ("quantmla-fuzz-" + std::to_string(::getpid()) + ".safetensors");
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  const std::filesystem::path path = quantmla::fuzz::write_input(data, size, ".safetensors");
   try {
     const auto file = quantmla::SafetensorsFile::open(path);
     for (const quantmla::TensorView& t : file->tensors()) {

@@ -1,26 +1,18 @@
 // A model's tokenizer.json (from its files, untrusted bytes): loaded, it is refused with a typed
 // error or encodes and decodes text (its pre-tokenizer patterns are PCRE2 regexes, its merges and
 // added tokens arbitrary) without a crash, a sanitizer report or a hang.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "quantmla/error.h"
 #include "quantmla/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::filesystem::path path =
-      std::filesystem::temp_directory_path() /
-      ("quantmla-fuzz-" + std::to_string(::getpid()) + "-tokenizer.json");
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  const std::filesystem::path path = quantmla::fuzz::write_input(data, size, "-tokenizer.json");
   try {
     const quantmla::Tokenizer tokenizer = quantmla::Tokenizer::from_file(path);
     const std::vector<int32_t> ids =

@@ -227,34 +227,29 @@ void run_bench_serve(const BenchServeOptions& options) {
       nlohmann::json row = {{"cache", r.cache},
                             {"bytes_per_token", r.bytes_per_token},
                             {"pages", r.pages},
-                            {"wall_s", r.wall_s},
-                            {"output_tok_s", r.output_tok_s},
-                            {"total_tok_s", r.total_tok_s},
-                            {"requests_s", r.requests_s},
                             {"peak_seqs", r.peak_seqs},
                             {"mean_batch", r.mean_batch},
                             {"steps", r.steps},
                             {"preemptions", r.preemptions},
                             {"recomputed_tokens", r.recomputed_tokens},
-                            {"ttft_p50_ms", r.ttft_p50_ms},
-                            {"ttft_p99_ms", r.ttft_p99_ms},
-                            {"tpot_p50_ms", r.tpot_p50_ms},
-                            {"tpot_p99_ms", r.tpot_p99_ms},
                             {"completed", r.completed},
                             {"failed", r.failed},
                             {"output_tokens", r.output_tokens},
                             {"prompt_tokens", r.prompt_tokens},
                             {"decode_steps", r.decode_steps},
-                            {"decode_steps_s", r.decode_steps_s},
-                            {"prefill_steps", r.prefill_steps},
-                            {"prefill_steps_s", r.prefill_steps_s}};
-      if (options.schedule_only) {
-        // Host time of steps that computed nothing: not a figure of any device.
-        for (const char* key :
-             {"wall_s", "output_tok_s", "total_tok_s", "requests_s", "ttft_p50_ms", "ttft_p99_ms",
-              "tpot_p50_ms", "tpot_p99_ms", "decode_steps_s", "prefill_steps_s"}) {
-          row.erase(key);
-        }
+                            {"prefill_steps", r.prefill_steps}};
+      // --schedule-only: the host time of steps that computed nothing is no figure of any device.
+      if (!options.schedule_only) {
+        row.update({{"wall_s", r.wall_s},
+                    {"output_tok_s", r.output_tok_s},
+                    {"total_tok_s", r.total_tok_s},
+                    {"requests_s", r.requests_s},
+                    {"ttft_p50_ms", r.ttft_p50_ms},
+                    {"ttft_p99_ms", r.ttft_p99_ms},
+                    {"tpot_p50_ms", r.tpot_p50_ms},
+                    {"tpot_p99_ms", r.tpot_p99_ms},
+                    {"decode_steps_s", r.decode_steps_s},
+                    {"prefill_steps_s", r.prefill_steps_s}});
       }
       formats.push_back(row);
     }
