@@ -512,16 +512,29 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
 // The shape warm-up through the real CPU runner: its steps are ones the runner accepts.
 TEST_F(CliTest, BenchServeWarmsUpShapesOnTheRunner) {
   const fs::path json = scratch_ / "warm.json";
-  const CliResult result =
-      run_cli("bench-serve --num-prompts 3 --input-len 8 --output-len 3 --max-seqs 3 "
-              "--max-batched-tokens 600 --warmup shapes --json '" +
-              json.string() + "'");
+  const CliResult result = run_cli(
+      "bench-serve --num-prompts 3 --input-len 8 --output-len 3 --max-seqs 3 "
+      "--max-batched-tokens 600 --warmup shapes --json '" +
+      json.string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto out = nlohmann::json::parse(testing::slurp(json));
   EXPECT_EQ(out["warmup"], "shapes");
   EXPECT_EQ(out["formats"][0]["completed"], 3);
   expect_failure(run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --warmup twice"),
                  {"--warmup"});
+}
+
+// vLLM's names of the scheduler limits are aliases of ours.
+TEST_F(CliTest, BenchServeTakesVllmLimitNames) {
+  const fs::path json = scratch_ / "vllm-names.json";
+  const CliResult result = run_cli(
+      "bench-serve --num-prompts 2 --input-len 8 --output-len 2 --max-num-seqs 3 "
+      "--max-num-batched-tokens 600 --json '" +
+      json.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto out = nlohmann::json::parse(testing::slurp(json));
+  EXPECT_EQ(out["max_seqs"], 3);
+  EXPECT_EQ(out["max_batched_tokens"], 600);
 }
 
 TEST_F(CliTest, BenchServeRefusesBadBudgets) {

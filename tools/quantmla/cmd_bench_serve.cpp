@@ -327,11 +327,12 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--cache-memory", o->cache_memory,
                   "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
       ->capture_default_str();
-  cmd->add_option("--max-batched-tokens", o->scheduler.max_batched_tokens,
-                  "Tokens one step runs (decodes + prefill chunks)")
+  cmd->add_option("--max-batched-tokens,--max-num-batched-tokens", o->scheduler.max_batched_tokens,
+                  "Tokens one step runs (decodes + prefill chunks; vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-seqs", o->scheduler.max_seqs, "Sequences one step runs")
+  cmd->add_option("--max-seqs,--max-num-seqs", o->scheduler.max_seqs,
+                  "Sequences one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--check-outputs", o->check_outputs,

@@ -134,10 +134,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--port", o->server.port, "Port (0: any free one, printed)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--max-seqs", o->scheduler.max_seqs, "Sequences one step runs")
+  cmd->add_option("--max-seqs,--max-num-seqs", o->scheduler.max_seqs,
+                  "Sequences one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-batched-tokens", o->scheduler.max_batched_tokens, "Tokens one step runs")
+  cmd->add_option("--max-batched-tokens,--max-num-batched-tokens", o->scheduler.max_batched_tokens,
+                  "Tokens one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-waiting", o->max_waiting,
