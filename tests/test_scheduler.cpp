@@ -545,16 +545,24 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
   w.input_len = 120;
   w.output_len = 40;
   w.range_ratio = 0.6;
-  w.seed = seed;
-  const std::vector<Request> requests = make_workload(w, runner.config());
   const CacheFormat bf16 = CacheFormat::parse("bf16");
   SchedulerOptions options;
   options.max_batched_tokens = 96;
   options.max_seqs = 12;
   const int64_t bytes = 9 * PagePool::bytes_per_page({1, 8, 8}, bf16);
-  const ServeResult real = run_serve_bench(runner, bf16, bytes, requests, options);
+  // The budget preempts for most workloads; the first seed from the run's whose workload does
+  // (one in a few dozen does not), so that every run replays preemptions.
+  std::vector<Request> requests;
+  ServeResult real;
+  for (w.seed = seed; w.seed < seed + 100; ++w.seed) {
+    requests = make_workload(w, runner.config());
+    real = run_serve_bench(runner, bf16, bytes, requests, options);
+    if (real.preemptions > 0) break;
+  }
+  ASSERT_GT(real.preemptions, 0) << "no workload of seeds " << seed << " to " << w.seed
+                                 << " preempts under the budget";
+  std::printf("workload seed %llu\n", static_cast<unsigned long long>(w.seed));
   const ServeResult planned = run_serve_bench(*replay, bf16, bytes, requests, options);
-  EXPECT_GT(real.preemptions, 0) << "the budget is meant to preempt";
   EXPECT_EQ(planned.steps, real.steps);
   EXPECT_EQ(planned.decode_steps, real.decode_steps);
   EXPECT_EQ(planned.preemptions, real.preemptions);
@@ -571,20 +579,21 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
               std::make_tuple(r.decodes, r.decode_context, r.prefill_tokens))
         << "step " << i;
     EXPECT_LE(p.decodes + p.prefill_tokens, options.max_batched_tokens);
-    EXPECT_GT(p.decode_context, p.decodes * 50 - 1) << "each decode attends its prompt and more";
+    // The shortest prompt is 48 tokens (floor(120 x (1 - 0.6))); a decode also attends the token
+    // it decodes.
+    EXPECT_GE(p.decode_context, p.decodes * 49) << "each decode attends its prompt and more";
     decodes += p.decodes;
     prefill += p.prefill_tokens;
     context += p.decode_context;
   }
-  // Prefill tokens: the prompts, the recomputed ones, and after each preemption of a request that
-  // had generated, its newest token (sampled, never computed before).
-  EXPECT_GE(prefill, planned.prompt_tokens + planned.recomputed_tokens);
-  EXPECT_LE(prefill, planned.prompt_tokens + planned.recomputed_tokens + planned.preemptions);
-  // A token comes from a decode or ends a prefill: each request's first, and the next one after
-  // each recomputation (fewer when a preemption hit a request that had not finished its prefill).
-  EXPECT_LE(decodes + static_cast<int64_t>(requests.size()), planned.output_tokens);
-  EXPECT_GE(decodes + static_cast<int64_t>(requests.size()) + planned.preemptions,
-            planned.output_tokens);
+  // Every token a request holds is computed once, but its last sampled one (never fed back), and
+  // again for each recomputation: prefill and decode tokens add up to exactly that. (A one-token
+  // segment that ends the known tokens is a decode to the step log, as the runner computes it,
+  // also where it is the last of a prompt's or a recomputation's chunks: so the prefill tokens
+  // alone can fall short of the prompts and the recomputed tokens.)
+  EXPECT_EQ(prefill + decodes, planned.prompt_tokens + planned.output_tokens -
+                                   static_cast<int64_t>(requests.size()) +
+                                   planned.recomputed_tokens);
   EXPECT_GT(context, 0);
   // A warm-up pass runs the same requests on the same pool first, untimed: the timed run then
   // takes the same schedule, and its pool was left empty by the warm-up.
