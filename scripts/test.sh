@@ -2,7 +2,7 @@
 # Builds what changed and runs the whole test suite (unit, reference-logit and CLI tests). Where
 # nvcc is installed (CI included) it also builds the CUDA kernels (build-cuda/, sm_90a) and runs
 # their tests: the host-side ones always, the GPU ones only where a CUDA device is present (ctest
-# reports them skipped otherwise).
+# reports them skipped otherwise). Last, the waiting kernel patches must still apply.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -19,4 +19,15 @@ if [ -n "$nvcc" ]; then
   ctest --test-dir build-cuda --output-on-failure
 else
   echo "test.sh: no nvcc, CUDA kernels not built"
+fi
+
+# The kernel changes waiting for device time (bench/gpu/patches/README.md) must apply to this tree,
+# together: a patch that no longer applies is rebased or deleted, never left stale.
+patches=(bench/gpu/patches/*.diff)
+if [ -e "${patches[0]}" ] && git rev-parse --git-dir >/dev/null 2>&1; then
+  git apply --check "${patches[@]}" || {
+    echo "test.sh: the waiting patches in bench/gpu/patches/ no longer apply together" >&2
+    exit 1
+  }
+  echo "test.sh: ${#patches[@]} waiting patches apply"
 fi
