@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The waiting measurements of bench/gpu/patches/README.md as numbered device calls, each under the
+# device tool's 600 s: `bash bench/gpu/next-session.sh STEP` on the GPU machine, the results (and
+# every log) packed into $OUT/results-STEP.tgz. Steps, in the README's order, with what to carry:
+#   1  the shared experts in the routed products: ab-runner A/B on decode steps of 64-256
+#      tokens and the runner test (.carry/deps.tar.xz, .carry/shared)
+#   2  the 512-graph map: the pressure workload cold on main, then cold with the patch, then warm
+#      with both warm-ups (.carry/deps.tar.xz, .carry/deps-server.tar.xz)
+#   3  the warpgroup decode kernel beside FlashMLA, both head counts, s_q 1 (.anchor)
+#   4  the pipelined fragment kernel against its base beside FlashMLA, 16 heads (.anchor,
+#      .carry/fragments-pipelined-pages.diff: cp bench/gpu/patches/fragments-pipelined-pages.diff
+#      .carry/)
+#   5  the decode-heavy workload at 512 requests, cold (.carry/deps.tar.xz,
+#      .carry/deps-server.tar.xz)
+# Here first: `mv data /tmp/data-aside` (data/ would travel), then run with the carries above.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+step=${1:-}
+[[ $step =~ ^[1-5]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5 (bench/gpu/patches/README.md)" >&2; exit 2; }
+final_out=${OUT:-gpu-results}
+mkdir -p "$final_out/r" && final_out=$(realpath "$final_out")
+export OUT=$final_out/r
+patches=bench/gpu/patches
+status=0
+# Every command gets what is left of 560 s, so that the results are packed before the device
+# tool's 600 s end the call.
+deadline=$((SECONDS + 560))
+within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
+# A patch applied for a step is taken out again (the tree is the next call's too on a warm machine).
+revert() { git checkout -q -- . && git clean -fdq src tests; }
+case $step in
+  1)
+    RUNNER_TEST=1 GEMMS=none SHAPE="decode:64 decode:128 decode:256" ROUNDS=2 \
+      within bash bench/gpu/ab-runner.sh $patches/shared-experts-grouped.diff >"$OUT/ab.txt" 2>&1 ||
+      status=1
+    ;;
+  2)
+    {
+      SKIP_U=1 WARMUP=none TAG=cold within bash bench/gpu/run-serve.sh 256 512 128 &&
+        git apply $patches/graphs-per-batch-size.diff &&
+        SKIP_U=1 WARMUP=none TAG=cold-graphs512 within bash bench/gpu/run-serve.sh 256 512 128 &&
+        SKIP_U=1 WARMUP=shapes TAG=warm-shapes within bash bench/gpu/run-serve.sh 256 512 128 &&
+        SKIP_U=1 WARMUP=full TAG=warm-full within bash bench/gpu/run-serve.sh 256 512 128
+    } >"$OUT/serve.txt" 2>&1 || status=1
+    revert
+    ;;
+  3)
+    {
+      git apply $patches/decode-warpgroup.diff &&
+        within bash bench/gpu/run.sh --max-seconds 220 --formats \
+          bf16/bf16@tiled,bf16/bf16@warpgroup,int4g64/int4,int4g64/int4@warpgroup,int2g64/int4@warpgroup
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert
+    ;;
+  4)
+    {
+      git apply $patches/fragments-pipelined-pages.diff &&
+        BASELINE_DIFF=.carry/fragments-pipelined-pages.diff within bash bench/gpu/run.sh \
+          --heads 16 --formats int4g64/int4@fragments,int2g64/int4@fragments,fp8/bf16@fragments
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert
+    ;;
+  5)
+    SKIP_U=1 WARMUP=none TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
+      >"$OUT/serve.txt" 2>&1 || status=1
+    ;;
+esac
+tail -n 25 "$OUT"/*.txt
+tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"
+exit $status
