@@ -541,6 +541,11 @@ TEST_F(CliTest, BenchServeRefusesBadBudgets) {
   expect_failure(
       run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 0.5"),
       {"fraction of free device memory needs --device cuda"});
+  expect_failure(run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 "
+                         "--gpu-memory-utilization 0.9"),
+                 {"--gpu-memory-utilization", "needs --device cuda"});
+  expect_failure(run_cli("serve --gpu-memory-utilization 0.9 --cache-memory 1GiB"),
+                 {"--cache-memory excludes --gpu-memory-utilization"});
   expect_failure(
       run_cli("bench-serve --num-prompts 2 --input-len 8 --output-len 2 --cache-memory 8GIB"),
       {"byte size \"8GIB\""});

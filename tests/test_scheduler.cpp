@@ -690,5 +690,21 @@ TEST(ServeBench, ParsesByteSizes) {
   }
 }
 
+// vLLM's --gpu-memory-utilization: the fraction of the whole device, less what it already holds.
+TEST(ServeBench, GpuMemoryUtilizationLeavesTheRestOfTheFraction) {
+  const int64_t gib = int64_t{1} << 30;
+  EXPECT_EQ(utilization_budget_bytes(0.9, 70 * gib, 100 * gib), 60 * gib);
+  EXPECT_EQ(utilization_budget_bytes(1.0, 70 * gib, 100 * gib), 70 * gib);
+  expect_contains(
+      error_message<InvalidArgument>([&] { utilization_budget_bytes(0.25, 70 * gib, 100 * gib); }),
+      {"--gpu-memory-utilization", "25.00 GiB of the device's 100.00 GiB", "already take 30.00 GiB",
+       "--cache-memory"});
+  for (const double bad : {0.0, -0.5, 1.5}) {
+    expect_contains(
+        error_message<InvalidArgument>([&] { utilization_budget_bytes(bad, 70 * gib, 100 * gib); }),
+        {"expected a fraction in (0, 1]"});
+  }
+}
+
 }  // namespace
 }  // namespace quantmla

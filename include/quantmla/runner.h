@@ -81,9 +81,13 @@ class Runner {
   virtual void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) = 0;
   // Counted by the CUDA runner; zeros where a backend does not count.
   virtual StepStats last_step_stats() const { return {}; }
-  // Device memory free now, for sizing a cache as a fraction of it; -1 where the backend has no
-  // device memory of its own (CPU).
-  virtual int64_t free_device_bytes() const { return -1; }
+  // The device's memory now (bytes free and in all), for sizing a cache from it; -1 both where
+  // the backend has no device memory of its own (CPU).
+  struct DeviceMemory {
+    int64_t free = -1;
+    int64_t total = -1;
+  };
+  virtual DeviceMemory device_memory() const { return {}; }
 };
 
 // The CPU runner over `model`, which must outlive it.

@@ -93,4 +93,9 @@ double percentile(std::vector<double> values, double p);
 // "8GiB", "512MiB", "1.5GB", "300000000": bytes. Throws InvalidArgument otherwise.
 int64_t parse_byte_size(const std::string& text);
 
+// vLLM's --gpu-memory-utilization U: the cache gets what is left of U x total_bytes after what the
+// device already holds (total_bytes - free_bytes: this process's weights and buffers, and other
+// processes'). Throws InvalidArgument, with the figures, for U outside (0, 1] or nothing left.
+int64_t utilization_budget_bytes(double utilization, int64_t free_bytes, int64_t total_bytes);
+
 }  // namespace quantmla

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <span>
@@ -244,6 +245,28 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
   result.tpot_p50_ms = percentile(tpot, 0.5);
   result.tpot_p99_ms = percentile(tpot, 0.99);
   return result;
+}
+
+int64_t utilization_budget_bytes(double utilization, int64_t free_bytes, int64_t total_bytes) {
+  const auto gib = [](double bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", bytes / 1073741824.0);
+    return std::string(text);
+  };
+  if (!(utilization > 0.0 && utilization <= 1.0)) {
+    throw InvalidArgument("--gpu-memory-utilization " + std::to_string(utilization) +
+                          ": expected a fraction in (0, 1]");
+  }
+  const double used = static_cast<double>(total_bytes - free_bytes);
+  const double allowed = utilization * static_cast<double>(total_bytes);
+  if (allowed <= used) {
+    throw InvalidArgument("--gpu-memory-utilization " + std::to_string(utilization) + ": " +
+                          gib(allowed) + " of the device's " +
+                          gib(static_cast<double>(total_bytes)) +
+                          ", but the model, its buffers and other processes already take " +
+                          gib(used) + "; raise it, or give --cache-memory");
+  }
+  return static_cast<int64_t>(allowed - used);
 }
 
 int64_t parse_byte_size(const std::string& text) {

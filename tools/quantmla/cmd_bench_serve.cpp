@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct BenchServeOptions {
   ServeWorkload workload;
   std::vector<std::string> caches;
   std::string cache_memory = "64MiB";
+  std::optional<double> gpu_memory_utilization;
   SchedulerOptions scheduler;
   int64_t check_outputs = 0;
   std::string warmup;  // empty: full on a GPU (CUDA graphs, kernel loading), none elsewhere
@@ -141,7 +143,8 @@ void run_bench_serve(const BenchServeOptions& options) {
                             : make_runner(options.device, options.model, {}, model,
                                           &options.scheduler, options.batch_invariant);
   const std::vector<Request> requests = make_workload(options.workload, runner->config());
-  const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
+  const int64_t bytes =
+      cache_budget_bytes(options.cache_memory, options.gpu_memory_utilization, *runner);
   const ServeWarmup warmup = !options.warmup.empty()    ? parse_serve_warmup(options.warmup)
                              : options.device == "cuda" ? ServeWarmup::kFull
                                                         : ServeWarmup::kNone;
@@ -324,9 +327,11 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--seed", o->workload.seed, "Seed of the random requests")->capture_default_str();
   cmd->add_option("--cache", o->caches,
                   "Cache format; repeat to run several on the same requests (default bf16)");
-  cmd->add_option("--cache-memory", o->cache_memory,
-                  "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
-      ->capture_default_str();
+  CLI::Option* cache_memory =
+      cmd->add_option("--cache-memory", o->cache_memory,
+                      "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
+          ->capture_default_str();
+  add_gpu_memory_utilization(*cmd, cache_memory, o->gpu_memory_utilization);
   cmd->add_option("--max-batched-tokens,--max-num-batched-tokens", o->scheduler.max_batched_tokens,
                   "Tokens one step runs (decodes + prefill chunks; vLLM's name as an alias)")
       ->capture_default_str()

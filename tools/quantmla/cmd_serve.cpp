@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -26,6 +27,7 @@ struct ServeCliOptions {
   bool batch_invariant = false;
   std::string cache;
   std::string cache_memory = "256MiB";
+  std::optional<double> gpu_memory_utilization;
   SchedulerOptions scheduler;
   int64_t max_waiting = 1024;
   int64_t http_threads = 0;  // 0: max_seqs + 64
@@ -66,7 +68,8 @@ void run_serve(ServeCliOptions options) {
   const CacheFormat format = device_cache(options.device, options.model, options.cache, "bf16");
   const ModelConfig& c = runner->config();
   const CacheShape shape{c.num_layers, c.kv_lora_rank, c.qk_rope_head_dim};
-  const int64_t bytes = cache_budget_bytes(options.cache_memory, *runner);
+  const int64_t bytes =
+      cache_budget_bytes(options.cache_memory, options.gpu_memory_utilization, *runner);
   const int64_t pages = PagePool::pages_for_bytes(shape, format, bytes);
   if (pages < 1) throw InvalidArgument("--cache-memory " + options.cache_memory + " holds no page");
   auto pool = runner->make_pool(format, pages);
@@ -127,9 +130,11 @@ void add_serve(CLI::App& app) {
   add_batch_invariant_option(*cmd, o->batch_invariant);
   cmd->add_option("--cache", o->cache,
                   "Cache format (default: the spec calibrate recorded, else bf16)");
-  cmd->add_option("--cache-memory", o->cache_memory,
-                  "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
-      ->capture_default_str();
+  CLI::Option* cache_memory =
+      cmd->add_option("--cache-memory", o->cache_memory,
+                      "Cache budget: a size (512MiB, 8GiB) or a fraction of free GPU memory (0.9)")
+          ->capture_default_str();
+  add_gpu_memory_utilization(*cmd, cache_memory, o->gpu_memory_utilization);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0: any free one, printed)")
       ->capture_default_str()

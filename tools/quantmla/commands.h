@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,14 @@ CacheFormat device_cache(const std::string& device, const std::string& model_dir
                          const std::string& given, const std::string& fallback);
 
 // --cache-memory: a size ("8GiB", parse_byte_size) or a fraction of the device memory free after
-// loading ("0.9", CUDA only: InvalidArgument on the CPU).
-int64_t cache_budget_bytes(const std::string& text, const Runner& runner);
+// loading ("0.9", CUDA only: InvalidArgument on the CPU); with --gpu-memory-utilization U set,
+// vLLM's rule instead (utilization_budget_bytes, CUDA only).
+int64_t cache_budget_bytes(const std::string& text, std::optional<double> gpu_memory_utilization,
+                           const Runner& runner);
+
+// --gpu-memory-utilization, exclusive with --cache-memory.
+void add_gpu_memory_utilization(CLI::App& cmd, CLI::Option* cache_memory,
+                                std::optional<double>& utilization);
 
 // --ctx N and --max-windows K, the window protocol's options shared by the evaluators.
 void add_window_options(CLI::App& cmd, int64_t& ctx, int64_t& max_windows);

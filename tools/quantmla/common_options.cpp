@@ -143,8 +143,19 @@ std::vector<KldResult> run_kld(const KldRun& run, const std::vector<CacheFormat>
   return evaluate_kld(*runner, ids, formats, options);
 }
 
-// --cache-memory: a size ("8GiB") or a fraction of the device memory free after loading ("0.9").
-int64_t cache_budget_bytes(const std::string& text, const Runner& runner) {
+// --cache-memory: a size ("8GiB") or a fraction of the device memory free after loading ("0.9");
+// --gpu-memory-utilization U instead: what is left of U x the device's memory.
+int64_t cache_budget_bytes(const std::string& text, std::optional<double> gpu_memory_utilization,
+                           const Runner& runner) {
+  const Runner::DeviceMemory memory = runner.device_memory();
+  if (gpu_memory_utilization) {
+    if (memory.total < 0) {
+      throw InvalidArgument(
+          "--gpu-memory-utilization sizes the cache from the device's memory and needs --device "
+          "cuda; give --cache-memory a size such as 512MiB");
+    }
+    return utilization_budget_bytes(*gpu_memory_utilization, memory.free, memory.total);
+  }
   size_t end = 0;
   double fraction = -1.0;
   try {
@@ -153,7 +164,7 @@ int64_t cache_budget_bytes(const std::string& text, const Runner& runner) {
     end = 0;
   }
   if (end == text.size() && fraction > 0.0 && fraction <= 1.0) {
-    const int64_t free_bytes = runner.free_device_bytes();
+    const int64_t free_bytes = memory.free;
     if (free_bytes < 0) {
       throw InvalidArgument("--cache-memory " + text +
                             ": a fraction of free device memory needs --device cuda; give a size "
@@ -162,6 +173,15 @@ int64_t cache_budget_bytes(const std::string& text, const Runner& runner) {
     return static_cast<int64_t>(fraction * static_cast<double>(free_bytes));
   }
   return parse_byte_size(text);
+}
+
+void add_gpu_memory_utilization(CLI::App& cmd, CLI::Option* cache_memory,
+                                std::optional<double>& utilization) {
+  cmd.add_option("--gpu-memory-utilization", utilization,
+                 "CUDA, vLLM's rule: the cache gets what is left of this fraction of the device's "
+                 "memory after the model, its buffers and other processes (instead of "
+                 "--cache-memory)")
+      ->excludes(cache_memory);
 }
 
 }  // namespace quantmla::cli

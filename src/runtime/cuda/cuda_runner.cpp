@@ -500,10 +500,10 @@ class CudaRunner final : public Runner {
   const ModelConfig& config() const override { return config_; }
   std::string device() const override { return device_name_; }
   StepStats last_step_stats() const override { return stats_; }
-  int64_t free_device_bytes() const override {
+  DeviceMemory device_memory() const override {
     size_t free_bytes = 0, total_bytes = 0;
     QUANTMLA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return static_cast<int64_t>(free_bytes);
+    return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
   }
 
   std::unique_ptr<PagePool> make_pool(const CacheFormat& format, int64_t num_pages) override {
