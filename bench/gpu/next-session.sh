@@ -12,7 +12,9 @@
 #      .carry/)
 #   5  the decode-heavy workload at 512 requests, cold (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
-# Here first: `mv data /tmp/data-aside` (data/ would travel), then run with the carries above.
+# Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
+# scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
+# && cp ../shared/anchors/flashmla/* .anchor/` for steps 3 and 4; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
