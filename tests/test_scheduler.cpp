@@ -300,7 +300,8 @@ TEST(Scheduler, RefusesRequestsThatCanNeverRun) {
                   {"needs 5 pages", "holds 4"});
   r = ok;
   r.max_tokens = 5000;
-  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"4096 positions"});
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }),
+                  {"4096 positions", "max_position_embeddings"});
   r = ok;
   r.stop = {"x"};
   expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"detokenizer"});
@@ -309,6 +310,30 @@ TEST(Scheduler, RefusesRequestsThatCanNeverRun) {
   EXPECT_THROW(scheduler.add(r), InvalidArgument);
   EXPECT_FALSE(scheduler.has_work()) << "a refused request was queued";
   EXPECT_FALSE(scheduler.cancel(12345));
+}
+
+// --max-model-len: requests reach at most that many positions; the model's is the ceiling.
+TEST(Scheduler, MaxModelLenCapsRequests) {
+  FakeRunner runner;
+  auto pool = runner.make_pool(CacheFormat::parse("bf16"), 16);
+  SchedulerOptions options;
+  options.max_model_len = 100;
+  Scheduler scheduler(runner, *pool, options);
+  Request r;
+  r.prompt = {5, 6};
+  r.max_tokens = 98;
+  EXPECT_NO_THROW(scheduler.add(r));
+  r.max_tokens = 99;
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }),
+                  {"max_tokens 99", "100 positions", "--max-model-len"});
+  EXPECT_EQ(effective_max_model_len(options, runner.config()), 100);
+  EXPECT_EQ(effective_max_model_len({}, runner.config()), 4096);
+  for (const int64_t bad : {int64_t{-1}, int64_t{4097}}) {
+    options.max_model_len = bad;
+    expect_contains(
+        error_message<InvalidArgument>([&] { Scheduler refused(runner, *pool, options); }),
+        {"max_model_len " + std::to_string(bad), "4096 positions"});
+  }
 }
 
 TEST(Scheduler, StopStringsAndCancellation) {

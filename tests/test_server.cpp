@@ -139,8 +139,9 @@ std::vector<json> stream(const ServerProcess& server, const std::string& path, j
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--cache-memory", "16MiB", "--api-key", "sesame",
-                                 "--served-model-name", "mla-tiny", "--max-seqs", "8"});
+    server_ =
+        new ServerProcess({"--cache-memory", "16MiB", "--api-key", "sesame", "--served-model-name",
+                           "mla-tiny", "--max-seqs", "8", "--max-model-len", "3000"});
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -161,6 +162,12 @@ TEST_F(ServerTest, HealthModelsAndAuth) {
   EXPECT_EQ(models->status, 200);
   const json list = json::parse(models->body);
   EXPECT_EQ(list["data"][0]["id"], "mla-tiny");
+  EXPECT_EQ(list["data"][0]["max_model_len"], 3000) << "--max-model-len, not the model's 4096";
+  const json too_long =
+      post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2999}}, 400);
+  EXPECT_NE(too_long["error"]["message"].get<std::string>().find("--max-model-len"),
+            std::string::npos)
+      << too_long.dump();
   auto denied = c.Get("/v1/models");
   ASSERT_TRUE(denied);
   EXPECT_EQ(denied->status, 401);

@@ -67,7 +67,14 @@ struct SchedulerOptions {
   // Pages kept free when admitting (vLLM's watermark): admission needs the whole prompt's pages
   // plus these, so that running sequences can grow a while before anyone is preempted.
   int64_t watermark_pages = 1;
+  // Positions a request may reach, prompt + max_tokens (vLLM's --max-model-len): 0 for the
+  // model's max_position_embeddings, else at most that.
+  int64_t max_model_len = 0;
 };
+
+// The positions a request may reach under `options` on a model of `config` (max_model_len, or
+// the model's when 0). Throws InvalidArgument for a max_model_len below 0 or past the model's.
+int64_t effective_max_model_len(const SchedulerOptions& options, const ModelConfig& config);
 
 // Counters since construction (bench-serve, logs).
 struct SchedulerStats {

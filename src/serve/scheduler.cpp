@@ -79,6 +79,15 @@ struct Scheduler::Entry {
   std::vector<TokenLogprob> logprobs;  // per generated token, when asked
 };
 
+int64_t effective_max_model_len(const SchedulerOptions& options, const ModelConfig& config) {
+  if (options.max_model_len < 0 || options.max_model_len > config.max_position_embeddings) {
+    throw InvalidArgument("max_model_len " + str(options.max_model_len) +
+                          ": expected 0 (the model's) or at most the model's " +
+                          str(config.max_position_embeddings) + " positions");
+  }
+  return options.max_model_len > 0 ? options.max_model_len : config.max_position_embeddings;
+}
+
 Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& options,
                      std::function<std::string(std::span<const int32_t>)> detokenize)
     : runner_(runner),
@@ -91,6 +100,7 @@ Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& opt
                           ", max_seqs " + str(options.max_seqs) + ", watermark_pages " +
                           str(options.watermark_pages) + " (need >= 1, >= 1, >= 0)");
   }
+  effective_max_model_len(options, runner.config());  // throws for a length past the model's
 }
 
 double Scheduler::now_s() const { return static_cast<double>(steady_ns() - start_ns_) * 1e-9; }
@@ -132,10 +142,13 @@ void Scheduler::validate(const Request& request) const {
                             ")");
     }
   }
-  if (prompt + request.max_tokens > config.max_position_embeddings) {
-    throw InvalidArgument("request: prompt of " + str(prompt) + " tokens + max_tokens " +
-                          str(request.max_tokens) + " exceed the model's " +
-                          str(config.max_position_embeddings) + " positions");
+  const int64_t max_model_len = effective_max_model_len(options_, config);
+  if (prompt + request.max_tokens > max_model_len) {
+    throw InvalidArgument(
+        "request: prompt of " + str(prompt) + " tokens + max_tokens " + str(request.max_tokens) +
+        " exceed the " + str(max_model_len) + " positions a request may reach (" +
+        (options_.max_model_len > 0 ? "--max-model-len" : "the model's max_position_embeddings") +
+        ")");
   }
   check_sampler_options(request.sampling);
   if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {

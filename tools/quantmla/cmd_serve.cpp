@@ -91,6 +91,7 @@ void run_serve(ServeCliOptions options) {
     options.server.served_model_name = std::filesystem::absolute(dir).filename().string();
   }
   options.server.add_bos = reads_add_bos(dir);
+  options.server.max_model_len = effective_max_model_len(options.scheduler, runner->config());
   options.server.http_threads = static_cast<size_t>(
       options.http_threads > 0 ? options.http_threads : options.scheduler.max_seqs + 64);
   OpenAiServer server(engine, tokenizer, std::move(chat_template), tokens.bos_token,
@@ -147,6 +148,11 @@ void add_serve(CLI::App& app) {
                   "Tokens one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-model-len", o->scheduler.max_model_len,
+                  "Positions a request may reach, prompt + max_tokens (vLLM's flag; 0: the "
+                  "model's max_position_embeddings, at most that)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-waiting", o->max_waiting,
                   "Requests allowed to wait; more are answered 503")
       ->capture_default_str()

@@ -743,11 +743,14 @@ struct OpenAiServer::Impl {
     http.Get(
         "/v1/models", guarded([this](const httplib::Request& req, httplib::Response& res) {
           check_auth(req);
-          const json model = {{"id", options.served_model_name},
-                              {"object", "model"},
-                              {"created", static_cast<int64_t>(std::time(nullptr))},
-                              {"owned_by", "quantmla"},
-                              {"max_model_len", engine.runner().config().max_position_embeddings}};
+          const json model = {
+              {"id", options.served_model_name},
+              {"object", "model"},
+              {"created", static_cast<int64_t>(std::time(nullptr))},
+              {"owned_by", "quantmla"},
+              {"max_model_len", options.max_model_len > 0
+                                    ? options.max_model_len
+                                    : engine.runner().config().max_position_embeddings}};
           res.set_content(json{{"object", "list"}, {"data", {model}}}.dump(), "application/json");
         }));
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {

@@ -21,6 +21,7 @@ struct ServerOptions {
   int port = 8000;                // 0: any free port (tests), printed at start
   std::string api_key;            // "": no authentication
   std::string served_model_name;  // the id /v1/models lists and requests name
+  int64_t max_model_len = 0;      // the max_model_len /v1/models lists (0: the model's positions)
   size_t max_body_bytes = size_t{8} << 20;
   bool add_bos = true;  // prepend BOS to text prompts (tokenizer_config add_bos_token)
   // HTTP handler threads. Each request in flight holds one until its last byte (a stream for its
