@@ -368,6 +368,36 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400)["error"]["param"],
             "n");
   post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 100000}}, 400);
+  // Sampling controls this server does not implement are refused unless neutral, never ignored.
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, json>>{{"frequency_penalty", 0.5},
+                                                 {"presence_penalty", -1},
+                                                 {"repetition_penalty", 1.2},
+                                                 {"top_k", 40},
+                                                 {"min_p", 0.1},
+                                                 {"logit_bias", {{"50256", -100}}},
+                                                 {"best_of", 3},
+                                                 {"echo", true},
+                                                 {"suffix", "end"}}) {
+    const json refused = post(*server_, "/v1/completions", {{"prompt", "x"}, {name, value}}, 400);
+    EXPECT_EQ(refused["error"]["param"], name);
+    EXPECT_NE(refused["error"]["message"].get<std::string>().find("not supported"),
+              std::string::npos)
+        << refused.dump();
+  }
+  post(*server_, "/v1/completions",
+       {{"prompt", "x"},
+        {"max_tokens", 1},
+        {"frequency_penalty", 0},
+        {"presence_penalty", 0.0},
+        {"repetition_penalty", 1},
+        {"top_k", -1},
+        {"min_p", 0},
+        {"logit_bias", json::object()},
+        {"best_of", 1},
+        {"echo", false},
+        {"suffix", ""}},
+       200);
   EXPECT_EQ(post(*server_, "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}},
                  404)["error"]["param"],
             "model");
@@ -609,6 +639,17 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"tools", "now"}}, 400,
                  {})["error"]["param"],
             "tools");
+  // JSON mode is not implemented: refused, not ignored; a text response_format is fine.
+  EXPECT_EQ(post(server, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+                  {"response_format", {{"type", "json_object"}}}},
+                 400, {})["error"]["param"],
+            "response_format");
+  post(server, "/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+        {"max_tokens", 1},
+        {"response_format", {{"type", "text"}}}},
+       200, {});
   const std::vector<json> events =
       stream(server, "/v1/chat/completions",
              {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}}, {});

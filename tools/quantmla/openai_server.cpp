@@ -119,7 +119,54 @@ constexpr int kMaxBodyNesting = 256;
 // Serialized with invalid UTF-8 (a token's bytes may be part of a character) replaced.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// Parameters of the OpenAI API (and vLLM's extensions) that this server does not implement are
+// refused unless they hold their neutral value, never ignored: a client that asks for a penalty
+// or a JSON answer must not get an ordinary one without being told.
+void refuse_unsupported(const json& body, bool chat) {
+  const auto present = [&](const char* name) {
+    return body.contains(name) && !body[name].is_null();
+  };
+  const auto unsupported = [](const char* name, const std::string& neutral) {
+    bad_field(name, std::string(name) + " is not supported by this server (leave it out, or send " +
+                        neutral + ")");
+  };
+  // Numbers whose neutral values leave the distribution alone.
+  const std::pair<const char*, std::vector<double>> numbers[] = {{"presence_penalty", {0.0}},
+                                                                 {"frequency_penalty", {0.0}},
+                                                                 {"repetition_penalty", {1.0}},
+                                                                 {"top_k", {-1.0, 0.0}},
+                                                                 {"min_p", {0.0}}};
+  for (const auto& [name, neutral] : numbers) {
+    if (!present(name)) continue;
+    const json& v = body[name];
+    if (!v.is_number() ||
+        std::find(neutral.begin(), neutral.end(), v.get<double>()) == neutral.end()) {
+      unsupported(name, json(neutral.front()).dump());
+    }
+  }
+  if (present("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
+    unsupported("logit_bias", "{}");
+  }
+  if (present("best_of") &&
+      !(body["best_of"].is_number_integer() &&
+        body["best_of"].get<int64_t>() ==
+            (present("n") && body["n"].is_number_integer() ? body["n"].get<int64_t>() : 1))) {
+    unsupported("best_of", "n");
+  }
+  if (chat) {
+    if (present("response_format") &&
+        !(body["response_format"].is_object() &&
+          body["response_format"].value("type", json("text")) == json("text"))) {
+      unsupported("response_format", "{\"type\": \"text\"}");
+    }
+  } else {
+    if (present("echo") && body["echo"] != json(false)) unsupported("echo", "false");
+    if (present("suffix") && body["suffix"] != json("")) unsupported("suffix", "\"\"");
+  }
+}
+
 Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat) {
+  refuse_unsupported(body, chat);
   Sampling s;
   Request& r = s.request;
   if (body.contains("max_tokens") && !body["max_tokens"].is_null()) {
