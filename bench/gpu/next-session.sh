@@ -50,7 +50,7 @@ case $step in
   3)
     {
       git apply $patches/decode-warpgroup.diff &&
-        within bash bench/gpu/run.sh --max-seconds 220 --formats \
+        within bash bench/gpu/run.sh --max-seconds 180 --formats \
           bf16/bf16@tiled,bf16/bf16@warpgroup,int4g64/int4,int4g64/int4@warpgroup,int2g64/int4@warpgroup
     } >"$OUT/run.txt" 2>&1 || status=1
     revert
