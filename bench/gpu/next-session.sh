@@ -20,6 +20,17 @@ cd "$(dirname "$0")/../.."
 step=${1:-}
 [[ $step =~ ^[1-5]$ ]] ||
   { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5 (bench/gpu/patches/README.md)" >&2; exit 2; }
+# What each step needs carried, checked before any device time goes into building.
+needs=()
+case $step in
+  1) needs=(.carry/deps.tar.xz .carry/shared) ;;
+  2 | 5) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
+  3) needs=(.anchor/bench_flashmla.py) ;;
+  4) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
+esac
+for need in "${needs[@]}"; do
+  [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
+done
 final_out=${OUT:-gpu-results}
 mkdir -p "$final_out/r" && final_out=$(realpath "$final_out")
 export OUT=$final_out/r
