@@ -12,20 +12,22 @@
 #      .carry/)
 #   5  the decode-heavy workload at 512 requests, cold (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
+#   6  the warpgroup kernel at s_q = 2 (multi-token prediction), 128 heads, beside FlashMLA's
+#      s_q = 2 (.anchor)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
 # && cp ../shared/anchors/flashmla/* .anchor/` for steps 3 and 4; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-5]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-6]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5|6 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
   2 | 5) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
-  3) needs=(.anchor/bench_flashmla.py) ;;
+  3 | 6) needs=(.anchor/bench_flashmla.py) ;;
   4) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
 esac
 for need in "${needs[@]}"; do
@@ -71,6 +73,14 @@ case $step in
       git apply $patches/fragments-pipelined-pages.diff &&
         BASELINE_DIFF=.carry/fragments-pipelined-pages.diff within bash bench/gpu/run.sh \
           --heads 16 --formats int4g64/int4@fragments,int2g64/int4@fragments,fp8/bf16@fragments
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert
+    ;;
+  6)
+    {
+      git apply $patches/decode-warpgroup.diff &&
+        within bash bench/gpu/run.sh --s-q 2 --heads 128 --max-seconds 180 --formats \
+          bf16/bf16@tiled,bf16/bf16@warpgroup,int4g64/int4,int4g64/int4@warpgroup,fp8/bf16@warpgroup
     } >"$OUT/run.txt" 2>&1 || status=1
     revert
     ;;
