@@ -135,7 +135,9 @@ void refuse_unsupported(const json& body, bool chat) {
                                                                  {"frequency_penalty", {0.0}},
                                                                  {"repetition_penalty", {1.0}},
                                                                  {"top_k", {-1.0, 0.0}},
-                                                                 {"min_p", {0.0}}};
+                                                                 {"min_p", {0.0}},
+                                                                 {"min_tokens", {0.0}},
+                                                                 {"length_penalty", {1.0}}};
   for (const auto& [name, neutral] : numbers) {
     if (!present(name)) continue;
     const json& v = body[name];
@@ -147,6 +149,14 @@ void refuse_unsupported(const json& body, bool chat) {
   if (present("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
     unsupported("logit_bias", "{}");
   }
+  if (present("stop_token_ids") &&
+      !(body["stop_token_ids"].is_array() && body["stop_token_ids"].empty())) {
+    unsupported("stop_token_ids", "[]");
+  }
+  if (present("use_beam_search") && body["use_beam_search"] != json(false)) {
+    unsupported("use_beam_search", "false");
+  }
+  if (present("prompt_logprobs")) unsupported("prompt_logprobs", "null");
   if (present("best_of") &&
       !(body["best_of"].is_number_integer() &&
         body["best_of"].get<int64_t>() ==
