@@ -66,7 +66,7 @@ enum class DecodeSplit { kFillDevice, kBatchInvariant };
 inline constexpr int kBatchInvariantMinRunPages = 8;
 inline constexpr int kBatchInvariantMaxRuns = 16;
 
-// How one decode call is split into thread blocks: each block takes 16 or 32 query rows (s_q x
+// How one decode call is split into thread blocks: each block takes 16, 32 or 64 query rows (s_q x
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
 // on the device; sequences split into several runs are merged by a combine kernel through their
 // log-sum-exps. It depends on the format and the lengths only, so one plan serves every layer of a
@@ -121,7 +121,8 @@ class MlaDecodePlan {
   std::vector<Block> blocks() const;
   int keys_per_step() const;
   // The products' operands: kBf16Tile, every key's values rounded to BF16 as the tiled kernel's
-  // tile holds them, and P rounded to BF16; kFp16Codes (the fragment kernel on int g64 or fp8
+  // tile holds them (the warpgroup kernel's BF16 records as stored), and P rounded to BF16;
+  // kFp16Codes (the fragment kernel on int g64 or fp8
   // content), the codes exact in FP16, each group's scale and minimum applied to the scores'
   // partial sums and to P (P rounded to FP16, P times a scale rounded again; fp8: the scale over
   // a running power of two), the RoPE key as in the tile.

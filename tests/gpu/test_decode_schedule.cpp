@@ -40,8 +40,10 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
   const DecodeSchedule schedule = plan_decode(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
   const int rows = s_q * heads;
   expect(schedule.rows_per_block * schedule.row_tiles == rows, name + ": rows covered");
-  expect(schedule.rows_per_block == (rows % 32 == 0 && max_tiles == 2 ? 32 : 16),
-         name + ": row tile size");
+  const int expected_rows = rows % 64 == 0 && max_tiles >= 4   ? 64
+                            : rows % 32 == 0 && max_tiles >= 2 ? 32
+                                                               : 16;
+  expect(schedule.rows_per_block == expected_rows, name + ": row tile size");
   // (sequence, row tile) -> pages seen, in order.
   std::map<std::pair<int, int>, std::vector<WorkItem>> runs;
   std::vector<int> partial_seen(schedule.num_partials, 0);
@@ -304,7 +306,7 @@ int main() {
                {std::vector<int32_t>{2}, std::vector<int32_t>{64, 65, 2, 4096},
                 std::vector<int32_t>(16, 32768), std::vector<int32_t>{262144, 3, 130},
                 std::vector<int32_t>(128, 4096)}) {
-            for (const int max_tiles : {1, 2}) {
+            for (const int max_tiles : {1, 2, 4}) {
               check_schedule(lens, s_q, heads, sms, per_sm, per_split, max_tiles);
               ++cases;
             }
@@ -339,7 +341,7 @@ int main() {
     if (trial % 3 == 0) lens[0] = 1 << 18;  // one long sequence among short ones
     const int sms = 1 + static_cast<int>(rng() % 140);
     check_schedule(lens, 1 + static_cast<int>(rng() % 2), 16 << (rng() % 3), sms,
-                   1 + static_cast<int>(rng() % 3), 0, 1 + static_cast<int>(rng() % 2));
+                   1 + static_cast<int>(rng() % 3), 0, 1 << (rng() % 3));
     ++cases;
   }
   // The split rule (decode_schedule.h) on the shapes it was measured on: one sequence alone on

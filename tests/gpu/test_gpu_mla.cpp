@@ -369,10 +369,10 @@ void run_batch_invariance_case(const std::string& spec, int first_len) {
 
 // The faithful comparison must fail for each kernel bug a mutation stands for (format, heads and
 // lengths chosen so that every mutation has one: s_q = 2, sequence 0 longer than a page).
-void run_mutation_checks(const std::string& spec) {
+void run_mutation_checks(const std::string& spec, int heads = 16) {
   const CacheFormat format = CacheFormat::parse(spec);
   const std::vector<int32_t> lens = {66, 200};
-  const int s_q = 2, heads = 16, rows = s_q * heads;
+  const int s_q = 2, rows = s_q * heads;
   const float softmax_scale = 1.0f / std::sqrt(192.0f);
   HostCache cache = make_cache(format, lens);
   std::vector<uint16_t> q(lens.size() * rows * kKeyDim);
@@ -395,8 +395,9 @@ void run_mutation_checks(const std::string& spec) {
                         mutation, testing::Arithmetic::kExact, plan.operands()));
     const bool passes = f.nan == 0 && f.worst <= 1.0 && f.rms <= kFaithfulRms;
     char line[256];
-    std::snprintf(line, sizeof line, "mutation %-36s %s %s: err/allowed max %.3g, RMS %.3g -> %s",
-                  name, spec.c_str(), decode_kernel_name().c_str(), f.worst, f.rms,
+    std::snprintf(line, sizeof line,
+                  "mutation %-36s %s %s, %d heads: err/allowed max %.3g, RMS %.3g -> %s", name,
+                  spec.c_str(), decode_kernel_name().c_str(), heads, f.worst, f.rms,
                   passes ? "passes" : "fails");
     std::printf("%s\n", line);
     expect(passes == (mutation == Mutation::kNone), line);
@@ -662,10 +663,23 @@ void run_error_cases() {
     expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g128,rope=int4:g64"), many, 1, 16)
                    .keys_per_step() != 64,
            "auto: the tiled kernel for int2 g128");
+    // BF16 at 64 heads and more: the warpgroup kernel, 64 rows a block.
+    const auto first_block_rows = [&](int heads) {
+      return gpu::MlaDecodePlan(bf16, one, 1, heads).blocks().front().rows;
+    };
+    expect(first_block_rows(64) == 64 && first_block_rows(128) == 64,
+           "auto: the warpgroup kernel's 64-row blocks for a BF16 cache at 64 and 128 heads");
+    expect(first_block_rows(16) == 16, "auto: 16-row blocks for a BF16 cache at 16 heads");
   }
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
+  setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
+  expect_throws<InvalidArgument>("the warpgroup kernel forced on 16 heads",
+                                 [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
+  expect_throws<InvalidArgument>("the warpgroup kernel forced on an int4 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 64);
+  });
   setenv("QUANTMLA_DECODE_KERNEL", "fastest", 1);
   expect_throws<InvalidArgument>("an unknown QUANTMLA_DECODE_KERNEL", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);
@@ -734,6 +748,18 @@ int main(int argc, char** argv) {
           });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
         }
+        // The warpgroup kernel (BF16, 64 rows a block), forced: lengths around a page and a
+        // split with its combine, s_q 1 and 2, 64 and 128 heads; its mutations.
+        setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
+        run_mutation_checks("content=bf16,rope=bf16", 64);
+        run_decode_case({"content=bf16,rope=bf16", 64, 1, {1, 63, 64, 65, 300}, 0});
+        run_decode_case({"content=bf16,rope=bf16", 128, 2, {2, 130, 1000}, 0});
+        if (!quick) {
+          run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 37}, 3});
+          run_decode_case({"content=bf16,rope=bf16", 128, 2, {4097, 70, 2}, 0});
+          run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
+        }
+        unsetenv("QUANTMLA_DECODE_KERNEL");
       },
       {{"--quick", &quick}});
 }

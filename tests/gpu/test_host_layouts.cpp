@@ -1,7 +1,8 @@
 // Host-side index math of the GPU runner's kernels, checked exhaustively without a GPU: the
 // padded layout of the batched expert GEMMs puts every (token, choice) in its expert's block
 // exactly once, and moe_sort's scan cuts every expert's column of chunk counts into runs that
-// cover it once, in order. Exit status 0 when every check passes.
+// cover it once, in order; and the warpgroup decode kernel reads a page's tensor-map boxes as its
+// values through the MN-major operand layout. Exit status 0 when every check passes.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "kernels/cuda/moe_ops.h"
 #include "kernels/cuda/sort_scan_runs.h"
+#include "kernels/cuda/swizzle_layouts.h"
 #include "quantmla/error.h"
 
 namespace {
@@ -139,6 +141,34 @@ void check_scan_runs() {
 
 }  // namespace
 
+// The warpgroup decode kernel (decode_warpgroup.cu) copies a page of 64 records as nine boxes of
+// 64 channels, 8 KB apart, and reads channels [256 w, 256 w + 256) of keys [16 k, 16 k + 16) as
+// the B operand of O += P V from box 4 w, byte 16 k x 128, with an MN-major descriptor whose
+// column blocks are 8 KB apart: every (key, channel) of the operand must be the copy's byte.
+void check_values_operand() {
+  constexpr uint32_t kBoxBytes = 64 * 128;
+  std::set<uint32_t> seen;
+  for (int w = 0; w < 2; ++w) {
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t start = 4 * w * kBoxBytes + 16 * k * 128;
+      for (int key = 0; key < 16; ++key) {
+        for (int n = 0; n < 256; ++n) {
+          const int channel = 256 * w + n, record = 16 * k + key;
+          const uint32_t copied =
+              (channel / 64) * kBoxBytes + gpu::tma_box_offset(record, channel % 64);
+          const uint32_t operand = start + gpu::mn_major_offset(key, n, kBoxBytes);
+          expect(operand == copied,
+                 "values operand w " + std::to_string(w) + " k-step " + std::to_string(k) +
+                     " key " + std::to_string(key) + " channel " + std::to_string(n) + ": byte " +
+                     std::to_string(operand) + ", copied to " + std::to_string(copied));
+          seen.insert(copied);
+        }
+      }
+    }
+  }
+  expect(seen.size() == 64u * 512u, "the operands cover the page's 512 content channels once");
+}
+
 int main(int argc, char** argv) {
   const uint64_t seed =
       argc > 2 && std::string(argv[1]) == "--seed" ? std::stoull(argv[2]) : std::random_device{}();
@@ -146,6 +176,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(seed);
   check_expert_layout(rng);
   check_scan_runs();
+  check_values_operand();
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_fragments.cuh"
 #include "kernels/cuda/decode_schedule.h"
+#include "kernels/cuda/decode_warpgroup.cuh"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -122,13 +123,30 @@ int fragments_min_batch(const CacheFormat& format) {
   return format.content.codec == Codec::kInt4 ? 32 : 1;
 }
 
-// The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments forces
-// one (benchmarks and tests time and check both); unset or "auto": the fragment kernel where it
-// reads the format and the batch has at least fragments_min_batch(format) sequences.
-DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
+// The head counts from which the warpgroup kernel is chosen for a BF16 cache: 64 and more, so that
+// a block's 64 rows are one token's heads. (Not measured yet: bench/gpu/patches/README.md.)
+constexpr int kWarpgroupMinHeads = 64;
+
+// The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup
+// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel
+// where it reads the shape and there are at least kWarpgroupMinHeads heads (never for a
+// batch-invariant plan, whose blocks take 16 rows), else the fragment kernel where it reads the
+// format and the batch has at least fragments_min_batch(format) sequences.
+DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q, int num_heads,
+                                  bool invariant) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
   if (choice == "tiled") return DecodeKernel::kTiled;
+  if (choice == "warpgroup") {
+    if (!warpgroup_kernel_reads(format, s_q, num_heads) || invariant) {
+      throw InvalidArgument(
+          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads content and RoPE bf16 in "
+          "blocks of 64 query rows, in plans that are not batch-invariant; not " +
+          format.to_string() + " with s_q " + std::to_string(s_q) + " x " +
+          std::to_string(num_heads) + " heads" + (invariant ? ", batch-invariant" : ""));
+    }
+    return DecodeKernel::kWarpgroup;
+  }
   if (choice == "fragments") {
     if (!fragments_kernel_reads(format)) {
       throw InvalidArgument(
@@ -140,7 +158,11 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch) {
   }
   if (choice != "auto") {
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
-                          ": expected tiled, fragments or auto");
+                          ": expected tiled, fragments, warpgroup or auto");
+  }
+  if (!invariant && num_heads >= kWarpgroupMinHeads &&
+      warpgroup_kernel_reads(format, s_q, num_heads)) {
+    return DecodeKernel::kWarpgroup;
   }
   return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
              ? DecodeKernel::kFragments
@@ -165,7 +187,13 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // 16-row tile a block, plan_decode_invariant: the tiled kernel's two-tile blocks step through
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
-  shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch);
+  shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch,
+                                      s_q, num_heads, invariant);
+  if (shape.kernel == DecodeKernel::kWarpgroup) {
+    shape.blocks_per_multiprocessor = WarpgroupLayout::kBlocksPerSm;
+    shape.max_row_tiles = WarpgroupLayout::kRows / 16;
+    return shape;
+  }
   const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
@@ -345,6 +373,7 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 }
 
 int MlaDecodePlan::keys_per_step() const {
+  if (state_->kernel == DecodeKernel::kWarpgroup) return WarpgroupLayout::kStepKeys;
   int keys = 0;
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
@@ -412,7 +441,9 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
   visit_gpu_format(format, [&](auto content, auto rope) {
     using Content = decltype(content);
     using Rope = decltype(rope);
-    if (state.kernel == DecodeKernel::kFragments) {
+    if (state.kernel == DecodeKernel::kWarpgroup) {
+      launch_decode_warpgroup(kernel, params.batch, layout.items, stream);
+    } else if (state.kernel == DecodeKernel::kFragments) {
       if constexpr (kFragmentContent<Content>) {
         launch_decode_fragments<Content, Rope>(kernel, layout.items, stream);
       } else {

@@ -39,7 +39,9 @@ int split_count(int64_t pages, int64_t share) {
 }
 
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
-  return max_row_tiles >= 2 && (s_q * num_heads) % 32 == 0 ? 2 : 1;
+  const int rows = s_q * num_heads;
+  if (max_row_tiles >= 4 && rows % 64 == 0) return 4;
+  return max_row_tiles >= 2 && rows % 32 == 0 ? 2 : 1;
 }
 
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
@@ -56,7 +58,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
   }
   DecodeSchedule schedule;
   const int rows = s_q * num_heads;
-  // Two row tiles per block read each page once for 32 rows; 16 rows otherwise.
+  // Two (four) row tiles per block read each page once for 32 (64) rows; 16 rows otherwise.
   schedule.row_tiles_per_block = row_tiles_per_block(s_q, num_heads, max_row_tiles);
   schedule.rows_per_block = 16 * schedule.row_tiles_per_block;
   schedule.row_tiles = rows / schedule.rows_per_block;

@@ -27,7 +27,7 @@ struct CombineItem {
 static_assert(sizeof(CombineItem) == 16);
 
 struct DecodeSchedule {
-  int row_tiles_per_block = 1;  // 16-row MMA tiles per block: 1 or 2
+  int row_tiles_per_block = 1;  // 16-row MMA tiles per block: 1, 2 or 4
   int rows_per_block = 16;
   int row_tiles = 0;  // blocks along s_q x heads for one sequence
   int num_partials = 0;
@@ -50,7 +50,8 @@ inline constexpr int kSplitCostRatio = 12;
 // The runs of one sequence of `pages` pages whose share of the concurrent blocks is `share`.
 int split_count(int64_t pages, int64_t share);
 
-// 16-row MMA tiles per block for s_q x num_heads query rows: two when they come in 32s and the
+// 16-row MMA tiles per block for s_q x num_heads query rows: four when they come in 64s and the
+// kernel takes four (max_row_tiles 4: the warpgroup kernel), two when they come in 32s and the
 // kernel takes two (max_row_tiles 2: the tiled kernel), else one.
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 
@@ -58,8 +59,8 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 // (multiprocessors x blocks_per_multiprocessor), at least one and at most one per multiprocessor
 // (more runs of one sequence add partial-result traffic, not parallelism), at most
 // sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
-// exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (2 or
-// 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
+// exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (4, 2
+// or 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
 // shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                            int multiprocessors, int blocks_per_multiprocessor, int pages_per_split,

@@ -17,12 +17,9 @@
 
 #include <cstdint>
 
-namespace quantmla::gpu {
+#include "kernels/cuda/swizzle_layouts.h"
 
-// Byte offset of the 16-byte chunk `chunk` (0-7) of row `row` in a 128-byte-swizzled column block.
-__host__ __device__ constexpr uint32_t swizzled_chunk_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row % 8)) * 16));
-}
+namespace quantmla::gpu {
 
 // Within 8 rows: each row's chunks stay in the row and take its 8 positions once each, and each
 // logical chunk takes the 8 positions once each over the rows (8 rows reading one chunk hit
@@ -70,6 +67,16 @@ constexpr bool copies_fill_a_block_once() {
 __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// Descriptor of an MN-major, 128-byte-swizzled B operand (imm-trans-b 1) at shared `address`
+// (mn_major_offset): 64 consecutive N of one k in each 128-byte row, the next 8 k 1024 bytes on
+// (the stride offset), the next 64 N `n_block_bytes` on (the leading offset). A page of keys
+// copied as column blocks of 64 channels reads as its values this way, untransposed.
+__device__ __forceinline__ uint64_t wgmma_descriptor_mn(uint32_t address, uint32_t n_block_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(n_block_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
 }
 
 // Orders register and shared-memory accesses before the wgmma that follow.
@@ -121,61 +128,63 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
 #define QUANTMLA_WGMMA_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define QUANTMLA_WGMMA_REGS32 \
   QUANTMLA_WGMMA_REGS16       \
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+  ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define QUANTMLA_WGMMA_REGS48 \
   QUANTMLA_WGMMA_REGS32       \
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define QUANTMLA_WGMMA_REGS64 \
   QUANTMLA_WGMMA_REGS48       \
-      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+  ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define QUANTMLA_WGMMA_REGS80 \
   QUANTMLA_WGMMA_REGS64       \
-      ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define QUANTMLA_WGMMA_REGS96 \
   QUANTMLA_WGMMA_REGS80       \
-      ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define QUANTMLA_WGMMA_REGS112                                                                   \
-  QUANTMLA_WGMMA_REGS96                                                                          \
-      ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
-      "%111"
-#define QUANTMLA_WGMMA_REGS128                                                                 \
-  QUANTMLA_WGMMA_REGS112                                                                       \
-      ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
-      "%126, %127"
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define QUANTMLA_WGMMA_REGS112                                                               \
+  QUANTMLA_WGMMA_REGS96                                                                      \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+  "%111"
+#define QUANTMLA_WGMMA_REGS128                                                             \
+  QUANTMLA_WGMMA_REGS112                                                                   \
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
+  "%126, %127"
 
 // d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A and B from shared memory
-// (descriptors, K-major); accumulate into d when accumulate != 0, overwrite it otherwise. The
-// product uses the first N / 2 accumulators of d (the rest are left alone).
-template <int kN, int kCount>
+// (descriptors; A K-major, B K-major or, with kTransposeB, MN-major: wgmma_descriptor_mn);
+// accumulate into d when accumulate != 0, overwrite it otherwise. The product uses the first
+// N / 2 accumulators of d (the rest are left alone).
+template <int kN, bool kTransposeB = false, int kCount>
 __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a, uint64_t b,
                                                  int accumulate) {
   static_assert(kN % 32 == 0 && kN >= 32 && kN <= 256 && kCount >= kN / 2, "an m64nNk16 shape");
-// One shape: N, its accumulators' count (N / 2) as text, and the place holders of a, b and
-// accumulate (numbered after the accumulators).
-#define QUANTMLA_WGMMA_SS(kShape, kRegs, kA, kB, kAccumulate)                           \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate                        \
-               ", 0;\n"                                                                 \
-               "wgmma.mma_async.sync.aligned.m64n" #kShape                              \
-               "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs "}, %" #kA ", %" #kB    \
-                                                                ", p, 1, 1, 0, 0;\n}\n" \
-               : QUANTMLA_WGMMA_D##kRegs(d)                                             \
-               : "l"(a), "l"(b), "r"(accumulate))
+  constexpr int kTransposeBit = kTransposeB ? 1 : 0;
+// One shape: N, its accumulators' count (N / 2) as text, and the place holders of a, b,
+// accumulate and the transpose bit (numbered after the accumulators).
+#define QUANTMLA_WGMMA_SS(kShape, kRegs, kA, kB, kAccumulate, kTranspose)  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate           \
+               ", 0;\n"                                                    \
+               "wgmma.mma_async.sync.aligned.m64n" #kShape                 \
+               "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs            \
+               "}, %" #kA ", %" #kB ", p, 1, 1, 0, %" #kTranspose ";\n}\n" \
+               : QUANTMLA_WGMMA_D##kRegs(d)                                \
+               : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeBit))
   if constexpr (kN == 32) {
-    QUANTMLA_WGMMA_SS(32, 16, 16, 17, 18);
+    QUANTMLA_WGMMA_SS(32, 16, 16, 17, 18, 19);
   } else if constexpr (kN == 64) {
-    QUANTMLA_WGMMA_SS(64, 32, 32, 33, 34);
+    QUANTMLA_WGMMA_SS(64, 32, 32, 33, 34, 35);
   } else if constexpr (kN == 96) {
-    QUANTMLA_WGMMA_SS(96, 48, 48, 49, 50);
+    QUANTMLA_WGMMA_SS(96, 48, 48, 49, 50, 51);
   } else if constexpr (kN == 128) {
-    QUANTMLA_WGMMA_SS(128, 64, 64, 65, 66);
+    QUANTMLA_WGMMA_SS(128, 64, 64, 65, 66, 67);
   } else if constexpr (kN == 160) {
-    QUANTMLA_WGMMA_SS(160, 80, 80, 81, 82);
+    QUANTMLA_WGMMA_SS(160, 80, 80, 81, 82, 83);
   } else if constexpr (kN == 192) {
-    QUANTMLA_WGMMA_SS(192, 96, 96, 97, 98);
+    QUANTMLA_WGMMA_SS(192, 96, 96, 97, 98, 99);
   } else if constexpr (kN == 224) {
-    QUANTMLA_WGMMA_SS(224, 112, 112, 113, 114);
+    QUANTMLA_WGMMA_SS(224, 112, 112, 113, 114, 115);
   } else if constexpr (kN == 256) {
-    QUANTMLA_WGMMA_SS(256, 128, 128, 129, 130);
+    QUANTMLA_WGMMA_SS(256, 128, 128, 129, 130, 131);
   }
 #undef QUANTMLA_WGMMA_SS
 }
