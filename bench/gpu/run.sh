@@ -55,6 +55,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 
 status=0
 echo "== correctness"
+"$build/tests/gpu/test_wgmma_operands" 2>&1 | tee "$out/test-wgmma-operands.txt" || status=1
 "$build/tests/gpu/test_gpu_mla" 2>&1 | tee "$out/test.txt" || status=1
 echo "== compute-sanitizer memcheck (quick cases)"
 if command -v compute-sanitizer >/dev/null; then
