@@ -2,8 +2,7 @@
 // cache format over a grid of batch x context x heads (s_q = 1) on a pool filled by the
 // quantize-on-write kernel with random rows; prints a table and writes JSON. A format name ending
 // in "@tiled", "@fragments" or "@warpgroup" is the same format with that kernel forced
-// (QUANTMLA_DECODE_KERNEL; the warpgroup kernel only where s_q x heads is a multiple of 64), beside
-// the plan's own choice.
+// (QUANTMLA_DECODE_KERNEL), beside the plan's own choice.
 //
 // Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
 // kernels), L2 flushed before each repeat by a 256 MB memset, median of the repeats after one
@@ -247,10 +246,6 @@ int main(int argc, char** argv) {
       }
       for (const int heads : head_counts) {
         if ((heads == 128 && !run.heavy) || (heads_only != 0 && heads != heads_only)) continue;
-        // The warpgroup kernel takes blocks of 64 query rows.
-        const bool forced_warpgroup =
-            run.kernel != nullptr && std::string(run.kernel) == "warpgroup";
-        if (forced_warpgroup && s_q * heads % 64 != 0) continue;
         for (const int context : contexts) {
           for (const int batch : batches) {
             char label[96];

@@ -675,8 +675,6 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
   setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
-  expect_throws<InvalidArgument>("the warpgroup kernel forced on 16 heads",
-                                 [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
   expect_throws<InvalidArgument>("the warpgroup kernel forced on an int4 cache", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 64);
   });
@@ -749,12 +747,18 @@ int main(int argc, char** argv) {
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
         }
         // The warpgroup kernel (BF16, 64 rows a block), forced: lengths around a page and a
-        // split with its combine, s_q 1 and 2, 64 and 128 heads; its mutations.
+        // split with its combine, s_q 1 and 2, 16 to 128 heads (16 and 32 padded to 64 rows,
+        // 32 x 2 not); its mutations, padded and not.
         setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
+        run_mutation_checks("content=bf16,rope=bf16", 16);
         run_mutation_checks("content=bf16,rope=bf16", 64);
         run_decode_case({"content=bf16,rope=bf16", 64, 1, {1, 63, 64, 65, 300}, 0});
         run_decode_case({"content=bf16,rope=bf16", 128, 2, {2, 130, 1000}, 0});
+        run_decode_case({"content=bf16,rope=bf16", 16, 1, {1, 63, 64, 65, 300}, 0});
+        run_decode_case({"content=bf16,rope=bf16", 32, 2, {2, 130, 1000}, 0});
         if (!quick) {
+          run_decode_case({"content=bf16,rope=bf16", 16, 1, {5000, 37}, 3});
+          run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 128, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});

@@ -2,6 +2,7 @@
 // through the format switch, and the combine kernel that merges split sequences.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const CombineItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
   const int r = blockIdx.y;
+  if (item.row_tile * p.rows_per_block + r >= p.rows_per_seq) return;  // a padded row
   const float* lse =
       p.partial_lse + static_cast<int64_t>(item.first_partial) * p.rows_per_block + r;
   float max_lse = -INFINITY;
@@ -123,8 +125,8 @@ int fragments_min_batch(const CacheFormat& format) {
   return format.content.codec == Codec::kInt4 ? 32 : 1;
 }
 
-// The head counts from which the warpgroup kernel is chosen for a BF16 cache: 64 and more, so that
-// a block's 64 rows are one token's heads. (Not measured yet: bench/gpu/patches/README.md.)
+// The head counts from which the warpgroup kernel is chosen for a BF16 cache: 64 and more, where
+// its 64-row blocks need no padding at s_q = 1. (Not measured yet: bench/gpu/patches/README.md.)
 constexpr int kWarpgroupMinHeads = 64;
 
 // The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup
@@ -132,18 +134,17 @@ constexpr int kWarpgroupMinHeads = 64;
 // where it reads the shape and there are at least kWarpgroupMinHeads heads (never for a
 // batch-invariant plan, whose blocks take 16 rows), else the fragment kernel where it reads the
 // format and the batch has at least fragments_min_batch(format) sequences.
-DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q, int num_heads,
+DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
   if (choice == "tiled") return DecodeKernel::kTiled;
   if (choice == "warpgroup") {
-    if (!warpgroup_kernel_reads(format, s_q, num_heads) || invariant) {
+    if (!warpgroup_kernel_reads(format) || invariant) {
       throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads content and RoPE bf16 in "
-          "blocks of 64 query rows, in plans that are not batch-invariant; not " +
-          format.to_string() + " with s_q " + std::to_string(s_q) + " x " +
-          std::to_string(num_heads) + " heads" + (invariant ? ", batch-invariant" : ""));
+          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads content and RoPE bf16, in "
+          "plans that are not batch-invariant; not " +
+          format.to_string() + (invariant ? " in a batch-invariant plan" : ""));
     }
     return DecodeKernel::kWarpgroup;
   }
@@ -160,8 +161,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
                           ": expected tiled, fragments, warpgroup or auto");
   }
-  if (!invariant && num_heads >= kWarpgroupMinHeads &&
-      warpgroup_kernel_reads(format, s_q, num_heads)) {
+  if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format)) {
     return DecodeKernel::kWarpgroup;
   }
   return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
@@ -188,7 +188,7 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
   shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch,
-                                      s_q, num_heads, invariant);
+                                      num_heads, invariant);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = WarpgroupLayout::kBlocksPerSm;
     shape.max_row_tiles = WarpgroupLayout::kRows / 16;
@@ -365,9 +365,12 @@ int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
 std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
   const DecodeSchedule& schedule = state_->schedule;
   std::vector<Block> blocks;
+  const int rows_per_seq = state_->s_q * state_->num_heads;
   for (const WorkItem& item : schedule.items) {
-    blocks.push_back({item.batch, item.row_tile * schedule.rows_per_block, schedule.rows_per_block,
-                      item.page_begin, item.page_end, item.partial >= 0});
+    const int first_row = item.row_tile * schedule.rows_per_block;
+    blocks.push_back({item.batch, first_row,
+                      std::min(schedule.rows_per_block, rows_per_seq - first_row), item.page_begin,
+                      item.page_end, item.partial >= 0});
   }
   return blocks;
 }

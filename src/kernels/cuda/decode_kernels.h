@@ -10,7 +10,7 @@ namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block), the fragment one
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and the warpgroup one
-// (decode_warpgroup.cu, BF16 content and RoPE, 64 rows a block on wgmma).
+// (decode_warpgroup.cu, BF16 content and RoPE, 64 rows a block on wgmma, padded).
 enum class DecodeKernel { kTiled, kFragments, kWarpgroup };
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run
@@ -23,11 +23,10 @@ inline bool fragments_kernel_reads(const CacheFormat& format) {
   return fragments_kernel_reads(format.content.codec, format.content.group);
 }
 
-// What the warpgroup kernel reads: BF16 content and RoPE, the query rows (s_q x heads) of a
-// sequence in blocks of 64 (wgmma's M).
-inline bool warpgroup_kernel_reads(const CacheFormat& format, int s_q, int num_heads) {
-  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16 &&
-         s_q * num_heads % 64 == 0;
+// What the warpgroup kernel reads: BF16 content and RoPE (any heads: the query rows of a sequence
+// in blocks of 64, wgmma's M, the last one padded).
+inline bool warpgroup_kernel_reads(const CacheFormat& format) {
+  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
 }
 
 }  // namespace quantmla::gpu

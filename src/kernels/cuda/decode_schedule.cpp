@@ -39,9 +39,8 @@ int split_count(int64_t pages, int64_t share) {
 }
 
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
-  const int rows = s_q * num_heads;
-  if (max_row_tiles >= 4 && rows % 64 == 0) return 4;
-  return max_row_tiles >= 2 && rows % 32 == 0 ? 2 : 1;
+  if (max_row_tiles >= 4) return 4;
+  return max_row_tiles >= 2 && (s_q * num_heads) % 32 == 0 ? 2 : 1;
 }
 
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
@@ -61,7 +60,7 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
   // Two (four) row tiles per block read each page once for 32 (64) rows; 16 rows otherwise.
   schedule.row_tiles_per_block = row_tiles_per_block(s_q, num_heads, max_row_tiles);
   schedule.rows_per_block = 16 * schedule.row_tiles_per_block;
-  schedule.row_tiles = rows / schedule.rows_per_block;
+  schedule.row_tiles = static_cast<int>(ceil_div(rows, schedule.rows_per_block));
 
   int64_t total_units = 0;
   for (const int32_t len : seq_lens) {
@@ -147,7 +146,8 @@ DecodeCapacity decode_capacity(int batch, int s_q, int num_heads, int multiproce
   const int64_t concurrent = static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
   DecodeCapacity capacity;
   capacity.rows_per_block = 16 * row_tiles_per_block(s_q, num_heads, max_row_tiles);
-  const int64_t row_tiles = static_cast<int64_t>(s_q) * num_heads / capacity.rows_per_block;
+  const int64_t row_tiles =
+      ceil_div(static_cast<int64_t>(s_q) * num_heads, capacity.rows_per_block);
   const int64_t items = concurrent + batch * row_tiles;
   if (items > (int64_t{1} << 31) - 1) {
     throw InvalidArgument("GPU decode capacity: " + std::to_string(items) + " blocks");

@@ -11,6 +11,7 @@ namespace quantmla::gpu {
 struct WorkItem {
   int32_t batch;       // sequence
   int32_t row_tile;    // query rows [row_tile * rows_per_block, +rows_per_block) of s_q x heads
+                       // (64-row blocks: a sequence's last may reach past its rows, padding)
   int32_t page_begin;  // logical pages [page_begin, page_end) of the sequence
   int32_t page_end;
   int32_t partial;  // slot of the partial result, or -1: this block writes the final output
@@ -50,9 +51,10 @@ inline constexpr int kSplitCostRatio = 12;
 // The runs of one sequence of `pages` pages whose share of the concurrent blocks is `share`.
 int split_count(int64_t pages, int64_t share);
 
-// 16-row MMA tiles per block for s_q x num_heads query rows: four when they come in 64s and the
-// kernel takes four (max_row_tiles 4: the warpgroup kernel), two when they come in 32s and the
-// kernel takes two (max_row_tiles 2: the tiled kernel), else one.
+// 16-row MMA tiles per block for s_q x num_heads query rows: four when the kernel takes four
+// (max_row_tiles 4: the warpgroup kernel, whose last block of a sequence is padded when the rows
+// do not come in 64s), two when they come in 32s and the kernel takes two (max_row_tiles 2: the
+// tiled kernel), else one.
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 
 // Splits the work. pages_per_split = 0: each sequence gets its share of the blocks that run at once

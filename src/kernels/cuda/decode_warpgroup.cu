@@ -1,5 +1,7 @@
 // The warpgroup decode kernel: BF16 content and RoPE, a block per work item of 64 query rows (one
-// sequence, a run of its pages), the products on wgmma with both operands in shared memory.
+// sequence, a run of its pages), the products on wgmma with both operands in shared memory. Where a
+// sequence's s_q x heads rows do not come in 64s, its last block is padded: the rows past them read
+// whatever Q follows (the next sequence's, or the copy's zeros past the tensor) and write nothing.
 //
 // Thread 0 copies Q's 64 rows and each page's 64 records with tensor maps, as nine boxes of 64
 // channels in the 128-byte swizzle (wgmma.cuh), into two stages that complete on a barrier each.
@@ -112,10 +114,13 @@ __global__ void __launch_bounds__(L::kThreads, 1)
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   // This thread's two rows of the block (accumulator rows g and g + 8 of its warp; the two
-  // warpgroups hold the same rows) and the last key each sees: its query's position.
+  // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
+  // row's: the sequence's last).
   const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const int last0 = seq_len - p.s_q + (first_row + r0) / p.num_heads;
-  const int last1 = seq_len - p.s_q + (first_row + r1) / p.num_heads;
+  const int rows =
+      min(L::kRows, rows_per_seq - first_row);  // the block's rows that are not padding
+  const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
+  const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
   const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
   float o[kOutputRegs] = {};
   float max0 = -INFINITY, max1 = -INFINITY;  // the page maxima so far (both warpgroups' keys)
@@ -239,6 +244,7 @@ __global__ void __launch_bounds__(L::kThreads, 1)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int local_row = half == 0 ? r0 : r1;
+    if (local_row >= rows) continue;
     const float row_max = half == 0 ? max0 : max1;
     const float sum = sum_exchange[local_row] + sum_exchange[L::kRows + local_row];
     const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -272,12 +278,12 @@ __global__ void __launch_bounds__(L::kThreads, 1)
 void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
                              cudaStream_t stream) {
   const int rows_per_seq = p.s_q * p.num_heads;
-  if (p.record_bytes != L::kRecordBytes || rows_per_seq % L::kRows != 0 || batch < 1) {
-    throw InvalidArgument(
-        "GPU decode, warpgroup kernel: records of " + std::to_string(p.record_bytes) +
-        " bytes (BF16 content and RoPE: " + std::to_string(L::kRecordBytes) + "), s_q " +
-        std::to_string(p.s_q) + " x heads " + std::to_string(p.num_heads) + " (a multiple of " +
-        std::to_string(L::kRows) + "), batch " + std::to_string(batch));
+  if (p.record_bytes != L::kRecordBytes || rows_per_seq < 1 || batch < 1) {
+    throw InvalidArgument("GPU decode, warpgroup kernel: records of " +
+                          std::to_string(p.record_bytes) +
+                          " bytes (BF16 content and RoPE: " + std::to_string(L::kRecordBytes) +
+                          "), s_q " + std::to_string(p.s_q) + " x heads " +
+                          std::to_string(p.num_heads) + ", batch " + std::to_string(batch));
   }
   // Boxes of 64 channels by 64 rows: Q's rows of a block, a page's records.
   const int box[] = {64, L::kRows};

@@ -32,7 +32,7 @@ struct WarpgroupLayout {
 
 // Launches the kernel over `blocks` work items (p.items; padding items exit at once). batch: the
 // sequences of p.q ([batch, s_q, num_heads, kKeyDim]). Throws InvalidArgument when the records
-// are not BF16 [c ; k_pe] or s_q x num_heads is not a multiple of 64, CudaError on CUDA errors.
+// are not BF16 [c ; k_pe], CudaError on CUDA errors.
 void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
                              cudaStream_t stream);
 
