@@ -675,9 +675,10 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
   setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
-  expect_throws<InvalidArgument>("the warpgroup kernel forced on an int4 cache", [&] {
-    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 64);
-  });
+  expect_throws<InvalidArgument>(
+      "the warpgroup kernel forced on BF16 content with an int4 RoPE key", [&] {
+        gpu::MlaDecodePlan plan(CacheFormat::parse("content=bf16,rope=int4:g64"), {100}, 1, 64);
+      });
   setenv("QUANTMLA_DECODE_KERNEL", "fastest", 1);
   expect_throws<InvalidArgument>("an unknown QUANTMLA_DECODE_KERNEL", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);
@@ -746,22 +747,30 @@ int main(int argc, char** argv) {
           });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
         }
-        // The warpgroup kernel (BF16, 64 rows a block), forced: lengths around a page and a
-        // split with its combine, s_q 1 and 2, 16 to 128 heads (16 and 32 padded to 64 rows,
-        // 32 x 2 not); its mutations, padded and not.
+        // The warpgroup kernel (64 rows a block), forced: every format it reads at 64 or 128
+        // heads, lengths around a page, s_q 1 and 2; padded blocks (16, 32 and 48 heads), splits
+        // with their combine; its mutations, padded and not, BF16 and dequantized.
         setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
+        for (const char* spec : {"content=bf16,rope=bf16", "content=int4:g64,rope=int4:g64",
+                                 "content=int2:g64,rope=int4:g64"}) {
+          run_mutation_checks(spec, 64);
+        }
         run_mutation_checks("content=bf16,rope=bf16", 16);
-        run_mutation_checks("content=bf16,rope=bf16", 64);
-        run_decode_case({"content=bf16,rope=bf16", 64, 1, {1, 63, 64, 65, 300}, 0});
-        run_decode_case({"content=bf16,rope=bf16", 128, 2, {2, 130, 1000}, 0});
+        int warpgroup_case = 0;
+        for (const std::string& spec : kFormats) {
+          if (!gpu::warpgroup_kernel_reads(CacheFormat::parse(spec))) continue;
+          const int h = warpgroup_case++ % 2 == 0 ? 128 : 64;
+          run_decode_case({spec, h, 1, {1, 63, 64, 65, 300}, 0});
+          if (!quick) run_decode_case({spec, h, 2, {2, 130, 1000}, 0});
+        }
         run_decode_case({"content=bf16,rope=bf16", 16, 1, {1, 63, 64, 65, 300}, 0});
-        run_decode_case({"content=bf16,rope=bf16", 32, 2, {2, 130, 1000}, 0});
+        run_decode_case({"content=int4:g64,rope=int4:g64", 32, 2, {2, 130, 1000}, 0});
         if (!quick) {
           run_decode_case({"content=bf16,rope=bf16", 16, 1, {5000, 37}, 3});
+          run_decode_case({"content=int2:g64,rope=int4:g64", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
-          run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 37}, 3});
-          run_decode_case({"content=bf16,rope=bf16", 128, 2, {4097, 70, 2}, 0});
-          run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
+          run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
+          run_decode_case({"content=fp8,rope=bf16", 64, 1, {20000, 1}, 0});
         }
         unsetenv("QUANTMLA_DECODE_KERNEL");
       },

@@ -15,7 +15,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_fragments.cuh"
 #include "kernels/cuda/decode_schedule.h"
-#include "kernels/cuda/decode_warpgroup.cuh"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -130,10 +129,11 @@ int fragments_min_batch(const CacheFormat& format) {
 constexpr int kWarpgroupMinHeads = 64;
 
 // The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup
-// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel
-// where it reads the shape and there are at least kWarpgroupMinHeads heads (never for a
-// batch-invariant plan, whose blocks take 16 rows), else the fragment kernel where it reads the
-// format and the batch has at least fragments_min_batch(format) sequences.
+// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel for
+// a BF16 cache (content and RoPE) with at least kWarpgroupMinHeads heads (never for a
+// batch-invariant plan, whose blocks take 16 rows; the other formats only when forced until
+// measured), else the fragment kernel where it reads the format and the batch has at least
+// fragments_min_batch(format) sequences.
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
@@ -142,8 +142,8 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   if (choice == "warpgroup") {
     if (!warpgroup_kernel_reads(format) || invariant) {
       throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads content and RoPE bf16, in "
-          "plans that are not batch-invariant; not " +
+          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads every format but bf16 "
+          "content with an int4 RoPE key, in plans that are not batch-invariant; not " +
           format.to_string() + (invariant ? " in a batch-invariant plan" : ""));
     }
     return DecodeKernel::kWarpgroup;
@@ -161,7 +161,8 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
                           ": expected tiled, fragments, warpgroup or auto");
   }
-  if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format)) {
+  const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  if (!invariant && bf16 && num_heads >= kWarpgroupMinHeads) {
     return DecodeKernel::kWarpgroup;
   }
   return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
@@ -190,8 +191,8 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch,
                                       num_heads, invariant);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
-    shape.blocks_per_multiprocessor = WarpgroupLayout::kBlocksPerSm;
-    shape.max_row_tiles = WarpgroupLayout::kRows / 16;
+    shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
+    shape.max_row_tiles = kWarpgroupRows / 16;
     return shape;
   }
   const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
@@ -376,7 +377,7 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 }
 
 int MlaDecodePlan::keys_per_step() const {
-  if (state_->kernel == DecodeKernel::kWarpgroup) return WarpgroupLayout::kStepKeys;
+  if (state_->kernel == DecodeKernel::kWarpgroup) return kWarpgroupStepKeys;
   int keys = 0;
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
@@ -445,7 +446,7 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
     using Content = decltype(content);
     using Rope = decltype(rope);
     if (state.kernel == DecodeKernel::kWarpgroup) {
-      launch_decode_warpgroup(kernel, params.batch, layout.items, stream);
+      launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items, stream);
     } else if (state.kernel == DecodeKernel::kFragments) {
       if constexpr (kFragmentContent<Content>) {
         launch_decode_fragments<Content, Rope>(kernel, layout.items, stream);

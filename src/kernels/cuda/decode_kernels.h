@@ -10,7 +10,7 @@ namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block), the fragment one
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and the warpgroup one
-// (decode_warpgroup.cu, BF16 content and RoPE, 64 rows a block on wgmma, padded).
+// (decode_warpgroup.cuh, 64 rows a block on wgmma, padded).
 enum class DecodeKernel { kTiled, kFragments, kWarpgroup };
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run
@@ -23,10 +23,17 @@ inline bool fragments_kernel_reads(const CacheFormat& format) {
   return fragments_kernel_reads(format.content.codec, format.content.group);
 }
 
-// What the warpgroup kernel reads: BF16 content and RoPE (any heads: the query rows of a sequence
-// in blocks of 64, wgmma's M, the last one padded).
+// What the warpgroup kernel reads (any heads: the query rows of a sequence in blocks of 64,
+// wgmma's M, the last one padded): every GPU format but BF16 content with an int4 RoPE key, whose
+// raw pages do not fit beside its tiles (decode_warpgroup.cuh's kWarpgroupFits).
 inline bool warpgroup_kernel_reads(const CacheFormat& format) {
-  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  return !(format.content.codec == Codec::kBF16 && format.rope.codec != Codec::kBF16);
 }
+
+// The warpgroup kernel's shape, for the plan: query rows a block (wgmma's M), keys a softmax step
+// (a page), blocks an SM (its tiles take the shared memory).
+inline constexpr int kWarpgroupRows = 64;
+inline constexpr int kWarpgroupStepKeys = 64;
+inline constexpr int kWarpgroupBlocksPerSm = 1;
 
 }  // namespace quantmla::gpu

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/decode_warpgroup.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace quantmla::gpu {
@@ -29,11 +30,16 @@ void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, in
 
 }  // namespace quantmla::gpu
 
-// Explicit instantiations for one content format with both RoPE formats.
-#define QUANTMLA_INSTANTIATE_DECODE(Content)                                          \
-  namespace quantmla::gpu {                                                           \
-  template void launch_decode<Content, RopeBf16>(const DecodeKernelParams&, int, int, \
-                                                 cudaStream_t);                       \
-  template void launch_decode<Content, RopeInt4>(const DecodeKernelParams&, int, int, \
-                                                 cudaStream_t);                       \
+// Explicit instantiations for one content format with both RoPE formats: the tiled kernel and the
+// warpgroup one.
+#define QUANTMLA_INSTANTIATE_DECODE(Content)                                                    \
+  namespace quantmla::gpu {                                                                     \
+  template void launch_decode<Content, RopeBf16>(const DecodeKernelParams&, int, int,           \
+                                                 cudaStream_t);                                 \
+  template void launch_decode<Content, RopeInt4>(const DecodeKernelParams&, int, int,           \
+                                                 cudaStream_t);                                 \
+  template void launch_decode_warpgroup<Content, RopeBf16>(const DecodeKernelParams&, int, int, \
+                                                           cudaStream_t);                       \
+  template void launch_decode_warpgroup<Content, RopeInt4>(const DecodeKernelParams&, int, int, \
+                                                           cudaStream_t);                       \
   }

@@ -1,39 +1,499 @@
-// The warpgroup decode kernel (decode_warpgroup.cu): BF16 content and RoPE, 64 query rows a block
-// on the warpgroup tensor-core instructions, for the head counts where the tiled kernel's
-// mma.sync tiles are compute-bound (docs/benchmarks.md: 0.27x FlashMLA at 128 heads).
+// The warpgroup decode kernel: a block per work item of 64 query rows (one sequence, a run of its
+// pages), the products on wgmma with both operands in shared memory, for the head counts where the
+// tiled kernel's mma.sync tiles are compute-bound (docs/benchmarks.md: 0.27x FlashMLA at 128
+// heads). Where a sequence's s_q x heads rows do not come in 64s, its last block is padded: the
+// rows past them read whatever Q follows (the next sequence's, or the copy's zeros past the
+// tensor) and write nothing.
+//
+// Thread 0 copies Q's 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte
+// swizzle (wgmma.cuh). A BF16 cache's pages are copied the same way, straight into two tile stages
+// (each completing on a barrier). Any other format's pages are copied raw (bulk copies of the
+// page's records, two stages), and both warpgroups dequantize each into one BF16 tile with the
+// tiled kernel's decoders (record_formats.cuh), so the values are the tiled kernel's; those
+// decoders put a channel pair where the codes make it cheapest (a "pair span", tile column
+// order), so Q's columns are permuted to the same order once, and the output's back at the end.
+// Per page, the two warpgroups:
+//   1. S = Q K^T, each over its own 32 keys of the page (m64n32, 36 k-steps of 16 channels); a
+//      BF16 cache's is issued while the previous page's P V is still in flight.
+//   2. The online softmax in the log2 domain: each warpgroup's maximum of a row goes through
+//      shared memory (a barrier of both), so both rescale by the same page maximum; P = exp2 in
+//      FP32, rounded to BF16 into one 64 x 64 box (K-major for the next product's A operand); each
+//      warpgroup sums the unrounded P of its own keys, merged at the end. Keys past a row's
+//      query (s_q > 1) or the sequence are -inf; records past the sequence's end hold arbitrary
+//      pool bytes (NaN would survive a probability of 0 in P V), so their tile rows are zeros.
+//   3. O += P V, each warpgroup over its own 256 of the 512 channels (m64n256, 4 k-steps): V is the
+//      page's own content channels, read untransposed as an MN-major B operand.
+// The softmax's steps are pages and P is rounded as the tiled kernel rounds it, so the host
+// reference of test_gpu_mla (MlaDecodePlan::Operands::kBf16Tile) follows this kernel too.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
+#include "kernels/cuda/bf16_bits.cuh"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/decode_kernels.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/record_formats.cuh"
+#include "kernels/cuda/tensor_map.h"
+#include "kernels/cuda/wgmma.cuh"
+#include "quantmla/error.h"
 
 namespace quantmla::gpu {
 
+template <class ContentType, class RopeType>
 struct WarpgroupLayout {
-  static constexpr int kThreads = 256;                // two warpgroups
-  static constexpr int kRows = 64;                    // query rows a block: wgmma's M
-  static constexpr int kStepKeys = kPageTokens;       // keys of one online-softmax step
-  static constexpr int kBlocksPerSm = 1;              // the tiles take all the shared memory
-  static constexpr int kRecordBytes = 2 * kKeyDim;    // [c ; k_pe], BF16 both
-  static constexpr int kColumnBlocks = kKeyDim / 64;  // tensor-map boxes of 64 channels
-  static constexpr int kBlockBytes = 64 * 128;        // a box of 64 rows
-  static constexpr int kTileBytes = kColumnBlocks * kBlockBytes;  // Q, or a page of keys
-  static constexpr int kStages = 2;                               // pages in flight
-  static constexpr int kProbBytes = kBlockBytes;            // P: 64 rows x 64 keys, BF16, one box
+  using Content = ContentType;
+  using Rope = RopeType;
+  static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;  // pages copied as tiles
+  static constexpr int kThreads = 256;                                // two warpgroups
+  static constexpr int kRows = kWarpgroupRows;                        // wgmma's M
+  static constexpr int kStepKeys = kWarpgroupStepKeys;                // a page
+  static constexpr int kColumnBlocks = kKeyDim / 64;                  // boxes of 64 channels
+  static constexpr int kBlockBytes = 64 * 128;                        // a box of 64 rows
+  static constexpr int kTileBytes = kColumnBlocks * kBlockBytes;      // Q, or a page as BF16
+  static constexpr int kTiles = kDirect ? 2 : 1;                      // page tiles
+  static constexpr int kRawStages = kDirect ? 0 : 2;                  // raw pages in flight
+  static constexpr int kRawBytes =
+      (kPageTokens * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
+  static constexpr int kProbBytes = kBlockBytes;            // P: 64 rows x 64 keys, one box
   static constexpr int kExchangeBytes = 2 * 2 * kRows * 4;  // [max, sum][warpgroup][row] FP32
-  static constexpr int kBarrierBytes = (1 + kStages) * 8;
+  static constexpr int kBarrierBytes = 3 * 8;               // Q's, and one a stage
   // + 1024: the swizzle needs 1024-byte-aligned boxes, the dynamic allocation only promises 16.
-  static constexpr int kSharedBytes =
-      1024 + (1 + kStages) * kTileBytes + kProbBytes + kExchangeBytes + kBarrierBytes;
+  static constexpr int kSharedBytes = 1024 + (1 + kTiles) * kTileBytes + kRawStages * kRawBytes +
+                                      kProbBytes + kExchangeBytes + kBarrierBytes;
   static_assert(kKeyDim % 64 == 0 && kLatentDim == 2 * 256, "two warpgroups of 256 channels");
-  static_assert(kStepKeys == 64, "a page is one box of keys and one k-block of P");
-  static_assert(kSharedBytes <= kSharedLimit, "fits an SM's shared memory");
+  static_assert(kRows == 64 && kStepKeys == kPageTokens && kStepKeys == 64,
+                "64 rows of wgmma's M; a page is one box of keys and one k-block of P");
+  static_assert(kTiles == 2 || kRawStages == 2, "two pages in flight either way");
 };
 
+// The formats whose tiles and raw stages fit an SM's shared memory: all but BF16 content with an
+// int4 RoPE key (two raw pages of 67 KB beside the tiles). decode_kernels.h's
+// warpgroup_kernel_reads states the same for the plan.
+template <class Content, class Rope>
+inline constexpr bool kWarpgroupFits = WarpgroupLayout<Content, Rope>::kSharedBytes <= kSharedLimit;
+
+namespace warpgroup_detail {
+
+constexpr int kHalfKeys = kPageTokens / 2;      // one warpgroup's keys of the scores
+constexpr int kHalfChannels = kLatentDim / 2;   // one warpgroup's channels of the output
+constexpr int kScoreRegs = kHalfKeys / 2;       // m64n32's accumulators a thread
+constexpr int kOutputRegs = kHalfChannels / 2;  // m64n256's
+constexpr int kBlockBytes = 64 * 128;
+// A BF16 pool's tensor map spans this many records (the kernel parameters do not carry the pool's
+// size; a copy only reads the pages the block table names): 2^28 records are 309 GB, more than any
+// GPU holds, and keep the map's extent below the hardware's 2^40 bytes.
+constexpr int64_t kPoolMapRecords = int64_t{1} << 28;
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Q's boxes [first, first + count) from channel order to the tile column order of pair span kSpan
+// (record_formats.cuh), in place: each thread takes groups of 2 kSpan columns of a row.
+template <int kSpan, int kThreads>
+__device__ __forceinline__ void to_tile_columns(uint8_t* q, int first, int count) {
+  if constexpr (kSpan > 1) {
+    constexpr int kGroup = 2 * kSpan;         // columns a group
+    constexpr int kGroupChunks = kGroup / 8;  // its 16-byte chunks
+    constexpr int kGroupsPerRow = 64 / kGroup;
+    for (int task = threadIdx.x; task < 64 * count * kGroupsPerRow; task += kThreads) {
+      const int row = task % 64;
+      const int box = first + task / 64 / kGroupsPerRow;
+      const int group = task / 64 % kGroupsPerRow;
+      uint8_t* const base = q + box * kBlockBytes;
+      uint16_t natural[kGroup], tiled[kGroup];
+#pragma unroll
+      for (int k = 0; k < kGroupChunks; ++k) {
+        const uint4 v =
+            *reinterpret_cast<const uint4*>(base + tma_box_offset(row, kGroup * group + 8 * k));
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          natural[8 * k + 2 * w] = static_cast<uint16_t>(words[w]);
+          natural[8 * k + 2 * w + 1] = static_cast<uint16_t>(words[w] >> 16);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kGroup; ++c) tiled[c] = natural[channel_of_column<kSpan>(c)];
+#pragma unroll
+      for (int k = 0; k < kGroupChunks; ++k) {
+        uint32_t words[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          words[w] = static_cast<uint32_t>(tiled[8 * k + 2 * w]) |
+                     static_cast<uint32_t>(tiled[8 * k + 2 * w + 1]) << 16;
+        }
+        *reinterpret_cast<uint4*>(base + tma_box_offset(row, kGroup * group + 8 * k)) =
+            make_uint4(words[0], words[1], words[2], words[3]);
+      }
+    }
+  }
+}
+
+// The 16-bit value `column` (0-7) of 8 packed in v replaced by `value`, in registers (an index
+// into an array would put it in local memory).
+__device__ __forceinline__ void set_value(uint4& v, int column, uint32_t value) {
+  const uint32_t shift = (column % 2) * 16, keep = ~(0xffffu << shift), put = value << shift;
+  const int word = column / 2;
+  v.x = word == 0 ? (v.x & keep) | put : v.x;
+  v.y = word == 1 ? (v.y & keep) | put : v.y;
+  v.z = word == 2 ? (v.z & keep) | put : v.z;
+  v.w = word == 3 ? (v.w & keep) | put : v.w;
+}
+
+// A raw page (64 records of p.record_bytes at `raw`) into the BF16 tile (nine boxes, tile column
+// order), the tiled kernel's decoders and kept pairs; records past `valid` as zeros.
+template <class L>
+__device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint8_t* tile, int valid,
+                                                const DecodeKernelParams& p) {
+  using Content = typename L::Content;
+  using Rope = typename L::Rope;
+  constexpr int kChunks = kLatentDim / 64;  // content boxes
+  for (int task = threadIdx.x; task < kPageTokens * kChunks; task += L::kThreads) {
+    const int r = task % kPageTokens, c = task / kPageTokens;
+    uint4 v[8];
+    if (r < valid) {
+      Content::chunk(raw + r * p.record_bytes, c, v);
+    } else {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      *reinterpret_cast<uint4*>(tile + c * kBlockBytes + tma_box_offset(r, 8 * u)) = v[u];
+    }
+  }
+  for (int task = threadIdx.x; task < kPageTokens * (kRopeDim / 8); task += L::kThreads) {
+    const int r = task % kPageTokens, k = task / kPageTokens;
+    const uint8_t* const rec = raw + r * p.record_bytes + Content::kBytes;
+    uint4 v = r < valid ? Rope::unit(rec, k) : make_uint4(0u, 0u, 0u, 0u);
+    // Kept pairs replace their two channels (both in this unit of 8).
+    for (int n = 0; n < p.kept.count; ++n) {
+      const int pair = p.kept.pairs[n];
+      if (pair / 4 != k || r >= valid) continue;
+      const uint32_t stored = Rope::kept_pair(rec, n);
+      set_value(v, column_of_channel<Rope::kPairSpan>(2 * pair) % 8, stored & 0xffffu);
+      set_value(v, column_of_channel<Rope::kPairSpan>(2 * pair + 1) % 8, stored >> 16);
+    }
+    *reinterpret_cast<uint4*>(tile + kChunks * kBlockBytes + tma_box_offset(r, 8 * k)) = v;
+  }
+}
+
+}  // namespace warpgroup_detail
+
+template <class Content, class Rope>
+__global__ void __launch_bounds__(256, 1)
+    mla_decode_warpgroup_kernel(const __grid_constant__ DecodeKernelParams p,
+                                const __grid_constant__ CUtensorMap q_map,
+                                const __grid_constant__ CUtensorMap pool_map) {
+  using L = WarpgroupLayout<Content, Rope>;
+  using namespace warpgroup_detail;
+  static_assert(kWarpgroupFits<Content, Rope>);
+  wait_for_previous_kernel();
+  const WorkItem item = p.items[blockIdx.x];
+  if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
+
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const uint32_t raw_address = shared_address(shared_raw);
+  const uint32_t base = (raw_address + 1023) / 1024 * 1024;
+  uint8_t* const base_bytes = shared_raw + (base - raw_address);
+  // Q, the page tiles, the raw stages, P, the exchange of row maxima and sums, the barriers.
+  const uint32_t q_tile = base;
+  const auto tile = [&](int i) {
+    return base + static_cast<uint32_t>(L::kTileBytes) * (1 + i % L::kTiles);
+  };
+  uint8_t* const raw_stages = base_bytes + (1 + L::kTiles) * L::kTileBytes;
+  const auto raw_stage = [&](int i) { return raw_stages + (i % 2) * L::kRawBytes; };
+  const uint32_t probs = base + (1 + L::kTiles) * L::kTileBytes + L::kRawStages * L::kRawBytes;
+  uint8_t* const probs_bytes = base_bytes + (probs - base);
+  float* const max_exchange = reinterpret_cast<float*>(probs_bytes + L::kProbBytes);  // [2][64]
+  float* const sum_exchange = max_exchange + 2 * L::kRows;                            // [2][64]
+  uint64_t* const q_full = reinterpret_cast<uint64_t*>(sum_exchange + 2 * L::kRows);
+  uint64_t* const page_full = q_full + 1;  // [2]: the tile stages, or the raw ones
+
+  const int seq_len = p.seq_lens[item.batch];
+  const int rows_per_seq = p.s_q * p.num_heads;
+  const int first_row = item.row_tile * L::kRows;
+  const int num_pages = item.page_end - item.page_begin;
+  const int32_t* const pages =
+      p.block_table + static_cast<int64_t>(item.batch) * p.block_table_stride + item.page_begin;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < 2; ++s) mbarrier_init(&page_full[s], 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  // Page i of the run into stage i % 2: a BF16 page's 64 records as nine boxes of 64 channels,
+  // another format's as the records' bytes.
+  const auto load_page = [&](int i) {
+    uint64_t* const full = &page_full[i % 2];
+    if constexpr (L::kDirect) {
+      mbarrier_arrive_expect_bytes(full, L::kTileBytes);
+      const int first_record = pages[i] * kPageTokens;
+#pragma unroll
+      for (int b = 0; b < L::kColumnBlocks; ++b) {
+        tma_load_2d(tile(i) + b * L::kBlockBytes, &pool_map, 64 * b, first_record, full);
+      }
+    } else {
+      const uint32_t bytes = static_cast<uint32_t>(kPageTokens * p.record_bytes);
+      mbarrier_arrive_expect_bytes(full, bytes);
+      bulk_copy_to_shared(raw_stage(i),
+                          p.pool + static_cast<int64_t>(pages[i]) * kPageTokens * p.record_bytes,
+                          bytes, full);
+    }
+  };
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
+    const int q_row = item.batch * rows_per_seq + first_row;
+#pragma unroll
+    for (int b = 0; b < L::kColumnBlocks; ++b) {
+      tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
+    }
+    for (int i = 0; i < 2 && i < num_pages; ++i) load_page(i);
+  }
+  __syncwarp();  // warp 0 converged again for the warpgroup instructions
+
+  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // This thread's two rows of the block (accumulator rows g and g + 8 of its warp; the two
+  // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
+  // row's: the sequence's last).
+  const int r0 = 16 * warp + g, r1 = r0 + 8;
+  const int rows =
+      min(L::kRows, rows_per_seq - first_row);  // the block's rows that are not padding
+  const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
+  const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
+  const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
+  float o[kOutputRegs] = {};
+  float max0 = -INFINITY, max1 = -INFINITY;  // the page maxima so far (both warpgroups' keys)
+  float sum0 = 0.0f, sum1 = 0.0f;            // this thread's keys only
+  const uint32_t own_keys = warpgroup * kHalfKeys * 128;  // rows of the warpgroup's keys in a box
+  const uint32_t own_values = warpgroup * (kHalfChannels / 64) * L::kBlockBytes;
+  mbarrier_wait(q_full, 0);
+  if constexpr (Content::kPairSpan > 1 || Rope::kPairSpan > 1) {
+    to_tile_columns<Content::kPairSpan, L::kThreads>(base_bytes, 0, kLatentDim / 64);
+    to_tile_columns<Rope::kPairSpan, L::kThreads>(base_bytes, kLatentDim / 64, 1);
+    fence_proxy_async_shared();
+    __syncthreads();
+  }
+
+  for (int i = 0; i < num_pages; ++i) {
+    const uint32_t keys = tile(i);
+    const int page_key = (item.page_begin + i) * kPageTokens;
+    const int valid = seq_len - page_key;  // records of the page in the sequence
+    mbarrier_wait(&page_full[i % 2], static_cast<uint32_t>((i / 2) & 1));
+    if constexpr (!L::kDirect) {
+      // The one tile is free once both warpgroups' P V of the previous page is done.
+      wgmma_wait<0>();
+      wgmma_fence_registers(o);
+      named_barrier(3, L::kThreads);
+      dequantize_page<L>(raw_stage(i), base_bytes + (keys - base), valid, p);
+      fence_proxy_async_shared();
+      named_barrier(4, L::kThreads);
+      // Every thread is past its dequantization: the raw stage is free for page i + 2.
+      if (threadIdx.x == 0 && i + 2 < num_pages) load_page(i + 2);
+      __syncwarp();
+    }
+
+    // 1. S over this warpgroup's keys; the wait also ends the previous page's P V (O final for
+    // its rescale below, the previous tile read).
+    float sc[kScoreRegs];
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kKeyDim / 16; ++s) {
+      const uint32_t column = (s / 4) * L::kBlockBytes + (s % 4) * 32;
+      wgmma_m64nk16_ss<kHalfKeys>(sc, wgmma_descriptor(q_tile + column),
+                                  wgmma_descriptor(keys + own_keys + column), s);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(sc);
+    wgmma_fence_registers(o);
+
+    // 2. The mask, this warpgroup's maxima of the rows, the page maxima through shared memory.
+    const int key0 = page_key + warpgroup * kHalfKeys;
+    const bool masked = key0 + kHalfKeys - 1 > block_last;
+    float page_max0 = -INFINITY, page_max1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kHalfKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[4 * j + e] * p.scale_log2;
+        if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
+        sc[4 * j + e] = x;
+        if (e < 2) {
+          page_max0 = fmaxf(page_max0, x);
+        } else {
+          page_max1 = fmaxf(page_max1, x);
+        }
+      }
+    }
+    page_max0 = quad_max(page_max0), page_max1 = quad_max(page_max1);
+    if (t4 == 0) {
+      max_exchange[warpgroup * L::kRows + r0] = page_max0;
+      max_exchange[warpgroup * L::kRows + r1] = page_max1;
+    }
+    named_barrier(1, L::kThreads);
+    if constexpr (L::kDirect) {
+      // Both warpgroups are past their wait: the tile of page i - 1 is free for page i + 1.
+      if (threadIdx.x == 0 && i >= 1 && i + 1 < num_pages) load_page(i + 1);
+      __syncwarp();
+    }
+    const int other = (1 - warpgroup) * L::kRows;
+    const float new_max0 = fmaxf(max0, fmaxf(page_max0, max_exchange[other + r0]));
+    const float new_max1 = fmaxf(max1, fmaxf(page_max1, max_exchange[other + r1]));
+    // A row without a visible key so far keeps a base of 0 (exp2(-inf - -inf) would be NaN).
+    const float base0 = new_max0 == -INFINITY ? 0.0f : new_max0;
+    const float base1 = new_max1 == -INFINITY ? 0.0f : new_max1;
+    const float rescale0 = exp2f(max0 - base0), rescale1 = exp2f(max1 - base1);
+    max0 = new_max0, max1 = new_max1;
+    sum0 *= rescale0, sum1 *= rescale1;
+
+    // P into this warpgroup's 32 key columns of the box.
+#pragma unroll
+    for (int j = 0; j < kHalfKeys / 8; ++j) {
+      const float p0 = exp2f(sc[4 * j] - base0), p1 = exp2f(sc[4 * j + 1] - base0);
+      const float p2 = exp2f(sc[4 * j + 2] - base1), p3 = exp2f(sc[4 * j + 3] - base1);
+      sum0 += p0 + p1;
+      sum1 += p2 + p3;
+      const int column = warpgroup * kHalfKeys + 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(probs_bytes + tma_box_offset(r0, column)) =
+          bf16x2_bits(__floats2bfloat162_rn(p0, p1));
+      *reinterpret_cast<uint32_t*>(probs_bytes + tma_box_offset(r1, column)) =
+          bf16x2_bits(__floats2bfloat162_rn(p2, p3));
+    }
+    if constexpr (L::kDirect) {
+      // The copied records past the sequence's end among this warpgroup's keys as zeros (only
+      // its own S read them).
+      if (valid < warpgroup * kHalfKeys + kHalfKeys) {
+        const int first = max(valid, warpgroup * kHalfKeys);
+        const int chunks = (warpgroup * kHalfKeys + kHalfKeys - first) * L::kColumnBlocks * 8;
+        uint8_t* const page = base_bytes + (keys - base);
+        for (int u = threadIdx.x % 128; u < chunks; u += 128) {
+          const int row = first + u / (L::kColumnBlocks * 8), rest = u % (L::kColumnBlocks * 8);
+          *reinterpret_cast<uint4*>(page + (rest / 8) * L::kBlockBytes + row * 128 +
+                                    (rest % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kOutputRegs / 4; ++j) {
+      o[4 * j] *= rescale0, o[4 * j + 1] *= rescale0;
+      o[4 * j + 2] *= rescale1, o[4 * j + 3] *= rescale1;
+    }
+    // The writes above reach the tensor cores' (asynchronous) reads of shared memory.
+    fence_proxy_async_shared();
+    named_barrier(2, L::kThreads);
+
+    // 3. O += P V over this warpgroup's channels, left in flight.
+    wgmma_fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kPageTokens / 16; ++k) {
+      wgmma_m64nk16_ss<kHalfChannels, true>(
+          o, wgmma_descriptor(probs + k * 32),
+          wgmma_descriptor_mn(keys + own_values + k * 16 * 128, L::kBlockBytes), 1);
+    }
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+  wgmma_fence_registers(o);
+
+  // The rows' sums over the four lanes of a row, then over the two warpgroups.
+  sum0 = quad_sum(sum0), sum1 = quad_sum(sum1);
+  if (t4 == 0) {
+    sum_exchange[warpgroup * L::kRows + r0] = sum0;
+    sum_exchange[warpgroup * L::kRows + r1] = sum1;
+  }
+  named_barrier(1, L::kThreads);
+  constexpr int kSpan = Content::kPairSpan;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int local_row = half == 0 ? r0 : r1;
+    if (local_row >= rows) continue;
+    const float row_max = half == 0 ? max0 : max1;
+    const float sum = sum_exchange[local_row] + sum_exchange[L::kRows + local_row];
+    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float lse = sum > 0.0f ? (row_max + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    // Accumulator columns 8 j + 2 t4 (+ 1) of the warpgroup's 256, in tile column order.
+    const int column0 = warpgroup * kHalfChannels + 2 * t4;
+    if (item.partial < 0) {
+      const int64_t row = static_cast<int64_t>(item.batch) * rows_per_seq + first_row + local_row;
+      uint16_t* const out = p.out + row * kLatentDim;
+#pragma unroll
+      for (int j = 0; j < kOutputRegs / 4; ++j) {
+        const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(o[4 * j + 2 * half] * inverse,
+                                                             o[4 * j + 2 * half + 1] * inverse));
+        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
+        if constexpr (kSpan == 1) {
+          *reinterpret_cast<uint32_t*>(out + channel) = v;
+        } else {
+          out[channel] = static_cast<uint16_t>(v);
+          out[channel + kSpan] = static_cast<uint16_t>(v >> 16);
+        }
+      }
+      if (warpgroup == 0 && t4 == 0 && p.lse != nullptr) p.lse[row] = lse;
+    } else {
+      float* const out =
+          p.partial_out + (static_cast<int64_t>(item.partial) * L::kRows + local_row) * kLatentDim;
+#pragma unroll
+      for (int j = 0; j < kOutputRegs / 4; ++j) {
+        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
+        out[channel] = o[4 * j + 2 * half] * inverse;
+        out[channel + kSpan] = o[4 * j + 2 * half + 1] * inverse;
+      }
+      if (warpgroup == 0 && t4 == 0) p.partial_lse[item.partial * L::kRows + local_row] = lse;
+    }
+  }
+}
+
 // Launches the kernel over `blocks` work items (p.items; padding items exit at once). batch: the
-// sequences of p.q ([batch, s_q, num_heads, kKeyDim]). Throws InvalidArgument when the records
-// are not BF16 [c ; k_pe], CudaError on CUDA errors.
+// sequences of p.q ([batch, s_q, num_heads, kKeyDim]). Throws InvalidArgument for a format that
+// does not fit (kWarpgroupFits) or records of another size than the format's, CudaError on CUDA
+// errors. Instantiated in decode_<content>.cu (decode_launch.cuh).
+template <class Content, class Rope>
 void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
-                             cudaStream_t stream);
+                             cudaStream_t stream) {
+  using L = WarpgroupLayout<Content, Rope>;
+  if constexpr (!kWarpgroupFits<Content, Rope>) {
+    throw InvalidArgument(
+        "GPU decode, warpgroup kernel: this format's pages do not fit beside the "
+        "tiles (BF16 content with an int4 RoPE key)");
+  } else {
+    const int rows_per_seq = p.s_q * p.num_heads;
+    const int max_record = Content::kBytes + Rope::kMaxBytes;
+    const bool records_fit = L::kDirect ? p.record_bytes == max_record
+                                        : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
+    if (!records_fit || rows_per_seq < 1 || batch < 1) {
+      throw InvalidArgument("GPU decode, warpgroup kernel: records of " +
+                            std::to_string(p.record_bytes) + " bytes (the format's at most " +
+                            std::to_string(max_record) + "), s_q " + std::to_string(p.s_q) +
+                            " x heads " + std::to_string(p.num_heads) + ", batch " +
+                            std::to_string(batch));
+    }
+    // Boxes of 64 channels by 64 rows: Q's rows of a block, a BF16 page's records.
+    const int box[] = {64, L::kRows};
+    const int64_t q_dims[] = {kKeyDim, static_cast<int64_t>(batch) * rows_per_seq};
+    const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
+    const int64_t strides[] = {kKeyDim};
+    const CUtensorMap q_map = bf16_tensor_map(p.q, 2, q_dims, strides, box);
+    const CUtensorMap pool_map =
+        L::kDirect ? bf16_tensor_map(p.pool, 2, pool_dims, strides, box) : CUtensorMap{};
+    launch_large_shared<mla_decode_warpgroup_kernel<Content, Rope>>(
+        blocks, L::kThreads, L::kSharedBytes, stream, p, q_map, pool_map);
+  }
+}
 
 }  // namespace quantmla::gpu

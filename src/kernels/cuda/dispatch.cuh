@@ -18,6 +18,11 @@ template <class Content, class Rope>
 void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, int blocks,
                    cudaStream_t stream);
 
+// Defined in decode_warpgroup.cuh, instantiated in decode_<content>.cu.
+template <class Content, class Rope>
+void launch_decode_warpgroup(const DecodeKernelParams& params, int batch, int blocks,
+                             cudaStream_t stream);
+
 // Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu.
 template <class Content, class Rope>
 void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream);
