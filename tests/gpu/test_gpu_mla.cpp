@@ -679,6 +679,9 @@ void run_error_cases() {
       "the warpgroup kernel forced on BF16 content with an int4 RoPE key", [&] {
         gpu::MlaDecodePlan plan(CacheFormat::parse("content=bf16,rope=int4:g64"), {100}, 1, 64);
       });
+  expect_throws<InvalidArgument>(
+      "the warpgroup kernel forced on a format without GPU kernels",
+      [&] { gpu::MlaDecodePlan plan(CacheFormat::parse("content=f32,rope=f32"), {100}, 1, 64); });
   setenv("QUANTMLA_DECODE_KERNEL", "fastest", 1);
   expect_throws<InvalidArgument>("an unknown QUANTMLA_DECODE_KERNEL", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);

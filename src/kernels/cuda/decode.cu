@@ -179,6 +179,7 @@ struct DeviceShape {
 
 DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_heads,
                          DecodeSplit split = DecodeSplit::kFillDevice) {
+  check_gpu_format(format);  // before any kernel's predicate, which presume a GPU format
   int device = 0;
   DeviceShape shape;
   QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
