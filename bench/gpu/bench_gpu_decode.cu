@@ -155,7 +155,6 @@ int main(int argc, char** argv) {
         {"fp8/bf16", "content=fp8,rope=bf16", true},
         {"fp8/bf16@tiled", "content=fp8,rope=bf16", true, "tiled"},
         {"fp8/bf16@fragments", "content=fp8,rope=bf16", true, "fragments"},
-        {"fp8/bf16@warpgroup", "content=fp8,rope=bf16", true, "warpgroup"},
         {"int4g64/int4", "content=int4:g64,rope=int4:g64", true},
         {"int4g64/int4@tiled", "content=int4:g64,rope=int4:g64", true, "tiled"},
         {"int4g64/int4@fragments", "content=int4:g64,rope=int4:g64", true, "fragments"},

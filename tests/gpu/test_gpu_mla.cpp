@@ -680,6 +680,9 @@ void run_error_cases() {
         gpu::MlaDecodePlan plan(CacheFormat::parse("content=bf16,rope=int4:g64"), {100}, 1, 64);
       });
   expect_throws<InvalidArgument>(
+      "the warpgroup kernel forced on FP8 content with a BF16 RoPE key",
+      [&] { gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 64); });
+  expect_throws<InvalidArgument>(
       "the warpgroup kernel forced on a format without GPU kernels",
       [&] { gpu::MlaDecodePlan plan(CacheFormat::parse("content=f32,rope=f32"), {100}, 1, 64); });
   setenv("QUANTMLA_DECODE_KERNEL", "fastest", 1);
@@ -773,7 +776,8 @@ int main(int argc, char** argv) {
           run_decode_case({"content=int2:g64,rope=int4:g64", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});
-          run_decode_case({"content=fp8,rope=bf16", 64, 1, {20000, 1}, 0});
+          run_decode_case({"content=fp8,rope=int4:g64", 64, 1, {20000, 1}, 0});
+          run_decode_case({"content=int4:g64,rope=bf16", 128, 2, {2, 130, 1000}, 0});
         }
         unsetenv("QUANTMLA_DECODE_KERNEL");
       },

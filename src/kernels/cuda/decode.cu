@@ -143,7 +143,8 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     if (!warpgroup_kernel_reads(format) || invariant) {
       throw InvalidArgument(
           "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads every format but bf16 "
-          "content with an int4 RoPE key, in plans that are not batch-invariant; not " +
+          "content with an int4 RoPE key and fp8 content with a bf16 one, in plans that are not "
+          "batch-invariant; not " +
           format.to_string() + (invariant ? " in a batch-invariant plan" : ""));
     }
     return DecodeKernel::kWarpgroup;

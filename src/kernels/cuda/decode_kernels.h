@@ -24,10 +24,13 @@ inline bool fragments_kernel_reads(const CacheFormat& format) {
 }
 
 // What the warpgroup kernel reads (any heads: the query rows of a sequence in blocks of 64,
-// wgmma's M, the last one padded): every GPU format but BF16 content with an int4 RoPE key, whose
-// raw pages do not fit beside its tiles (decode_warpgroup.cuh's kWarpgroupFits).
+// wgmma's M, the last one padded): every GPU format but BF16 content with an int4 RoPE key and FP8
+// content with a BF16 one, whose raw pages do not fit beside its tiles (decode_warpgroup.cuh's
+// kWarpgroupFits).
 inline bool warpgroup_kernel_reads(const CacheFormat& format) {
-  return !(format.content.codec == Codec::kBF16 && format.rope.codec != Codec::kBF16);
+  const bool bf16_rope = format.rope.codec == Codec::kBF16;
+  return !(format.content.codec == Codec::kBF16 && !bf16_rope) &&
+         !(format.content.codec == Codec::kFP8 && bf16_rope);
 }
 
 // The warpgroup kernel's shape, for the plan: query rows a block (wgmma's M), keys a softmax step

@@ -63,9 +63,15 @@ struct WarpgroupLayout {
   static constexpr int kProbBytes = kBlockBytes;            // P: 64 rows x 64 keys, one box
   static constexpr int kExchangeBytes = 2 * 2 * kRows * 4;  // [max, sum][warpgroup][row] FP32
   static constexpr int kBarrierBytes = 3 * 8;               // Q's, and one a stage
-  // + 1024: the swizzle needs 1024-byte-aligned boxes, the dynamic allocation only promises 16.
-  static constexpr int kSharedBytes = 1024 + (1 + kTiles) * kTileBytes + kRawStages * kRawBytes +
-                                      kProbBytes + kExchangeBytes + kBarrierBytes;
+  // Q, the page tiles and P, each of whole 1024-byte swizzle atoms from a 1024-byte-aligned base
+  // (+ 1024: the dynamic allocation only promises 16), then the raw stages (16-byte aligned for
+  // the bulk copies), the exchange and the barriers.
+  static constexpr int kProbOffset = (1 + kTiles) * kTileBytes;
+  static constexpr int kRawOffset = kProbOffset + kProbBytes;
+  static constexpr int kExchangeOffset = kRawOffset + kRawStages * kRawBytes;
+  static constexpr int kSharedBytes = 1024 + kExchangeOffset + kExchangeBytes + kBarrierBytes;
+  static_assert(kTileBytes % 1024 == 0 && kProbOffset % 1024 == 0 && kRawOffset % 16 == 0,
+                "swizzled boxes on 1024-byte atoms, raw stages on 16 bytes");
   static_assert(kKeyDim % 64 == 0 && kLatentDim == 2 * 256, "two warpgroups of 256 channels");
   static_assert(kRows == 64 && kStepKeys == kPageTokens && kStepKeys == 64,
                 "64 rows of wgmma's M; a page is one box of keys and one k-block of P");
@@ -73,10 +79,21 @@ struct WarpgroupLayout {
 };
 
 // The formats whose tiles and raw stages fit an SM's shared memory: all but BF16 content with an
-// int4 RoPE key (two raw pages of 67 KB beside the tiles). decode_kernels.h's
-// warpgroup_kernel_reads states the same for the plan.
+// int4 RoPE key and FP8 content with a BF16 one (two raw pages of 67 or 41 KB beside the tiles),
+// as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below).
 template <class Content, class Rope>
 inline constexpr bool kWarpgroupFits = WarpgroupLayout<Content, Rope>::kSharedBytes <= kSharedLimit;
+static_assert(kWarpgroupFits<ContentBf16, RopeBf16> && !kWarpgroupFits<ContentBf16, RopeInt4> &&
+                  !kWarpgroupFits<ContentFp8, RopeBf16> && kWarpgroupFits<ContentFp8, RopeInt4> &&
+                  kWarpgroupFits<ContentInt<4, 64>, RopeBf16> &&
+                  kWarpgroupFits<ContentInt<4, 64>, RopeInt4> &&
+                  kWarpgroupFits<ContentInt<4, 128>, RopeBf16> &&
+                  kWarpgroupFits<ContentInt<4, 128>, RopeInt4> &&
+                  kWarpgroupFits<ContentInt<2, 64>, RopeBf16> &&
+                  kWarpgroupFits<ContentInt<2, 64>, RopeInt4> &&
+                  kWarpgroupFits<ContentInt<2, 128>, RopeBf16> &&
+                  kWarpgroupFits<ContentInt<2, 128>, RopeInt4>,
+              "warpgroup_kernel_reads (decode_kernels.h) names the two formats that do not fit");
 
 namespace warpgroup_detail {
 
@@ -208,17 +225,17 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t raw_address = shared_address(shared_raw);
   const uint32_t base = (raw_address + 1023) / 1024 * 1024;
   uint8_t* const base_bytes = shared_raw + (base - raw_address);
-  // Q, the page tiles, the raw stages, P, the exchange of row maxima and sums, the barriers.
+  // Q, the page tiles, P, the raw stages, the exchange of row maxima and sums, the barriers.
   const uint32_t q_tile = base;
   const auto tile = [&](int i) {
     return base + static_cast<uint32_t>(L::kTileBytes) * (1 + i % L::kTiles);
   };
-  uint8_t* const raw_stages = base_bytes + (1 + L::kTiles) * L::kTileBytes;
+  const uint32_t probs = base + L::kProbOffset;
+  uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
+  uint8_t* const raw_stages = base_bytes + L::kRawOffset;
   const auto raw_stage = [&](int i) { return raw_stages + (i % 2) * L::kRawBytes; };
-  const uint32_t probs = base + (1 + L::kTiles) * L::kTileBytes + L::kRawStages * L::kRawBytes;
-  uint8_t* const probs_bytes = base_bytes + (probs - base);
-  float* const max_exchange = reinterpret_cast<float*>(probs_bytes + L::kProbBytes);  // [2][64]
-  float* const sum_exchange = max_exchange + 2 * L::kRows;                            // [2][64]
+  float* const max_exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [2][64]
+  float* const sum_exchange = max_exchange + 2 * L::kRows;                                // [2][64]
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(sum_exchange + 2 * L::kRows);
   uint64_t* const page_full = q_full + 1;  // [2]: the tile stages, or the raw ones
 
@@ -470,7 +487,7 @@ void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
   if constexpr (!kWarpgroupFits<Content, Rope>) {
     throw InvalidArgument(
         "GPU decode, warpgroup kernel: this format's pages do not fit beside the "
-        "tiles (BF16 content with an int4 RoPE key)");
+        "tiles (BF16 content with an int4 RoPE key, FP8 content with a BF16 one)");
   } else {
     const int rows_per_seq = p.s_q * p.num_heads;
     const int max_record = Content::kBytes + Rope::kMaxBytes;
