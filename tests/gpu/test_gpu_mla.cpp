@@ -663,13 +663,19 @@ void run_error_cases() {
     expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g128,rope=int4:g64"), many, 1, 16)
                    .keys_per_step() != 64,
            "auto: the tiled kernel for int2 g128");
-    // BF16 at 64 heads and more: the warpgroup kernel, 64 rows a block.
+    // BF16 from 64 heads: the warpgroup kernel, 64 rows a block, for one sequence too.
     const auto first_block_rows = [&](int heads) {
       return gpu::MlaDecodePlan(bf16, one, 1, heads).blocks().front().rows;
     };
     expect(first_block_rows(64) == 64 && first_block_rows(128) == 64,
            "auto: the warpgroup kernel's 64-row blocks for a BF16 cache at 64 and 128 heads");
     expect(first_block_rows(16) == 16, "auto: 16-row blocks for a BF16 cache at 16 heads");
+    // Quantized caches from 64 heads: the warpgroup kernel from two sequences, not for one.
+    expect(gpu::MlaDecodePlan(int4, many, 1, 128).blocks().front().rows == 64 &&
+               gpu::MlaDecodePlan(int2, many, 1, 64).blocks().front().rows == 64,
+           "auto: the warpgroup kernel for 32 int4 / int2 sequences at 64 or more heads");
+    expect(gpu::MlaDecodePlan(int4, one, 1, 128).blocks().front().rows != 64,
+           "auto: not the warpgroup kernel for one int4 sequence");
   }
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",

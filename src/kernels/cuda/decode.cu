@@ -124,15 +124,21 @@ int fragments_min_batch(const CacheFormat& format) {
   return format.content.codec == Codec::kInt4 ? 32 : 1;
 }
 
-// The head counts from which the warpgroup kernel is chosen for a BF16 cache: 64 and more, where
-// its 64-row blocks need no padding at s_q = 1. (Not measured yet: bench/gpu/patches/README.md.)
+// Where the plan takes the warpgroup kernel: from 64 heads (its 64-row blocks need no padding at
+// s_q = 1), for a BF16 cache at every batch, for the other formats it reads from batch 2. Measured
+// on the H200 at 128 heads beside the previous kernels (bench_gpu_decode, docs/benchmarks.md,
+// 2026-12-05): BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x), at
+// batch 1 as fast at 4K and faster beyond; INT4 and INT2 g64 1.6-2.0x faster from batch 16, at
+// batch 1 1.1-1.6x faster from 32K but 3-13% slower at 4K (0.034 against 0.030-0.033 ms). At 16
+// heads (padded to 64 rows) the tiled and fragment kernels stay faster.
 constexpr int kWarpgroupMinHeads = 64;
+constexpr int kWarpgroupMinBatchQuantized = 2;
 
 // The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup
-// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel for
-// a BF16 cache (content and RoPE) with at least kWarpgroupMinHeads heads (never for a
-// batch-invariant plan, whose blocks take 16 rows; the other formats only when forced until
-// measured), else the fragment kernel where it reads the format and the batch has at least
+// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel
+// where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
+// kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
+// rows), else the fragment kernel where it reads the format and the batch has at least
 // fragments_min_batch(format) sequences.
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant) {
@@ -163,7 +169,8 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
                           ": expected tiled, fragments, warpgroup or auto");
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
-  if (!invariant && bf16 && num_heads >= kWarpgroupMinHeads) {
+  if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
+      (bf16 || batch >= kWarpgroupMinBatchQuantized)) {
     return DecodeKernel::kWarpgroup;
   }
   return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
