@@ -4,31 +4,25 @@
 # every log) packed into $OUT/results-STEP.tgz. Steps, in the README's order, with what to carry:
 #   1  the shared experts in the routed products: ab-runner A/B on decode steps of 64-256
 #      tokens and the runner test (.carry/deps.tar.xz, .carry/shared)
-#   2  the 512-graph map: the pressure workload cold on main, then cold with the patch, then warm
-#      with both warm-ups (.carry/deps.tar.xz, .carry/deps-server.tar.xz)
-#   3  the warpgroup decode kernel beside FlashMLA, both head counts, s_q 1 (.anchor)
-#   4  the pipelined fragment kernel against its base beside FlashMLA, 16 heads (.anchor,
+#   2  the pipelined fragment kernel against its base beside FlashMLA, 16 heads (.anchor,
 #      .carry/fragments-pipelined-pages.diff: cp bench/gpu/patches/fragments-pipelined-pages.diff
 #      .carry/)
-#   5  the decode-heavy workload at 512 requests, cold (.carry/deps.tar.xz,
+#   3  the decode-heavy workload at 512 requests, warm (the shape warm-up) (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
-#   6  the warpgroup kernel at s_q = 2 (multi-token prediction), 128 heads, beside FlashMLA's
-#      s_q = 2 (.anchor)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
-# && cp ../shared/anchors/flashmla/* .anchor/` for steps 3 and 4; then run with the carries above.
+# && cp ../shared/anchors/flashmla/* .anchor/` for step 2; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-6]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5|6 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-3]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
-  2 | 5) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
-  3 | 6) needs=(.anchor/bench_flashmla.py) ;;
-  4) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
+  2) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
+  3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -52,40 +46,14 @@ case $step in
     ;;
   2)
     {
-      SKIP_U=1 WARMUP=none TAG=cold within bash bench/gpu/run-serve.sh 256 512 128 &&
-        git apply $patches/graphs-per-batch-size.diff &&
-        SKIP_U=1 WARMUP=none TAG=cold-graphs512 within bash bench/gpu/run-serve.sh 256 512 128 &&
-        SKIP_U=1 WARMUP=shapes TAG=warm-shapes within bash bench/gpu/run-serve.sh 256 512 128 &&
-        SKIP_U=1 WARMUP=full TAG=warm-full within bash bench/gpu/run-serve.sh 256 512 128
-    } >"$OUT/serve.txt" 2>&1 || status=1
-    revert
-    ;;
-  3)
-    {
-      git apply $patches/decode-warpgroup.diff &&
-        within bash bench/gpu/run.sh --max-seconds 180 --formats \
-          bf16/bf16@tiled,bf16/bf16@warpgroup,int4g64/int4,int4g64/int4@warpgroup,int2g64/int4@warpgroup
-    } >"$OUT/run.txt" 2>&1 || status=1
-    revert
-    ;;
-  4)
-    {
       git apply $patches/fragments-pipelined-pages.diff &&
         BASELINE_DIFF=.carry/fragments-pipelined-pages.diff within bash bench/gpu/run.sh \
           --heads 16 --formats int4g64/int4@fragments,int2g64/int4@fragments,fp8/bf16@fragments
     } >"$OUT/run.txt" 2>&1 || status=1
     revert
     ;;
-  6)
-    {
-      git apply $patches/decode-warpgroup.diff &&
-        within bash bench/gpu/run.sh --s-q 2 --heads 128 --max-seconds 180 --formats \
-          bf16/bf16@tiled,bf16/bf16@warpgroup,int4g64/int4,int4g64/int4@warpgroup,fp8/bf16@warpgroup
-    } >"$OUT/run.txt" 2>&1 || status=1
-    revert
-    ;;
-  5)
-    SKIP_U=1 WARMUP=none TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
+  3)
+    SKIP_U=1 TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
 esac

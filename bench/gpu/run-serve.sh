@@ -14,8 +14,8 @@
 # SERVE_ARGS="...": more bench-serve flags for every run (e.g. "--max-batched-tokens 8192": the
 # prefill chunks' token budget, 2048 by default; name such runs with TAG).
 # WARMUP=none|shapes|full: bench-serve --warmup before each format's timed run (its default on the
-# GPU is full, an untimed pass of the whole workload, which doubles the call's time; shapes warms
-# each step shape in seconds; none times cold runs, as every run up to 2026-12-04 did, when the
+# GPU is shapes, each step shape in seconds; full is an untimed pass of the whole workload, which
+# doubles the call's time; none times cold runs, as every run up to 2026-12-04 did, when the
 # first format, BF16, also paid the process's one-time costs).
 # Each run also writes its steps (decodes, their keys, prefill tokens, ms) to ...-steps.csv: the
 # step time against the batch as the serving run met it (bench/serve_projection.py's input).

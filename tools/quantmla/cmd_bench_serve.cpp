@@ -30,7 +30,7 @@ struct BenchServeOptions {
   std::optional<double> gpu_memory_utilization;
   SchedulerOptions scheduler;
   int64_t check_outputs = 0;
-  std::string warmup;  // empty: full on a GPU (CUDA graphs, kernel loading), none elsewhere
+  std::string warmup;  // empty: shapes on a GPU (CUDA graphs, kernel loading), none elsewhere
   std::string json, plot, step_log;
   OnlineOptions online;  // --url: against a running server
 };
@@ -146,7 +146,7 @@ void run_bench_serve(const BenchServeOptions& options) {
   const int64_t bytes =
       cache_budget_bytes(options.cache_memory, options.gpu_memory_utilization, *runner);
   const ServeWarmup warmup = !options.warmup.empty()    ? parse_serve_warmup(options.warmup)
-                             : options.device == "cuda" ? ServeWarmup::kFull
+                             : options.device == "cuda" ? ServeWarmup::kShapes
                                                         : ServeWarmup::kNone;
   std::vector<std::string> caches = options.caches;
   if (caches.empty()) caches = {"bf16"};
@@ -344,11 +344,12 @@ void add_bench_serve(CLI::App& app) {
                   "Rerun the first K requests without cache pressure and compare greedy outputs")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--warmup", o->warmup,
-                  "Before each format's timed run, on its pool: none; shapes (each step shape "
-                  "once or twice, seconds); full (the whole workload once, untimed). Default: full "
-                  "with --device cuda (CUDA graphs and kernels ready, as in a server that has run "
-                  "a while), none elsewhere")
+  cmd->add_option(
+         "--warmup", o->warmup,
+         "Before each format's timed run, on its pool: none; shapes (each step shape "
+         "once or twice, seconds); full (the whole workload once, untimed). Default: shapes "
+         "with --device cuda (CUDA graphs and kernels ready, as in a server that has run "
+         "a while; measured to give full's figures), none elsewhere")
       ->check(CLI::IsMember({"none", "shapes", "full"}));
   cmd->add_option("--json", o->json, "Write the results as JSON to this file");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");

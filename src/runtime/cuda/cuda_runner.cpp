@@ -594,7 +594,12 @@ class CudaRunner final : public Runner {
     int runs = 0;     // uncaptured runs so far (the first warms the plan and kernel caches)
     StepStats stats;  // the dense GEMMs' counts (the routed experts' come from the device)
   };
-  static constexpr size_t kMaxGraphs = 64;
+  // Enough for every decode batch size up to max_graph_tokens' default (256) at two block-table
+  // widths: a serving run meets most batch sizes below its peak, and a full map is cleared whole,
+  // so with 64 the formats that run the largest batches recaptured their graphs over and over
+  // (workload P on INT2/INT4: 85 batch sizes, bench-serve --schedule-only --step-log). A graph
+  // holds its kernels' parameters only (the activations live in the runner's buffers).
+  static constexpr size_t kMaxGraphs = 512;
 
   void size_activations() {
     DeviceArena& a = activations_;
