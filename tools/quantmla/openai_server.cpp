@@ -131,13 +131,14 @@ void refuse_unsupported(const json& body, bool chat) {
                         neutral + ")");
   };
   // Numbers whose neutral values leave the distribution alone.
-  const std::pair<const char*, std::vector<double>> numbers[] = {{"presence_penalty", {0.0}},
-                                                                 {"frequency_penalty", {0.0}},
-                                                                 {"repetition_penalty", {1.0}},
-                                                                 {"top_k", {-1.0, 0.0}},
-                                                                 {"min_p", {0.0}},
-                                                                 {"min_tokens", {0.0}},
-                                                                 {"length_penalty", {1.0}}};
+  static const std::pair<const char*, std::vector<double>> numbers[] = {
+      {"presence_penalty", {0.0}},
+      {"frequency_penalty", {0.0}},
+      {"repetition_penalty", {1.0}},
+      {"top_k", {-1.0, 0.0}},
+      {"min_p", {0.0}},
+      {"min_tokens", {0.0}},
+      {"length_penalty", {1.0}}};
   for (const auto& [name, neutral] : numbers) {
     if (!present(name)) continue;
     const json& v = body[name];
