@@ -759,9 +759,10 @@ int main(int argc, char** argv) {
           });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
         }
-        // The warpgroup kernel (64 rows a block), forced: every format it reads at 64 or 128
-        // heads, lengths around a page, s_q 1 and 2; padded blocks (16, 32 and 48 heads), splits
-        // with their combine; its mutations, padded and not, BF16 and dequantized.
+        // The warpgroup kernels (64 rows a block; a BF16 cache on the seesaw schedule), forced:
+        // every format they read at 64 or 128 heads, lengths around a page, s_q 1 and 2; padded
+        // blocks (16, 32 and 48 heads), splits with their combine; their mutations, padded and
+        // not, BF16 and dequantized.
         setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
         for (const char* spec : {"content=bf16,rope=bf16", "content=int4:g64,rope=int4:g64",
                                  "content=int2:g64,rope=int4:g64"}) {
@@ -779,6 +780,10 @@ int main(int argc, char** argv) {
         run_decode_case({"content=int4:g64,rope=int4:g64", 32, 2, {2, 130, 1000}, 0});
         if (!quick) {
           run_decode_case({"content=bf16,rope=bf16", 16, 1, {5000, 37}, 3});
+          // The seesaw schedule's pairs of pages: runs of 4 (whole pairs) and 5 (a last page
+          // alone), a sequence's last page whole and partly filled.
+          run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 4096, 37}, 4});
+          run_decode_case({"content=bf16,rope=bf16", 64, 2, {4160, 321, 1}, 5});
           run_decode_case({"content=int2:g64,rope=int4:g64", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});

@@ -4,8 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernel.cuh"
+#include "kernels/cuda/decode_seesaw.cuh"
 #include "kernels/cuda/decode_warpgroup.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -25,6 +28,48 @@ void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, in
     launch_decode_tiles<Content, Rope, 2>(params, blocks, stream);
   } else {
     launch_decode_tiles<Content, Rope, 1>(params, blocks, stream);
+  }
+}
+
+// The warpgroup kernels over `blocks` work items (p.items; padding items exit at once): a BF16
+// cache's on the seesaw schedule (decode_seesaw.cuh), the other formats' on the page schedule
+// (decode_warpgroup.cuh). batch: the sequences of p.q ([batch, s_q, num_heads, kKeyDim]). Throws
+// InvalidArgument for a format that does not fit (kWarpgroupFits) or records of another size than
+// the format's, CudaError on CUDA errors.
+template <class Content, class Rope>
+void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
+                             cudaStream_t stream) {
+  using L = WarpgroupLayout<Content, Rope>;
+  if constexpr (!kWarpgroupFits<Content, Rope>) {
+    throw InvalidArgument(
+        "GPU decode, warpgroup kernel: this format's pages do not fit beside the "
+        "tiles (BF16 content with an int4 RoPE key, FP8 content with a BF16 one)");
+  } else {
+    const int rows_per_seq = p.s_q * p.num_heads;
+    const int max_record = Content::kBytes + Rope::kMaxBytes;
+    const bool records_fit = L::kDirect ? p.record_bytes == max_record
+                                        : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
+    if (!records_fit || rows_per_seq < 1 || batch < 1) {
+      throw InvalidArgument("GPU decode, warpgroup kernel: records of " +
+                            std::to_string(p.record_bytes) + " bytes (the format's at most " +
+                            std::to_string(max_record) + "), s_q " + std::to_string(p.s_q) +
+                            " x heads " + std::to_string(p.num_heads) + ", batch " +
+                            std::to_string(batch));
+    }
+    // Boxes of 64 channels by 64 rows: Q's rows of a block, a BF16 page's records.
+    const int box[] = {64, L::kRows};
+    const int64_t q_dims[] = {kKeyDim, static_cast<int64_t>(batch) * rows_per_seq};
+    const int64_t strides[] = {kKeyDim};
+    const CUtensorMap q_map = bf16_tensor_map(p.q, 2, q_dims, strides, box);
+    if constexpr (L::kDirect) {
+      const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
+      const CUtensorMap pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
+      launch_large_shared<mla_decode_seesaw_kernel<Content, Rope>>(
+          blocks, SeesawLayout::kThreads, SeesawLayout::kSharedBytes, stream, p, q_map, pool_map);
+    } else {
+      launch_large_shared<mla_decode_warpgroup_kernel<Content, Rope>>(
+          blocks, L::kThreads, L::kSharedBytes, stream, p, q_map);
+    }
   }
 }
 

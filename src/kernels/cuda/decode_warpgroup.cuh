@@ -5,22 +5,25 @@
 // rows past them read whatever Q follows (the next sequence's, or the copy's zeros past the
 // tensor) and write nothing.
 //
+// This file's kernel runs the page schedule, for the formats that are dequantized; a BF16 cache's
+// pages are copied as tiles and take the seesaw schedule (decode_seesaw.cuh), which shares the
+// work items, the roundings and the output stage (store_rows) with it.
+//
 // Thread 0 copies Q's 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte
-// swizzle (wgmma.cuh). A BF16 cache's pages are copied the same way, straight into two tile stages
-// (each completing on a barrier). Any other format's pages are copied raw (bulk copies of the
-// page's records, two stages), and both warpgroups dequantize each into one BF16 tile with the
+// swizzle (wgmma.cuh). The pages are copied raw (bulk copies of the page's records, two
+// stages), and both warpgroups dequantize each into one BF16 tile with the
 // tiled kernel's decoders (record_formats.cuh), so the values are the tiled kernel's; those
 // decoders put a channel pair where the codes make it cheapest (a "pair span", tile column
 // order), so Q's columns are permuted to the same order once, and the output's back at the end.
 // Per page, the two warpgroups:
-//   1. S = Q K^T, each over its own 32 keys of the page (m64n32, 36 k-steps of 16 channels); a
-//      BF16 cache's is issued while the previous page's P V is still in flight.
+//   1. S = Q K^T, each over its own 32 keys of the page (m64n32, 36 k-steps of 16 channels).
 //   2. The online softmax in the log2 domain: each warpgroup's maximum of a row goes through
 //      shared memory (a barrier of both), so both rescale by the same page maximum; P = exp2 in
 //      FP32, rounded to BF16 into one 64 x 64 box (K-major for the next product's A operand); each
 //      warpgroup sums the unrounded P of its own keys, merged at the end. Keys past a row's
-//      query (s_q > 1) or the sequence are -inf; records past the sequence's end hold arbitrary
-//      pool bytes (NaN would survive a probability of 0 in P V), so their tile rows are zeros.
+//      query (s_q > 1) or the sequence are -inf; records past the sequence's end are
+//      dequantized as zeros (their pool bytes are arbitrary, and NaN would survive a probability
+//      of 0 in P V).
 //   3. O += P V, each warpgroup over its own 256 of the 512 channels (m64n256, 4 k-steps): V is the
 //      page's own content channels, read untransposed as an MN-major B operand.
 // The softmax's steps are pages and P is rounded as the tiled kernel rounds it, so the host
@@ -49,15 +52,15 @@ template <class ContentType, class RopeType>
 struct WarpgroupLayout {
   using Content = ContentType;
   using Rope = RopeType;
-  static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;  // pages copied as tiles
-  static constexpr int kThreads = 256;                                // two warpgroups
-  static constexpr int kRows = kWarpgroupRows;                        // wgmma's M
-  static constexpr int kStepKeys = kWarpgroupStepKeys;                // a page
-  static constexpr int kColumnBlocks = kKeyDim / 64;                  // boxes of 64 channels
-  static constexpr int kBlockBytes = 64 * 128;                        // a box of 64 rows
-  static constexpr int kTileBytes = kColumnBlocks * kBlockBytes;      // Q, or a page as BF16
-  static constexpr int kTiles = kDirect ? 2 : 1;                      // page tiles
-  static constexpr int kRawStages = kDirect ? 0 : 2;                  // raw pages in flight
+  // A BF16 cache's pages are copied as tiles by the seesaw kernel (decode_seesaw.cuh) instead.
+  static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;
+  static constexpr int kThreads = 256;                            // two warpgroups
+  static constexpr int kRows = kWarpgroupRows;                    // wgmma's M
+  static constexpr int kStepKeys = kWarpgroupStepKeys;            // a page
+  static constexpr int kColumnBlocks = kKeyDim / 64;              // boxes of 64 channels
+  static constexpr int kBlockBytes = 64 * 128;                    // a box of 64 rows
+  static constexpr int kTileBytes = kColumnBlocks * kBlockBytes;  // Q, or a page as BF16
+  static constexpr int kRawStages = 2;                            // raw pages in flight
   static constexpr int kRawBytes =
       (kPageTokens * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
   static constexpr int kProbBytes = kBlockBytes;            // P: 64 rows x 64 keys, one box
@@ -66,7 +69,7 @@ struct WarpgroupLayout {
   // Q, the page tiles and P, each of whole 1024-byte swizzle atoms from a 1024-byte-aligned base
   // (+ 1024: the dynamic allocation only promises 16), then the raw stages (16-byte aligned for
   // the bulk copies), the exchange and the barriers.
-  static constexpr int kProbOffset = (1 + kTiles) * kTileBytes;
+  static constexpr int kProbOffset = 2 * kTileBytes;  // Q and the page's tile before it
   static constexpr int kRawOffset = kProbOffset + kProbBytes;
   static constexpr int kExchangeOffset = kRawOffset + kRawStages * kRawBytes;
   static constexpr int kSharedBytes = 1024 + kExchangeOffset + kExchangeBytes + kBarrierBytes;
@@ -75,14 +78,15 @@ struct WarpgroupLayout {
   static_assert(kKeyDim % 64 == 0 && kLatentDim == 2 * 256, "two warpgroups of 256 channels");
   static_assert(kRows == 64 && kStepKeys == kPageTokens && kStepKeys == 64,
                 "64 rows of wgmma's M; a page is one box of keys and one k-block of P");
-  static_assert(kTiles == 2 || kRawStages == 2, "two pages in flight either way");
 };
 
 // The formats whose tiles and raw stages fit an SM's shared memory: all but BF16 content with an
 // int4 RoPE key and FP8 content with a BF16 one (two raw pages of 67 or 41 KB beside the tiles),
-// as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below).
+// as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below). A BF16
+// cache is copied as tiles by the seesaw kernel, whose layout decode_seesaw.cuh checks.
 template <class Content, class Rope>
-inline constexpr bool kWarpgroupFits = WarpgroupLayout<Content, Rope>::kSharedBytes <= kSharedLimit;
+inline constexpr bool kWarpgroupFits = WarpgroupLayout<Content, Rope>::kDirect ||
+                                       WarpgroupLayout<Content, Rope>::kSharedBytes <= kSharedLimit;
 static_assert(kWarpgroupFits<ContentBf16, RopeBf16> && !kWarpgroupFits<ContentBf16, RopeInt4> &&
                   !kWarpgroupFits<ContentFp8, RopeBf16> && kWarpgroupFits<ContentFp8, RopeInt4> &&
                   kWarpgroupFits<ContentInt<4, 64>, RopeBf16> &&
@@ -102,6 +106,7 @@ constexpr int kHalfChannels = kLatentDim / 2;   // one warpgroup's channels of t
 constexpr int kScoreRegs = kHalfKeys / 2;       // m64n32's accumulators a thread
 constexpr int kOutputRegs = kHalfChannels / 2;  // m64n256's
 constexpr int kBlockBytes = 64 * 128;
+constexpr int kStoreBarrier = 7;  // the named barrier of store_rows (1-6: the kernels' own)
 // A BF16 pool's tensor map spans this many records (the kernel parameters do not carry the pool's
 // size; a copy only reads the pages the block table names): 2^28 records are 309 GB, more than any
 // GPU holds, and keep the map's extent below the hardware's 2^40 bytes.
@@ -207,16 +212,76 @@ __device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint8_t* til
   }
 }
 
+// The block's output rows: this thread's sums (r0, r1: the unrounded P of its keys) merged over the
+// four lanes of a row and the two warpgroups (through `sum_exchange`, [2][64] FP32), then each
+// warpgroup's 256 channels of O (accumulator columns in tile column order of pair span kSpan) over
+// the sum in BF16, or, for a split's run, in FP32 beside its log-sum-exp. max0, max1: the rows'
+// final maxima (log2 domain). Rows past the sequence's s_q x heads (padding) write nothing.
+template <int kSpan>
+__device__ __forceinline__ void store_rows(const DecodeKernelParams& p, const WorkItem& item,
+                                           int first_row, int r0, int r1, float max0, float max1,
+                                           float sum0, float sum1, const float (&o)[kOutputRegs],
+                                           float* sum_exchange) {
+  constexpr int kRows = kWarpgroupRows;
+  const int warpgroup = threadIdx.x / 128, t4 = threadIdx.x % 4;
+  const int rows_per_seq = p.s_q * p.num_heads;
+  const int rows = min(kRows, rows_per_seq - first_row);  // the block's rows that are not padding
+  sum0 = quad_sum(sum0), sum1 = quad_sum(sum1);
+  if (t4 == 0) {
+    sum_exchange[warpgroup * kRows + r0] = sum0;
+    sum_exchange[warpgroup * kRows + r1] = sum1;
+  }
+  named_barrier(kStoreBarrier, 2 * 128);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int local_row = half == 0 ? r0 : r1;
+    if (local_row >= rows) continue;
+    const float row_max = half == 0 ? max0 : max1;
+    const float sum = sum_exchange[local_row] + sum_exchange[kRows + local_row];
+    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float lse = sum > 0.0f ? (row_max + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    // Accumulator columns 8 j + 2 t4 (+ 1) of the warpgroup's 256, in tile column order.
+    const int column0 = warpgroup * kHalfChannels + 2 * t4;
+    if (item.partial < 0) {
+      const int64_t row = static_cast<int64_t>(item.batch) * rows_per_seq + first_row + local_row;
+      uint16_t* const out = p.out + row * kLatentDim;
+#pragma unroll
+      for (int j = 0; j < kOutputRegs / 4; ++j) {
+        const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(o[4 * j + 2 * half] * inverse,
+                                                             o[4 * j + 2 * half + 1] * inverse));
+        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
+        if constexpr (kSpan == 1) {
+          *reinterpret_cast<uint32_t*>(out + channel) = v;
+        } else {
+          out[channel] = static_cast<uint16_t>(v);
+          out[channel + kSpan] = static_cast<uint16_t>(v >> 16);
+        }
+      }
+      if (warpgroup == 0 && t4 == 0 && p.lse != nullptr) p.lse[row] = lse;
+    } else {
+      float* const out =
+          p.partial_out + (static_cast<int64_t>(item.partial) * kRows + local_row) * kLatentDim;
+#pragma unroll
+      for (int j = 0; j < kOutputRegs / 4; ++j) {
+        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
+        out[channel] = o[4 * j + 2 * half] * inverse;
+        out[channel + kSpan] = o[4 * j + 2 * half + 1] * inverse;
+      }
+      if (warpgroup == 0 && t4 == 0) p.partial_lse[item.partial * kRows + local_row] = lse;
+    }
+  }
+}
+
 }  // namespace warpgroup_detail
 
 template <class Content, class Rope>
 __global__ void __launch_bounds__(256, 1)
     mla_decode_warpgroup_kernel(const __grid_constant__ DecodeKernelParams p,
-                                const __grid_constant__ CUtensorMap q_map,
-                                const __grid_constant__ CUtensorMap pool_map) {
+                                const __grid_constant__ CUtensorMap q_map) {
   using L = WarpgroupLayout<Content, Rope>;
   using namespace warpgroup_detail;
-  static_assert(kWarpgroupFits<Content, Rope>);
+  static_assert(kWarpgroupFits<Content, Rope> && !L::kDirect,
+                "a format whose pages fit raw beside the tile; BF16 takes the seesaw kernel");
   wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
@@ -225,11 +290,9 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t raw_address = shared_address(shared_raw);
   const uint32_t base = (raw_address + 1023) / 1024 * 1024;
   uint8_t* const base_bytes = shared_raw + (base - raw_address);
-  // Q, the page tiles, P, the raw stages, the exchange of row maxima and sums, the barriers.
+  // Q, the page's tile, P, the raw stages, the exchange of row maxima and sums, the barriers.
   const uint32_t q_tile = base;
-  const auto tile = [&](int i) {
-    return base + static_cast<uint32_t>(L::kTileBytes) * (1 + i % L::kTiles);
-  };
+  const uint32_t keys = base + L::kTileBytes;
   const uint32_t probs = base + L::kProbOffset;
   uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
   uint8_t* const raw_stages = base_bytes + L::kRawOffset;
@@ -237,7 +300,7 @@ __global__ void __launch_bounds__(256, 1)
   float* const max_exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [2][64]
   float* const sum_exchange = max_exchange + 2 * L::kRows;                                // [2][64]
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(sum_exchange + 2 * L::kRows);
-  uint64_t* const page_full = q_full + 1;  // [2]: the tile stages, or the raw ones
+  uint64_t* const page_full = q_full + 1;  // [2]: the raw stages
 
   const int seq_len = p.seq_lens[item.batch];
   const int rows_per_seq = p.s_q * p.num_heads;
@@ -252,24 +315,14 @@ __global__ void __launch_bounds__(256, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  // Page i of the run into stage i % 2: a BF16 page's 64 records as nine boxes of 64 channels,
-  // another format's as the records' bytes.
+  // Page i of the run into raw stage i % 2, as the records' bytes.
   const auto load_page = [&](int i) {
     uint64_t* const full = &page_full[i % 2];
-    if constexpr (L::kDirect) {
-      mbarrier_arrive_expect_bytes(full, L::kTileBytes);
-      const int first_record = pages[i] * kPageTokens;
-#pragma unroll
-      for (int b = 0; b < L::kColumnBlocks; ++b) {
-        tma_load_2d(tile(i) + b * L::kBlockBytes, &pool_map, 64 * b, first_record, full);
-      }
-    } else {
-      const uint32_t bytes = static_cast<uint32_t>(kPageTokens * p.record_bytes);
-      mbarrier_arrive_expect_bytes(full, bytes);
-      bulk_copy_to_shared(raw_stage(i),
-                          p.pool + static_cast<int64_t>(pages[i]) * kPageTokens * p.record_bytes,
-                          bytes, full);
-    }
+    const uint32_t bytes = static_cast<uint32_t>(kPageTokens * p.record_bytes);
+    mbarrier_arrive_expect_bytes(full, bytes);
+    bulk_copy_to_shared(raw_stage(i),
+                        p.pool + static_cast<int64_t>(pages[i]) * kPageTokens * p.record_bytes,
+                        bytes, full);
   };
   if (threadIdx.x == 0) {
     mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
@@ -288,8 +341,6 @@ __global__ void __launch_bounds__(256, 1)
   // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
   // row's: the sequence's last).
   const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const int rows =
-      min(L::kRows, rows_per_seq - first_row);  // the block's rows that are not padding
   const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
   const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
   const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
@@ -307,25 +358,21 @@ __global__ void __launch_bounds__(256, 1)
   }
 
   for (int i = 0; i < num_pages; ++i) {
-    const uint32_t keys = tile(i);
     const int page_key = (item.page_begin + i) * kPageTokens;
     const int valid = seq_len - page_key;  // records of the page in the sequence
     mbarrier_wait(&page_full[i % 2], static_cast<uint32_t>((i / 2) & 1));
-    if constexpr (!L::kDirect) {
-      // The one tile is free once both warpgroups' P V of the previous page is done.
-      wgmma_wait<0>();
-      wgmma_fence_registers(o);
-      named_barrier(3, L::kThreads);
-      dequantize_page<L>(raw_stage(i), base_bytes + (keys - base), valid, p);
-      fence_proxy_async_shared();
-      named_barrier(4, L::kThreads);
-      // Every thread is past its dequantization: the raw stage is free for page i + 2.
-      if (threadIdx.x == 0 && i + 2 < num_pages) load_page(i + 2);
-      __syncwarp();
-    }
+    // The one tile is free once both warpgroups' P V of the previous page is done.
+    wgmma_wait<0>();
+    wgmma_fence_registers(o);
+    named_barrier(3, L::kThreads);
+    dequantize_page<L>(raw_stage(i), base_bytes + (keys - base), valid, p);
+    fence_proxy_async_shared();
+    named_barrier(4, L::kThreads);
+    // Every thread is past its dequantization: the raw stage is free for page i + 2.
+    if (threadIdx.x == 0 && i + 2 < num_pages) load_page(i + 2);
+    __syncwarp();
 
-    // 1. S over this warpgroup's keys; the wait also ends the previous page's P V (O final for
-    // its rescale below, the previous tile read).
+    // 1. S over this warpgroup's keys.
     float sc[kScoreRegs];
     wgmma_fence();
 #pragma unroll
@@ -363,11 +410,6 @@ __global__ void __launch_bounds__(256, 1)
       max_exchange[warpgroup * L::kRows + r1] = page_max1;
     }
     named_barrier(1, L::kThreads);
-    if constexpr (L::kDirect) {
-      // Both warpgroups are past their wait: the tile of page i - 1 is free for page i + 1.
-      if (threadIdx.x == 0 && i >= 1 && i + 1 < num_pages) load_page(i + 1);
-      __syncwarp();
-    }
     const int other = (1 - warpgroup) * L::kRows;
     const float new_max0 = fmaxf(max0, fmaxf(page_max0, max_exchange[other + r0]));
     const float new_max1 = fmaxf(max1, fmaxf(page_max1, max_exchange[other + r1]));
@@ -390,20 +432,6 @@ __global__ void __launch_bounds__(256, 1)
           bf16x2_bits(__floats2bfloat162_rn(p0, p1));
       *reinterpret_cast<uint32_t*>(probs_bytes + tma_box_offset(r1, column)) =
           bf16x2_bits(__floats2bfloat162_rn(p2, p3));
-    }
-    if constexpr (L::kDirect) {
-      // The copied records past the sequence's end among this warpgroup's keys as zeros (only
-      // its own S read them).
-      if (valid < warpgroup * kHalfKeys + kHalfKeys) {
-        const int first = max(valid, warpgroup * kHalfKeys);
-        const int chunks = (warpgroup * kHalfKeys + kHalfKeys - first) * L::kColumnBlocks * 8;
-        uint8_t* const page = base_bytes + (keys - base);
-        for (int u = threadIdx.x % 128; u < chunks; u += 128) {
-          const int row = first + u / (L::kColumnBlocks * 8), rest = u % (L::kColumnBlocks * 8);
-          *reinterpret_cast<uint4*>(page + (rest / 8) * L::kBlockBytes + row * 128 +
-                                    (rest % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
     }
 #pragma unroll
     for (int j = 0; j < kOutputRegs / 4; ++j) {
@@ -428,89 +456,8 @@ __global__ void __launch_bounds__(256, 1)
   wgmma_wait<0>();
   wgmma_fence_registers(o);
 
-  // The rows' sums over the four lanes of a row, then over the two warpgroups.
-  sum0 = quad_sum(sum0), sum1 = quad_sum(sum1);
-  if (t4 == 0) {
-    sum_exchange[warpgroup * L::kRows + r0] = sum0;
-    sum_exchange[warpgroup * L::kRows + r1] = sum1;
-  }
-  named_barrier(1, L::kThreads);
-  constexpr int kSpan = Content::kPairSpan;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int local_row = half == 0 ? r0 : r1;
-    if (local_row >= rows) continue;
-    const float row_max = half == 0 ? max0 : max1;
-    const float sum = sum_exchange[local_row] + sum_exchange[L::kRows + local_row];
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const float lse = sum > 0.0f ? (row_max + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-    // Accumulator columns 8 j + 2 t4 (+ 1) of the warpgroup's 256, in tile column order.
-    const int column0 = warpgroup * kHalfChannels + 2 * t4;
-    if (item.partial < 0) {
-      const int64_t row = static_cast<int64_t>(item.batch) * rows_per_seq + first_row + local_row;
-      uint16_t* const out = p.out + row * kLatentDim;
-#pragma unroll
-      for (int j = 0; j < kOutputRegs / 4; ++j) {
-        const uint32_t v = bf16x2_bits(__floats2bfloat162_rn(o[4 * j + 2 * half] * inverse,
-                                                             o[4 * j + 2 * half + 1] * inverse));
-        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
-        if constexpr (kSpan == 1) {
-          *reinterpret_cast<uint32_t*>(out + channel) = v;
-        } else {
-          out[channel] = static_cast<uint16_t>(v);
-          out[channel + kSpan] = static_cast<uint16_t>(v >> 16);
-        }
-      }
-      if (warpgroup == 0 && t4 == 0 && p.lse != nullptr) p.lse[row] = lse;
-    } else {
-      float* const out =
-          p.partial_out + (static_cast<int64_t>(item.partial) * L::kRows + local_row) * kLatentDim;
-#pragma unroll
-      for (int j = 0; j < kOutputRegs / 4; ++j) {
-        const int channel = channel_of_column<kSpan>(column0 + 8 * j);
-        out[channel] = o[4 * j + 2 * half] * inverse;
-        out[channel + kSpan] = o[4 * j + 2 * half + 1] * inverse;
-      }
-      if (warpgroup == 0 && t4 == 0) p.partial_lse[item.partial * L::kRows + local_row] = lse;
-    }
-  }
-}
-
-// Launches the kernel over `blocks` work items (p.items; padding items exit at once). batch: the
-// sequences of p.q ([batch, s_q, num_heads, kKeyDim]). Throws InvalidArgument for a format that
-// does not fit (kWarpgroupFits) or records of another size than the format's, CudaError on CUDA
-// errors. Instantiated in decode_<content>.cu (decode_launch.cuh).
-template <class Content, class Rope>
-void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
-                             cudaStream_t stream) {
-  using L = WarpgroupLayout<Content, Rope>;
-  if constexpr (!kWarpgroupFits<Content, Rope>) {
-    throw InvalidArgument(
-        "GPU decode, warpgroup kernel: this format's pages do not fit beside the "
-        "tiles (BF16 content with an int4 RoPE key, FP8 content with a BF16 one)");
-  } else {
-    const int rows_per_seq = p.s_q * p.num_heads;
-    const int max_record = Content::kBytes + Rope::kMaxBytes;
-    const bool records_fit = L::kDirect ? p.record_bytes == max_record
-                                        : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
-    if (!records_fit || rows_per_seq < 1 || batch < 1) {
-      throw InvalidArgument("GPU decode, warpgroup kernel: records of " +
-                            std::to_string(p.record_bytes) + " bytes (the format's at most " +
-                            std::to_string(max_record) + "), s_q " + std::to_string(p.s_q) +
-                            " x heads " + std::to_string(p.num_heads) + ", batch " +
-                            std::to_string(batch));
-    }
-    // Boxes of 64 channels by 64 rows: Q's rows of a block, a BF16 page's records.
-    const int box[] = {64, L::kRows};
-    const int64_t q_dims[] = {kKeyDim, static_cast<int64_t>(batch) * rows_per_seq};
-    const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
-    const int64_t strides[] = {kKeyDim};
-    const CUtensorMap q_map = bf16_tensor_map(p.q, 2, q_dims, strides, box);
-    const CUtensorMap pool_map =
-        L::kDirect ? bf16_tensor_map(p.pool, 2, pool_dims, strides, box) : CUtensorMap{};
-    launch_large_shared<mla_decode_warpgroup_kernel<Content, Rope>>(
-        blocks, L::kThreads, L::kSharedBytes, stream, p, q_map, pool_map);
-  }
+  store_rows<Content::kPairSpan>(p, item, first_row, r0, r1, max0, max1, sum0, sum1, o,
+                                 sum_exchange);
 }
 
 }  // namespace quantmla::gpu

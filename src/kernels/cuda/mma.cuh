@@ -149,5 +149,10 @@ __device__ __forceinline__ uint32_t sm_id() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting: the other threads of its count wait there with
+// named_barrier (a producer signalling consumers).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 }  // namespace quantmla::gpu

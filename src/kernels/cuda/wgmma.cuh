@@ -189,32 +189,36 @@ __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a,
 #undef QUANTMLA_WGMMA_SS
 }
 
-// d (+)= A B^T over 64 x N x 16 (N = 64 or 128), A from registers (mma.m16n8k16's A fragments
-// of the warp's 16 rows), B from shared memory (descriptor, K-major).
-template <int kN>
-__device__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b,
-                                int accumulate);
-
-template <>
-__device__ __forceinline__ void wgmma_m64k16_rs<64>(float (&d)[32], const uint32_t (&a)[4],
-                                                    uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS32
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : QUANTMLA_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_m64k16_rs<128>(float (&d)[64], const uint32_t (&a)[4],
-                                                     uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS64
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : QUANTMLA_WGMMA_D64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+// d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A from registers (mma.m16n8k16's
+// A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major or, with
+// kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
+template <int kN, bool kTransposeB = false, int kCount>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32_t (&a)[4],
+                                                uint64_t b, int accumulate) {
+  static_assert(kN % 32 == 0 && kN >= 32 && kN <= 256 && kCount >= kN / 2, "an m64nNk16 shape");
+  constexpr int kTransposeBit = kTransposeB ? 1 : 0;
+// One shape: N, its accumulators' count as text, and the place holders of A's four registers, b,
+// accumulate and the transpose bit (numbered after the accumulators).
+#define QUANTMLA_WGMMA_RS(kShape, kRegs, kA0, kA1, kA2, kA3, kB, kAccumulate, kTranspose)          \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %" #kAccumulate                                            \
+      ", 0;\n"                                                                                     \
+      "wgmma.mma_async.sync.aligned.m64n" #kShape "k16.f32.bf16.bf16 {" QUANTMLA_WGMMA_REGS##kRegs \
+      "}, {%" #kA0 ", %" #kA1 ", %" #kA2 ", %" #kA3 "}, %" #kB ", p, 1, 1, %" #kTranspose ";\n}\n" \
+      : QUANTMLA_WGMMA_D##kRegs(d)                                                                 \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransposeBit))
+  if constexpr (kN == 32) {
+    QUANTMLA_WGMMA_RS(32, 16, 16, 17, 18, 19, 20, 21, 22);
+  } else if constexpr (kN == 64) {
+    QUANTMLA_WGMMA_RS(64, 32, 32, 33, 34, 35, 36, 37, 38);
+  } else if constexpr (kN == 128) {
+    QUANTMLA_WGMMA_RS(128, 64, 64, 65, 66, 67, 68, 69, 70);
+  } else if constexpr (kN == 256) {
+    QUANTMLA_WGMMA_RS(256, 128, 128, 129, 130, 131, 132, 133, 134);
+  } else {
+    static_assert(kN == 32 || kN == 64 || kN == 128 || kN == 256, "instantiated shapes");
+  }
+#undef QUANTMLA_WGMMA_RS
 }
 
 #undef QUANTMLA_WGMMA_REGS128

@@ -1,0 +1,420 @@
+// The warpgroup decode kernel's schedule for a BF16 cache ("seesaw", after FlashMLA's write-up of
+// its dense decode kernel): the same work items, 64 query rows and a softmax step per page, and the
+// same roundings as decode_warpgroup.cuh's page schedule (P rounded to BF16 against the running
+// maximum after its page; test_gpu_mla's kBf16Tile reference follows both), but the two
+// warpgroups no longer do the same thing at the same time. Pages go in pairs (a, b): warpgroup 0
+// computes S = Q K^T of page a over all 64 keys (m64n64, so Q is read once a page from shared
+// memory, where the page schedule read it twice over 32 keys each) and its softmax while
+// warpgroup 1 computes S of page b, and each keeps O over its own 256 channels. So the tensor
+// cores have one warpgroup's products to run while the other runs its softmax.
+//
+// Per pair, in order of the softmax steps:
+//   warpgroup 0: softmax of page a against the running maximum m (-> m_a, P_a in registers),
+//     publishes m_a; O_L = O_L * 2^(m - m_a) + P_a V_a,L (P from registers); P_a into shared
+//     memory; then, with m_b from warpgroup 1, O_L = O_L * 2^(m_a - m_b) + P_b V_b,L (P_b from
+//     shared memory).
+//   warpgroup 1: with m_a, softmax of page b (-> m_b, P_b), publishes m_b; O_R = O_R * 2^(m - m_a)
+//     + P_a V_a,R (P_a from shared memory); P_b into shared memory; O_R = O_R * 2^(m_a - m_b) + P_b
+//     V_b,R (P_b from registers).
+// Shared memory: Q (its RoPE box moved to registers once, whose place then holds P_b), one tile a
+// page of the pair (nine boxes of 64 channels, each completing on its own barrier), P_a. There is
+// no third tile: each box is copied again for the next pair as soon as its last reader is done
+// (boxes 0-3 of a page are the left values, 4-7 the right, 8 the RoPE keys only S reads), by the
+// warpgroup that read it last, and the next S reads the boxes in the order they come free.
+// Named barriers (one warpgroup arrives, the other waits) carry m_a, P_a, m_b, P_b across.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/decode_warpgroup.cuh"
+
+namespace quantmla::gpu {
+
+struct SeesawLayout {
+  static constexpr int kThreads = 256;  // two warpgroups
+  static constexpr int kRows = kWarpgroupRows;
+  static constexpr int kBoxes = kKeyDim / 64;  // of 64 channels: 8 of content, 1 of RoPE
+  static constexpr int kRopeBox = kBoxes - 1;
+  static constexpr int kBoxBytes = 64 * 128;  // 64 rows of 64 BF16 channels
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;
+  // From the 1024-byte-aligned base: Q's boxes, its RoPE box's place then holding P_b; the two
+  // page tiles; P_a; the exchange of maxima and sums; the barriers (Q's, then one a box a tile).
+  static constexpr int kOddProbOffset = kRopeBox * kBoxBytes;
+  static constexpr int kTileOffset = kBoxes * kBoxBytes;
+  static constexpr int kEvenProbOffset = kTileOffset + 2 * kTileBytes;
+  static constexpr int kExchangeOffset = kEvenProbOffset + kBoxBytes;
+  static constexpr int kExchangeBytes = 4 * kRows * 4;  // [m_a, m_b, sums of two warpgroups][row]
+  static constexpr int kBarrierOffset = kExchangeOffset + kExchangeBytes;
+  static constexpr int kBarriers = 1 + 2 * kBoxes;
+  static constexpr int kSharedBytes = 1024 + kBarrierOffset + kBarriers * 8;
+  static_assert(kSharedBytes <= kSharedLimit, "Q, two page tiles and two P boxes fit");
+  static_assert(kTileOffset % 1024 == 0 && kEvenProbOffset % 1024 == 0 &&
+                    kOddProbOffset % 1024 == 0,
+                "swizzled boxes on 1024-byte atoms");
+  static_assert(kLatentDim / 64 == 8 && kRows == 64 && kPageTokens == 64,
+                "four value boxes a warpgroup; a page is one box of keys and one k-block of P");
+};
+
+namespace seesaw_detail {
+
+using warpgroup_detail::quad_max;
+using L = SeesawLayout;
+constexpr int kScoreRegs = kPageTokens / 2;  // m64n64's accumulators a thread
+// Named barriers: one warpgroup arrives, the other waits (warpgroup_detail::kStoreBarrier is 7).
+constexpr int kEvenMaxReady = 1, kEvenProbsReady = 2, kOddMaxReady = 3, kOddProbsReady = 4;
+constexpr int kFirstWarpgroupOnly = 5, kSecondWarpgroupOnly = 6;
+
+// The online softmax of one page's scores (this thread's accumulators of rows r0 and r1, m64n64)
+// against the running maxima max_in: keys past a row's last one (when `masked`) are -inf; returns
+// the maxima after the page in max_out and the factor 2^(max_in - max_out) of what came before in
+// rescale, rescales sum0 / sum1 by it and adds the unrounded P; P rounded to BF16 as the A
+// fragments of P V (probs[k]: keys 16 k to 16 k + 15).
+__device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, bool masked,
+                                             int last0, int last1, float scale_log2, float max_in0,
+                                             float max_in1, float& max_out0, float& max_out1,
+                                             float& rescale0, float& rescale1, float& sum0,
+                                             float& sum1, uint32_t (&probs)[4][4]) {
+  const int t4 = threadIdx.x % 4;
+  float page_max0 = -INFINITY, page_max1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kScoreRegs / 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[4 * j + e] * scale_log2;
+      if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
+      sc[4 * j + e] = x;
+      if (e < 2) {
+        page_max0 = fmaxf(page_max0, x);
+      } else {
+        page_max1 = fmaxf(page_max1, x);
+      }
+    }
+  }
+  max_out0 = fmaxf(max_in0, quad_max(page_max0));
+  max_out1 = fmaxf(max_in1, quad_max(page_max1));
+  // A row without a visible key so far keeps a base of 0 (exp2(-inf - -inf) would be NaN).
+  const float base0 = max_out0 == -INFINITY ? 0.0f : max_out0;
+  const float base1 = max_out1 == -INFINITY ? 0.0f : max_out1;
+  rescale0 = exp2f(max_in0 - base0), rescale1 = exp2f(max_in1 - base1);
+  sum0 *= rescale0, sum1 *= rescale1;
+#pragma unroll
+  for (int j = 0; j < kScoreRegs / 4; ++j) {
+    const float p0 = exp2f(sc[4 * j] - base0), p1 = exp2f(sc[4 * j + 1] - base0);
+    const float p2 = exp2f(sc[4 * j + 2] - base1), p3 = exp2f(sc[4 * j + 3] - base1);
+    sum0 += p0 + p1;
+    sum1 += p2 + p3;
+    probs[j / 2][(j % 2) * 2] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
+    probs[j / 2][(j % 2) * 2 + 1] = bf16x2_bits(__floats2bfloat162_rn(p2, p3));
+  }
+}
+
+// The factor 2^(from - to) of a rescale between two running maxima (to == -inf: no key yet).
+__device__ __forceinline__ float rescale_between(float from, float to) {
+  return exp2f(from - (to == -INFINITY ? 0.0f : to));
+}
+
+// P (the A fragments of this thread's rows r0, r1) into a 64 x 64 box, K-major, for the other
+// warpgroup's product.
+__device__ __forceinline__ void store_probs(uint8_t* box, const uint32_t (&probs)[4][4], int r0,
+                                            int r1) {
+  const int t4 = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < kScoreRegs / 4; ++j) {
+    const int column = 8 * j + 2 * t4;
+    *reinterpret_cast<uint32_t*>(box + tma_box_offset(r0, column)) = probs[j / 2][(j % 2) * 2];
+    *reinterpret_cast<uint32_t*>(box + tma_box_offset(r1, column)) = probs[j / 2][(j % 2) * 2 + 1];
+  }
+}
+
+// Rows [valid, 64) of a page tile's value boxes as zeros (a sequence's last page: the records past
+// its end hold arbitrary pool bytes, and NaN would survive a probability of 0 in P V), by the 128
+// threads of one warpgroup, visible to the tensor cores' reads afterwards.
+__device__ __forceinline__ void zero_tail_values(uint8_t* tile, int valid) {
+  const int chunks = (kPageTokens - valid) * L::kRopeBox * 8;
+  for (int u = threadIdx.x % 128; u < chunks; u += 128) {
+    const int row = valid + u / (L::kRopeBox * 8), rest = u % (L::kRopeBox * 8);
+    *reinterpret_cast<uint4*>(tile + (rest / 8) * L::kBoxBytes + row * 128 + (rest % 8) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_proxy_async_shared();
+}
+
+__device__ __forceinline__ void scale_output(float (&o)[warpgroup_detail::kOutputRegs], float s0,
+                                             float s1) {
+#pragma unroll
+  for (int j = 0; j < warpgroup_detail::kOutputRegs / 4; ++j) {
+    o[4 * j] *= s0, o[4 * j + 1] *= s0;
+    o[4 * j + 2] *= s1, o[4 * j + 3] *= s1;
+  }
+}
+
+// S (+)= Q K^T over the boxes [kFirst, kEnd) of a page tile (`page_tile`, its boxes' barriers at
+// `full`, this pair's phase `parity`), waiting for each box's copy: Q's content boxes from shared
+// memory at `q_tile`, its RoPE box from the registers (whose first product overwrites S).
+template <int kFirst, int kEnd>
+__device__ __forceinline__ void issue_scores(float (&sc)[kScoreRegs],
+                                             const uint32_t (&q_rope)[4][4], uint32_t q_tile,
+                                             uint32_t page_tile, uint64_t* full, uint32_t parity) {
+  wgmma_fence();
+#pragma unroll
+  for (int b = kFirst; b < kEnd; ++b) {
+    mbarrier_wait(&full[b], parity);
+    const uint32_t box = page_tile + b * L::kBoxBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (b == L::kRopeBox) {
+        wgmma_m64k16_rs<kPageTokens>(sc, q_rope[k], wgmma_descriptor(box + k * 32), k > 0);
+      } else {
+        wgmma_m64nk16_ss<kPageTokens>(sc, wgmma_descriptor(q_tile + b * L::kBoxBytes + k * 32),
+                                      wgmma_descriptor(box + k * 32), 1);
+      }
+    }
+  }
+  wgmma_commit();
+}
+
+}  // namespace seesaw_detail
+
+template <class Content, class Rope>
+__global__ void __launch_bounds__(256, 1)
+    mla_decode_seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
+                             const __grid_constant__ CUtensorMap q_map,
+                             const __grid_constant__ CUtensorMap pool_map) {
+  using namespace seesaw_detail;
+  using warpgroup_detail::kOutputRegs;
+  static_assert(Content::kIsBf16 && Rope::kIsBf16, "pages copied as tiles: a BF16 cache only");
+  wait_for_previous_kernel();
+  const WorkItem item = p.items[blockIdx.x];
+  if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
+
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const uint32_t raw_address = shared_address(shared_raw);
+  const uint32_t base = (raw_address + 1023) / 1024 * 1024;
+  uint8_t* const base_bytes = shared_raw + (base - raw_address);
+  const auto tile = [&](int t) {
+    return base + static_cast<uint32_t>(L::kTileOffset + t * L::kTileBytes);
+  };
+  const auto tile_bytes = [&](int t) { return base_bytes + L::kTileOffset + t * L::kTileBytes; };
+  float* const even_max = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [64]
+  float* const odd_max = even_max + L::kRows;                                         // [64]
+  float* const sum_exchange = odd_max + L::kRows;                                     // [2][64]
+  uint64_t* const q_full = reinterpret_cast<uint64_t*>(base_bytes + L::kBarrierOffset);
+  uint64_t* const box_full = q_full + 1;  // [2][kBoxes]
+
+  const int seq_len = p.seq_lens[item.batch];
+  const int rows_per_seq = p.s_q * p.num_heads;
+  const int first_row = item.row_tile * L::kRows;
+  const int num_pages = item.page_end - item.page_begin;
+  const int32_t* const pages =
+      p.block_table + static_cast<int64_t>(item.batch) * p.block_table_stride + item.page_begin;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int b = 0; b < 2 * L::kBoxes; ++b) mbarrier_init(&box_full[b], 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  // Boxes [first, end) of page i (of the run) into its tile, i % 2 (one thread).
+  const auto load_boxes = [&](int i, int first, int end) {
+    const int t = i % 2, first_record = pages[i] * kPageTokens;
+    for (int b = first; b < end; ++b) {
+      uint64_t* const full = &box_full[t * L::kBoxes + b];
+      mbarrier_arrive_expect_bytes(full, L::kBoxBytes);
+      tma_load_2d(tile(t) + b * L::kBoxBytes, &pool_map, 64 * b, first_record, full);
+    }
+  };
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
+    const int q_row = item.batch * rows_per_seq + first_row;
+    for (int b = 0; b < L::kBoxes; ++b) {
+      tma_load_2d(base + b * L::kBoxBytes, &q_map, 64 * b, q_row, q_full);
+    }
+    for (int i = 0; i < 2 && i < num_pages; ++i) load_boxes(i, 0, L::kBoxes);
+  }
+  __syncwarp();  // warp 0 converged again for the warpgroup instructions
+
+  // The warpgroup as a value the compiler knows to be the same in a warp (a shuffle): wgmma under
+  // a branch it takes for divergent would be serialized (ptxas C7520).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // This thread's two rows of the block (accumulator rows g and g + 8 of its warp; the two
+  // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
+  // row's: the sequence's last).
+  const int r0 = 16 * warp + lane / 4, r1 = r0 + 8;
+  const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
+  const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
+  const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
+  // Q's RoPE box as the A fragments of S's last four k-steps (the same in both warpgroups), read
+  // before its place becomes P_b's.
+  uint32_t q_rope[4][4];
+  mbarrier_wait(q_full, 0);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    ldmatrix_x4(q_rope[k], base + L::kRopeBox * L::kBoxBytes +
+                               swizzled_chunk_offset(16 * warp + lane % 16, 2 * k + lane / 16));
+  }
+  __syncthreads();
+
+  // Boxes [first, end) of page i copied again (when `when`) by the first thread of the warpgroup
+  // that read them last; its warp converged again for the warpgroup instructions.
+  const auto copy_boxes = [&](bool when, int i, int first, int end) {
+    if (when && threadIdx.x % 128 == 0) load_boxes(i, first, end);
+    __syncwarp();
+  };
+  float o[kOutputRegs] = {};  // this warpgroup's 256 channels
+  float sc[kScoreRegs] = {};  // S of this warpgroup's page of the pair, then its P in FP32
+  uint32_t probs[4][4];       // that P in BF16, A fragments
+  float max0 = -INFINITY, max1 = -INFINITY;  // the running maxima after the last page
+  float sum0 = 0.0f, sum1 = 0.0f;            // this warpgroup's pages' P, this thread's keys
+  const uint32_t values = warpgroup * (kLatentDim / 128) * L::kBoxBytes;  // its 4 value boxes
+  // S of page i (this warpgroup's of its pair) over the boxes [kFirst, kEnd).
+  const auto scores = [&]<int kFirst, int kEnd>(int i) {
+    issue_scores<kFirst, kEnd>(sc, q_rope, base, tile(i % 2), &box_full[(i % 2) * L::kBoxes],
+                               static_cast<uint32_t>((i / 2) & 1));
+  };
+  // The boxes in the order of their copies for the next pair: the RoPE box first (its first
+  // product overwrites the accumulators), then the left values, then the right.
+  const auto all_scores = [&](int i) {
+    scores.template operator()<L::kRopeBox, L::kBoxes>(i);
+    scores.template operator()<0, L::kRopeBox>(i);
+  };
+  if (warpgroup < num_pages) all_scores(warpgroup);
+  wgmma_wait<0>();
+  wgmma_fence_registers(sc);
+
+  for (int a = 0; a < num_pages; a += 2) {
+    const int b = a + 1;
+    const bool has_b = b < num_pages, has_next = a + 2 < num_pages, has_next_b = b + 2 < num_pages;
+    const int key_a = (item.page_begin + a) * kPageTokens, key_b = key_a + kPageTokens;
+    const int valid_a = seq_len - key_a, valid_b = seq_len - key_b;
+    float max_a0, max_a1, scale_a0, scale_a1;
+    if (warpgroup == 0) {
+      // Page a's softmax; m_a to warpgroup 1 (with page a's tail as zeros: its P V reads them).
+      page_softmax(sc, key_a, key_a + kPageTokens - 1 > block_last, last0, last1, p.scale_log2,
+                   max0, max1, max_a0, max_a1, scale_a0, scale_a1, sum0, sum1, probs);
+      if (lane % 4 == 0) even_max[r0] = max_a0, even_max[r1] = max_a1;
+      if (valid_a < kPageTokens) {
+        zero_tail_values(tile_bytes(0), valid_a);
+        named_barrier(kFirstWarpgroupOnly, 128);
+      }
+      named_barrier_arrive(kEvenMaxReady, L::kThreads);
+      copy_boxes(has_next, a + 2, L::kRopeBox, L::kBoxes);  // S(a) is done
+      scale_output(o, scale_a0, scale_a1);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kPageTokens / 16; ++k) {
+        wgmma_m64k16_rs<kLatentDim / 2, true>(
+            o, probs[k], wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
+      }
+      wgmma_commit();
+      store_probs(base_bytes + L::kEvenProbOffset, probs, r0, r1);
+      fence_proxy_async_shared();
+      named_barrier_arrive(kEvenProbsReady, L::kThreads);
+      wgmma_wait<0>();
+      wgmma_fence_registers(o);
+      copy_boxes(has_next, a + 2, 0, L::kRopeBox / 2);  // P_a V_a,L is done
+      // m_b from warpgroup 1: O_L to it, then P_b V_b,L.
+      named_barrier(kOddMaxReady, L::kThreads);
+      const float max_b0 = odd_max[r0], max_b1 = odd_max[r1];
+      const float scale_b0 = rescale_between(max_a0, max_b0);
+      const float scale_b1 = rescale_between(max_a1, max_b1);
+      max0 = max_b0, max1 = max_b1;
+      sum0 *= scale_b0, sum1 *= scale_b1;
+      scale_output(o, scale_b0, scale_b1);
+      if (has_b) {
+        named_barrier(kOddProbsReady, L::kThreads);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kPageTokens / 16; ++k) {
+          wgmma_m64nk16_ss<kLatentDim / 2, true>(
+              o, wgmma_descriptor(base + L::kOddProbOffset + k * 32),
+              wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
+        }
+        wgmma_commit();
+      }
+      // The next page a's S behind P_b V_b,L; page b's left values copied again once that is done.
+      if (has_next) scores.template operator()<L::kRopeBox, L::kBoxes>(a + 2);
+      if (has_b) {
+        if (has_next) {
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        wgmma_fence_registers(o);
+        copy_boxes(has_next_b, b + 2, 0, L::kRopeBox / 2);
+      }
+      if (has_next) scores.template operator()<0, L::kRopeBox>(a + 2);
+      wgmma_wait<0>();  // in each branch: no product in flight where the two join (ptxas C7515)
+      wgmma_fence_registers(sc);
+      wgmma_fence_registers(o);
+    } else {
+      // m_a from warpgroup 0; page b's softmax against it; m_b to warpgroup 0.
+      named_barrier(kEvenMaxReady, L::kThreads);
+      max_a0 = even_max[r0], max_a1 = even_max[r1];
+      scale_a0 = rescale_between(max0, max_a0), scale_a1 = rescale_between(max1, max_a1);
+      sum0 *= scale_a0, sum1 *= scale_a1;
+      float max_b0 = max_a0, max_b1 = max_a1, scale_b0 = 1.0f, scale_b1 = 1.0f;
+      if (has_b) {
+        page_softmax(sc, key_b, key_b + kPageTokens - 1 > block_last, last0, last1, p.scale_log2,
+                     max_a0, max_a1, max_b0, max_b1, scale_b0, scale_b1, sum0, sum1, probs);
+      }
+      if (lane % 4 == 0) odd_max[r0] = max_b0, odd_max[r1] = max_b1;
+      if (has_b && valid_b < kPageTokens) {
+        zero_tail_values(tile_bytes(1), valid_b);
+        named_barrier(kSecondWarpgroupOnly, 128);
+      }
+      named_barrier_arrive(kOddMaxReady, L::kThreads);
+      copy_boxes(has_next_b, b + 2, L::kRopeBox, L::kBoxes);  // S(b) is done
+      max0 = max_b0, max1 = max_b1;
+      // O_R to m_a, then P_a V_a,R (P_a from warpgroup 0).
+      scale_output(o, scale_a0, scale_a1);
+      named_barrier(kEvenProbsReady, L::kThreads);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kPageTokens / 16; ++k) {
+        wgmma_m64nk16_ss<kLatentDim / 2, true>(
+            o, wgmma_descriptor(base + L::kEvenProbOffset + k * 32),
+            wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
+      }
+      wgmma_commit();
+      if (has_b) {
+        store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
+        fence_proxy_async_shared();
+        named_barrier_arrive(kOddProbsReady, L::kThreads);
+      }
+      wgmma_wait<0>();
+      wgmma_fence_registers(o);
+      copy_boxes(has_next, a + 2, L::kRopeBox / 2, L::kRopeBox);  // P_a V_a,R done
+      // O_R to m_b, then P_b V_b,R; the next page b's S behind it, its right values copied again
+      // once P_b V_b,R is done.
+      if (has_b) {
+        scale_output(o, scale_b0, scale_b1);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kPageTokens / 16; ++k) {
+          wgmma_m64k16_rs<kLatentDim / 2, true>(
+              o, probs[k], wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
+        }
+        wgmma_commit();
+      }
+      if (has_next_b) {
+        scores.template operator()<L::kRopeBox, L::kBoxes>(b + 2);
+        scores.template operator()<0, L::kRopeBox / 2>(b + 2);
+        wgmma_wait<1>();
+        wgmma_fence_registers(o);
+        copy_boxes(true, b + 2, L::kRopeBox / 2, L::kRopeBox);
+        scores.template operator()<L::kRopeBox / 2, L::kRopeBox>(b + 2);
+      }
+      wgmma_wait<0>();
+      wgmma_fence_registers(sc);
+      wgmma_fence_registers(o);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) wgmma_fence_registers(probs[k]);
+    }
+  }
+  warpgroup_detail::store_rows<1>(p, item, first_row, r0, r1, max0, max1, sum0, sum1, o,
+                                  sum_exchange);
+}
+
+}  // namespace quantmla::gpu
