@@ -191,6 +191,7 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
       {"content=int2:g64,rope=int4:g64", 2, 16, {2, 130, 700}, 3, 32},
       {"content=fp8,rope=bf16", 1, 32, {64, 500}, 2, 64},
       {"content=bf16,rope=bf16", 2, 16, {1000}, 0, 64},
+      {"content=bf16,rope=bf16", 1, 64, {1, 300, 640}, 3, 64, Operands::kBf16TileScaledPairs},
       {"content=int4:g64,rope=int4:g64", 1, 16, {1, 63, 65, 300}, 0, 64, Operands::kFp16Codes},
       {"content=int2:g64,rope=bf16", 2, 16, {2, 130, 700}, 3, 64, Operands::kFp16Codes},
       {"content=int4:g64:clip0.95,rope=int4:g64:bf16pairs=0+21",

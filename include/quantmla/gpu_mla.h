@@ -125,8 +125,11 @@ class MlaDecodePlan {
   // kFp16Codes (the fragment kernel on int g64 or fp8
   // content), the codes exact in FP16, each group's scale and minimum applied to the scores'
   // partial sums and to P (P rounded to FP16, P times a scale rounded again; fp8: the scale over
-  // a running power of two), the RoPE key as in the tile.
-  enum class Operands { kBf16Tile, kFp16Codes };
+  // a running power of two), the RoPE key as in the tile; kBf16TileScaledPairs (the warpgroup
+  // kernel on a BF16 cache, its seesaw schedule), kBf16Tile but for the pages taken in pairs from
+  // each block's first: the second half of the channels (256-511) takes the P of a pair's first
+  // page rescaled to the second page's maximum before it is rounded to BF16.
+  enum class Operands { kBf16Tile, kFp16Codes, kBf16TileScaledPairs };
   Operands operands() const;
 
   struct State;

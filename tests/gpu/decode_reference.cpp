@@ -280,11 +280,14 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     int exponent[kLatentDim / 128] = {};  // fp8: each group's running scale exponent (biased)
     std::vector<float> x(static_cast<size_t>(step_keys));
     std::vector<double> score(static_cast<size_t>(step_keys));  // each key's score error
-    for (int key0 = first_key; key0 < end_key; key0 += step_keys) {
+    // The scaled scores x (log2 domain, -inf where masked) and score errors of the step's keys
+    // from key0, and their maximum.
+    const auto step_scores = [&](int key0, std::vector<float>& step_x,
+                                 std::vector<double>& step_score) {
       float tile_max = -INFINITY;
       for (int j = 0; j < step_keys; ++j) {
         const int key = key0 + j;
-        x[j] = -INFINITY;
+        step_x[j] = -INFINITY;
         if (key >= std::min(limit, len)) continue;
         if (mutation == Mutation::kDroppedKey && b == 0 && r == 0 && key == heavy) continue;
         const float* k = keys[b].data() + static_cast<size_t>(key) * kKeyDim;
@@ -311,15 +314,34 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         // (truncating tensor cores: one-sided), partial sums of random-sign terms growing as
         // sqrt(n) rms: n^1.5 rms 2^-23 in all. Not a worst case (every product of one sign),
         // which would allow 20x more.
-        score[j] = scale_log2 * std::pow(kKeyDim, 1.5) * std::sqrt(squares / kKeyDim) *
-                   std::ldexp(1.0, -23);
+        step_score[j] = scale_log2 * std::pow(kKeyDim, 1.5) * std::sqrt(squares / kKeyDim) *
+                        std::ldexp(1.0, -23);
+        step_x[j] = static_cast<float>(s) * scale_log2;
+        tile_max = std::max(tile_max, step_x[j]);
+      }
+      return tile_max;
+    };
+    std::vector<float> next_x(static_cast<size_t>(step_keys));
+    std::vector<double> next_score(static_cast<size_t>(step_keys));
+    for (int key0 = first_key; key0 < end_key; key0 += step_keys) {
+      const float tile_max = step_scores(key0, x, score);
+      for (int j = 0; j < step_keys; ++j) {
+        if (x[j] == -INFINITY) continue;
         run.score_error = std::max(run.score_error, score[j]);
-        x[j] = static_cast<float>(s) * scale_log2;
-        tile_max = std::max(tile_max, x[j]);
         ++run.keys;
       }
       const float new_max = std::max(row_max, tile_max);
       const float reference = new_max == -INFINITY ? 0.0f : new_max;
+      // kBf16TileScaledPairs: the first page of each pair of the run (with a second) has the
+      // right half's P rounded after the rescale to the pair's second maximum, 2^(m_a - m_b).
+      const bool scaled_pair = operands == Operands::kBf16TileScaledPairs &&
+                               (key0 - first_key) / step_keys % 2 == 0 &&
+                               key0 + step_keys < end_key;
+      float pair_scale = 1.0f;
+      if (scaled_pair) {
+        const float next_max = std::max(new_max, step_scores(key0 + step_keys, next_x, next_score));
+        pair_scale = std::exp2f(new_max - (next_max == -INFINITY ? 0.0f : next_max));
+      }
       const double alpha = fp32 ? std::exp2f(row_max - reference)
                                 : std::exp2(static_cast<double>(row_max - reference));
       for (int d = 0; d < kLatentDim; ++d) {
@@ -376,11 +398,23 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
           const double rounded = bf16_to_f32(f32_to_bf16(p));
           const int low = static_cast<int>(std::bit_cast<uint32_t>(p) & 0xffffu);
           const double flip = std::abs(low - 0x8000) <= near ? bf16_ulp(rounded) : 0.0;
+          // The right half's P of a scaled pair: bf16(p 2^(m_a - m_b)), over the same factor so
+          // that the step's later rescale by it restores the kernel's product (0 where the factor
+          // underflows: so does the kernel's P). Near a tie also by exp2f's 2 ulp of the factor.
+          const float scaled = p * pair_scale;
+          const int scaled_low = static_cast<int>(std::bit_cast<uint32_t>(scaled) & 0xffffu);
+          const double scaled_rounded =
+              pair_scale > 0.0f ? bf16_to_f32(f32_to_bf16(scaled)) / pair_scale : 0.0;
+          const double scaled_flip =
+              pair_scale > 0.0f && std::abs(scaled_low - 0x8000) <= near + 4.0
+                  ? bf16_ulp(bf16_to_f32(f32_to_bf16(scaled))) / pair_scale
+                  : 0.0;
           sum = round(sum + p);
           const float* v = keys[b].data() + static_cast<size_t>(key0 + j) * kKeyDim;
           for (int d = 0; d < kLatentDim; ++d) {
-            run.out[d] = round(run.out[d] + rounded * v[d]);
-            run.flip[d] += flip * std::fabs(v[d]);
+            const bool right_scaled = scaled_pair && d >= kLatentDim / 2;
+            run.out[d] = round(run.out[d] + (right_scaled ? scaled_rounded : rounded) * v[d]);
+            run.flip[d] += (right_scaled ? scaled_flip : flip) * std::fabs(v[d]);
             run.magnitude[d] += rounded * std::fabs(v[d]);
           }
         }

@@ -783,7 +783,7 @@ int main(int argc, char** argv) {
           // The seesaw schedule's pairs of pages: runs of 4 (whole pairs) and 5 (a last page
           // alone), a sequence's last page whole and partly filled.
           run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 4096, 37}, 4});
-          run_decode_case({"content=bf16,rope=bf16", 64, 2, {4160, 321, 1}, 5});
+          run_decode_case({"content=bf16,rope=bf16", 64, 2, {4160, 321, 2}, 5});
           run_decode_case({"content=int2:g64,rope=int4:g64", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});

@@ -405,7 +405,11 @@ int MlaDecodePlan::keys_per_step() const {
 }
 
 MlaDecodePlan::Operands MlaDecodePlan::operands() const {
-  return state_->kernel == DecodeKernel::kFragments ? Operands::kFp16Codes : Operands::kBf16Tile;
+  if (state_->kernel == DecodeKernel::kFragments) return Operands::kFp16Codes;
+  const bool bf16 = state_->format.content.codec == Codec::kBF16 &&
+                    state_->format.rope.codec == Codec::kBF16;
+  return state_->kernel == DecodeKernel::kWarpgroup && bf16 ? Operands::kBf16TileScaledPairs
+                                                            : Operands::kBf16Tile;
 }
 
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,

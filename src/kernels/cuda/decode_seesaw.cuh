@@ -1,21 +1,24 @@
 // The warpgroup decode kernel's schedule for a BF16 cache ("seesaw", after FlashMLA's write-up of
-// its dense decode kernel): the same work items, 64 query rows and a softmax step per page, and the
-// same roundings as decode_warpgroup.cuh's page schedule (P rounded to BF16 against the running
-// maximum after its page; test_gpu_mla's kBf16Tile reference follows both), but the two
-// warpgroups no longer do the same thing at the same time. Pages go in pairs (a, b): warpgroup 0
-// computes S = Q K^T of page a over all 64 keys (m64n64, so Q is read once a page from shared
-// memory, where the page schedule read it twice over 32 keys each) and its softmax while
-// warpgroup 1 computes S of page b, and each keeps O over its own 256 channels. So the tensor
-// cores have one warpgroup's products to run while the other runs its softmax.
+// its dense decode kernel): the same work items, 64 query rows and a softmax step per page as
+// decode_warpgroup.cuh's page schedule, but the two warpgroups no longer do the same thing at the
+// same time. Pages go in pairs (a, b) from each run's first: warpgroup 0 computes S = Q K^T of
+// page a over all 64 keys (m64n64, so Q is read once a page from shared memory, where the page
+// schedule read it twice over 32 keys each) and its softmax while warpgroup 1 computes S of page
+// b, and each keeps O over its own 256 channels. So the tensor cores have one warpgroup's
+// products to run while the other runs its softmax.
 //
 // Per pair, in order of the softmax steps:
-//   warpgroup 0: softmax of page a against the running maximum m (-> m_a, P_a in registers),
-//     publishes m_a; O_L = O_L * 2^(m - m_a) + P_a V_a,L (P from registers); P_a into shared
-//     memory; then, with m_b from warpgroup 1, O_L = O_L * 2^(m_a - m_b) + P_b V_b,L (P_b from
+//   warpgroup 0: softmax of page a against the running maximum m (-> m_a, P_a), publishes m_a;
+//     O_L = O_L 2^(m - m_a) + P_a V_a,L (P from registers); with m_b from warpgroup 1, P_a
+//     2^(m_a - m_b) rounded into shared memory; O_L = O_L 2^(m_a - m_b) + P_b V_b,L (P_b from
 //     shared memory).
-//   warpgroup 1: with m_a, softmax of page b (-> m_b, P_b), publishes m_b; O_R = O_R * 2^(m - m_a)
-//     + P_a V_a,R (P_a from shared memory); P_b into shared memory; O_R = O_R * 2^(m_a - m_b) + P_b
-//     V_b,R (P_b from registers).
+//   warpgroup 1: with m_a, softmax of page b (-> m_b, P_b), publishes m_b; O_R = O_R 2^(m - m_b)
+//     + P_b V_b,R (P from registers); P_b into shared memory; O_R += P_a 2^(m_a - m_b) V_a,R.
+// P is rounded to BF16 against the running maximum after its page, as in the page schedule,
+// except the right half's P of a pair's first page, rounded after its rescale to the pair's
+// second maximum: so warpgroup 1 never waits between its two products, and page b's right values
+// are free early (MlaDecodePlan::Operands::kBf16TileScaledPairs, which test_gpu_mla's reference
+// follows).
 // Shared memory: Q (its RoPE box moved to registers once, whose place then holds P_b), one tile a
 // page of the pair (nine boxes of 64 channels, each completing on its own barrier), P_a. There is
 // no third tile: each box is copied again for the next pair as soon as its last reader is done
@@ -69,7 +72,7 @@ constexpr int kFirstWarpgroupOnly = 5, kSecondWarpgroupOnly = 6;
 // against the running maxima max_in: keys past a row's last one (when `masked`) are -inf; returns
 // the maxima after the page in max_out and the factor 2^(max_in - max_out) of what came before in
 // rescale, rescales sum0 / sum1 by it and adds the unrounded P; P rounded to BF16 as the A
-// fragments of P V (probs[k]: keys 16 k to 16 k + 15).
+// fragments of P V (probs[k]: keys 16 k to 16 k + 15), and unrounded in sc.
 __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, bool masked,
                                              int last0, int last1, float scale_log2, float max_in0,
                                              float max_in1, float& max_out0, float& max_out1,
@@ -104,6 +107,7 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
     const float p2 = exp2f(sc[4 * j + 2] - base1), p3 = exp2f(sc[4 * j + 3] - base1);
     sum0 += p0 + p1;
     sum1 += p2 + p3;
+    sc[4 * j] = p0, sc[4 * j + 1] = p1, sc[4 * j + 2] = p2, sc[4 * j + 3] = p3;
     probs[j / 2][(j % 2) * 2] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
     probs[j / 2][(j % 2) * 2 + 1] = bf16x2_bits(__floats2bfloat162_rn(p2, p3));
   }
@@ -124,6 +128,21 @@ __device__ __forceinline__ void store_probs(uint8_t* box, const uint32_t (&probs
     const int column = 8 * j + 2 * t4;
     *reinterpret_cast<uint32_t*>(box + tma_box_offset(r0, column)) = probs[j / 2][(j % 2) * 2];
     *reinterpret_cast<uint32_t*>(box + tma_box_offset(r1, column)) = probs[j / 2][(j % 2) * 2 + 1];
+  }
+}
+
+// P in FP32 (sc) times a factor per row (scale0 for r0, scale1 for r1) rounded to BF16 into a
+// 64 x 64 box as above.
+__device__ __forceinline__ void store_probs(uint8_t* box, const float (&sc)[kScoreRegs],
+                                            float scale0, float scale1, int r0, int r1) {
+  const int t4 = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < kScoreRegs / 4; ++j) {
+    const int column = 8 * j + 2 * t4;
+    *reinterpret_cast<uint32_t*>(box + tma_box_offset(r0, column)) =
+        bf16x2_bits(__floats2bfloat162_rn(sc[4 * j] * scale0, sc[4 * j + 1] * scale0));
+    *reinterpret_cast<uint32_t*>(box + tma_box_offset(r1, column)) =
+        bf16x2_bits(__floats2bfloat162_rn(sc[4 * j + 2] * scale1, sc[4 * j + 3] * scale1));
   }
 }
 
@@ -288,9 +307,9 @@ __global__ void __launch_bounds__(256, 1)
     const bool has_b = b < num_pages, has_next = a + 2 < num_pages, has_next_b = b + 2 < num_pages;
     const int key_a = (item.page_begin + a) * kPageTokens, key_b = key_a + kPageTokens;
     const int valid_a = seq_len - key_a, valid_b = seq_len - key_b;
-    float max_a0, max_a1, scale_a0, scale_a1;
     if (warpgroup == 0) {
       // Page a's softmax; m_a to warpgroup 1 (with page a's tail as zeros: its P V reads them).
+      float max_a0, max_a1, scale_a0, scale_a1;
       page_softmax(sc, key_a, key_a + kPageTokens - 1 > block_last, last0, last1, p.scale_log2,
                    max0, max1, max_a0, max_a1, scale_a0, scale_a1, sum0, sum1, probs);
       if (lane % 4 == 0) even_max[r0] = max_a0, even_max[r1] = max_a1;
@@ -300,6 +319,7 @@ __global__ void __launch_bounds__(256, 1)
       }
       named_barrier_arrive(kEvenMaxReady, L::kThreads);
       copy_boxes(has_next, a + 2, L::kRopeBox, L::kBoxes);  // S(a) is done
+      // O_L to m_a, then P_a V_a,L (P from the registers).
       scale_output(o, scale_a0, scale_a1);
       wgmma_fence();
 #pragma unroll
@@ -308,17 +328,19 @@ __global__ void __launch_bounds__(256, 1)
             o, probs[k], wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
       }
       wgmma_commit();
-      store_probs(base_bytes + L::kEvenProbOffset, probs, r0, r1);
+      // m_b from warpgroup 1: P_a for its half rescaled to m_b, then rounded.
+      named_barrier(kOddMaxReady, L::kThreads);
+      const float max_b0 = odd_max[r0], max_b1 = odd_max[r1];
+      const float scale_b0 = rescale_between(max_a0, max_b0);
+      const float scale_b1 = rescale_between(max_a1, max_b1);
+      store_probs(base_bytes + L::kEvenProbOffset, sc, scale_b0, scale_b1, r0, r1);
       fence_proxy_async_shared();
       named_barrier_arrive(kEvenProbsReady, L::kThreads);
       wgmma_wait<0>();
       wgmma_fence_registers(o);
       copy_boxes(has_next, a + 2, 0, L::kRopeBox / 2);  // P_a V_a,L is done
-      // m_b from warpgroup 1: O_L to it, then P_b V_b,L.
-      named_barrier(kOddMaxReady, L::kThreads);
-      const float max_b0 = odd_max[r0], max_b1 = odd_max[r1];
-      const float scale_b0 = rescale_between(max_a0, max_b0);
-      const float scale_b1 = rescale_between(max_a1, max_b1);
+      // O_L to m_b, then P_b V_b,L (P_b from warpgroup 1); the next page a's S behind it, page
+      // b's left values copied again once P_b V_b,L is done.
       max0 = max_b0, max1 = max_b1;
       sum0 *= scale_b0, sum1 *= scale_b1;
       scale_output(o, scale_b0, scale_b1);
@@ -333,7 +355,6 @@ __global__ void __launch_bounds__(256, 1)
         }
         wgmma_commit();
       }
-      // The next page a's S behind P_b V_b,L; page b's left values copied again once that is done.
       if (has_next) scores.template operator()<L::kRopeBox, L::kBoxes>(a + 2);
       if (has_b) {
         if (has_next) {
@@ -351,8 +372,9 @@ __global__ void __launch_bounds__(256, 1)
     } else {
       // m_a from warpgroup 0; page b's softmax against it; m_b to warpgroup 0.
       named_barrier(kEvenMaxReady, L::kThreads);
-      max_a0 = even_max[r0], max_a1 = even_max[r1];
-      scale_a0 = rescale_between(max0, max_a0), scale_a1 = rescale_between(max1, max_a1);
+      const float max_a0 = even_max[r0], max_a1 = even_max[r1];
+      const float scale_a0 = rescale_between(max0, max_a0);
+      const float scale_a1 = rescale_between(max1, max_a1);
       sum0 *= scale_a0, sum1 *= scale_a1;
       float max_b0 = max_a0, max_b1 = max_a1, scale_b0 = 1.0f, scale_b1 = 1.0f;
       if (has_b) {
@@ -367,8 +389,26 @@ __global__ void __launch_bounds__(256, 1)
       named_barrier_arrive(kOddMaxReady, L::kThreads);
       copy_boxes(has_next_b, b + 2, L::kRopeBox, L::kBoxes);  // S(b) is done
       max0 = max_b0, max1 = max_b1;
-      // O_R to m_a, then P_a V_a,R (P_a from warpgroup 0).
-      scale_output(o, scale_a0, scale_a1);
+      // O_R to m_b (through m_a), then P_b V_b,R (P from the registers), P_b to warpgroup 0;
+      // page b's right values copied again once that product is done.
+      scale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
+      if (has_b) {
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kPageTokens / 16; ++k) {
+          wgmma_m64k16_rs<kLatentDim / 2, true>(
+              o, probs[k], wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
+        }
+        wgmma_commit();
+        store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
+        fence_proxy_async_shared();
+        named_barrier_arrive(kOddProbsReady, L::kThreads);
+        wgmma_wait<0>();
+        wgmma_fence_registers(o);
+        copy_boxes(has_next_b, b + 2, L::kRopeBox / 2, L::kRopeBox);
+      }
+      // P_a V_a,R (P_a from warpgroup 0, rescaled to m_b); the next page b's S behind it, page
+      // a's right values copied again once that product is done.
       named_barrier(kEvenProbsReady, L::kThreads);
       wgmma_fence();
 #pragma unroll
@@ -378,34 +418,15 @@ __global__ void __launch_bounds__(256, 1)
             wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
       }
       wgmma_commit();
-      if (has_b) {
-        store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
-        fence_proxy_async_shared();
-        named_barrier_arrive(kOddProbsReady, L::kThreads);
-      }
-      wgmma_wait<0>();
-      wgmma_fence_registers(o);
-      copy_boxes(has_next, a + 2, L::kRopeBox / 2, L::kRopeBox);  // P_a V_a,R done
-      // O_R to m_b, then P_b V_b,R; the next page b's S behind it, its right values copied again
-      // once P_b V_b,R is done.
-      if (has_b) {
-        scale_output(o, scale_b0, scale_b1);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kPageTokens / 16; ++k) {
-          wgmma_m64k16_rs<kLatentDim / 2, true>(
-              o, probs[k], wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
-        }
-        wgmma_commit();
-      }
       if (has_next_b) {
         scores.template operator()<L::kRopeBox, L::kBoxes>(b + 2);
-        scores.template operator()<0, L::kRopeBox / 2>(b + 2);
         wgmma_wait<1>();
-        wgmma_fence_registers(o);
-        copy_boxes(true, b + 2, L::kRopeBox / 2, L::kRopeBox);
-        scores.template operator()<L::kRopeBox / 2, L::kRopeBox>(b + 2);
+      } else {
+        wgmma_wait<0>();
       }
+      wgmma_fence_registers(o);
+      copy_boxes(has_next, a + 2, L::kRopeBox / 2, L::kRopeBox);
+      if (has_next_b) scores.template operator()<0, L::kRopeBox>(b + 2);
       wgmma_wait<0>();
       wgmma_fence_registers(sc);
       wgmma_fence_registers(o);
