@@ -127,10 +127,11 @@ int fragments_min_batch(const CacheFormat& format) {
 // Where the plan takes the warpgroup kernel: from 64 heads (its 64-row blocks need no padding at
 // s_q = 1), for a BF16 cache at every batch, for the other formats it reads from batch 2. Measured
 // on the H200 at 128 heads beside the previous kernels (bench_gpu_decode, docs/benchmarks.md,
-// 2026-12-05): BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x), at
-// batch 1 as fast at 4K and faster beyond; INT4 and INT2 g64 1.6-2.0x faster from batch 16, at
-// batch 1 1.1-1.6x faster from 32K but 3-13% slower at 4K (0.034 against 0.030-0.033 ms). At 16
-// heads (padded to 64 rows) the tiled and fragment kernels stay faster.
+// 2026-12-05): BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x; on the
+// seesaw schedule since, 0.75-0.84x), at batch 1 as fast at 4K and faster beyond; INT4 and INT2
+// g64 1.6-2.0x faster from batch 16, at batch 1 1.1-1.6x faster from 32K but 3-13% slower at 4K
+// (0.034 against 0.030-0.033 ms). At 16 heads (padded to 64 rows) the tiled and fragment kernels
+// stay faster.
 constexpr int kWarpgroupMinHeads = 64;
 constexpr int kWarpgroupMinBatchQuantized = 2;
 
@@ -406,8 +407,8 @@ int MlaDecodePlan::keys_per_step() const {
 
 MlaDecodePlan::Operands MlaDecodePlan::operands() const {
   if (state_->kernel == DecodeKernel::kFragments) return Operands::kFp16Codes;
-  const bool bf16 = state_->format.content.codec == Codec::kBF16 &&
-                    state_->format.rope.codec == Codec::kBF16;
+  const bool bf16 =
+      state_->format.content.codec == Codec::kBF16 && state_->format.rope.codec == Codec::kBF16;
   return state_->kernel == DecodeKernel::kWarpgroup && bf16 ? Operands::kBf16TileScaledPairs
                                                             : Operands::kBf16Tile;
 }
