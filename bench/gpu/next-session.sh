@@ -9,14 +9,17 @@
 #      .carry/)
 #   3  the decode-heavy workload at 512 requests, warm (the shape warm-up) (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
+#   4  the seesaw schedule under Nsight Compute (B 64, 32K, 128 heads: stall reasons and their
+#      source lines), the quick GPU test first and the 16-head BF16 grid on the seesaw beside the
+#      tiled kernel after it (nothing carried; ~220 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
 # && cp ../shared/anchors/flashmla/* .anchor/` for step 2; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-3]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-4]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
@@ -55,6 +58,22 @@ case $step in
   3)
     SKIP_U=1 TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
+    ;;
+  4)
+    {
+      cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
+        -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+        within cmake --build build-gpu -j "$(nproc)" --target test_gpu_mla bench_gpu_decode |
+        tail -1
+    } >"$OUT/build.txt" 2>&1 || status=1
+    within build-gpu/tests/gpu/test_gpu_mla --quick >"$OUT/test-quick.txt" 2>&1 || status=1
+    within build-gpu/bench/gpu/bench_gpu_decode --heads 16 --formats bf16/bf16,bf16/bf16@warpgroup \
+      --json "$OUT/seesaw-h16.json" >"$OUT/seesaw-h16.txt" 2>&1 || status=1
+    within ncu --clock-control none --kernel-name regex:mla_decode_seesaw --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section SourceCounters \
+      build-gpu/bench/gpu/bench_gpu_decode --only "bf16/bf16,64,32768,128" \
+      >"$OUT/ncu-seesaw.txt" 2>&1 || status=1
     ;;
 esac
 tail -n 25 "$OUT"/*.txt

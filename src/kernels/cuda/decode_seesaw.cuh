@@ -168,6 +168,32 @@ __device__ __forceinline__ void scale_output(float (&o)[warpgroup_detail::kOutpu
   }
 }
 
+// O (+)= P V over a page's 64 keys and this warpgroup's 256 channels (`value_boxes`: the first of
+// its four value boxes of the page tile, read untransposed as an MN-major operand), committed as
+// one group; P from the registers (this warpgroup's page) or from a 64 x 64 box in shared memory
+// (the other's).
+__device__ __forceinline__ void issue_values(float (&o)[warpgroup_detail::kOutputRegs],
+                                             const uint32_t (&probs)[4][4], uint32_t value_boxes) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kPageTokens / 16; ++k) {
+    wgmma_m64k16_rs<kLatentDim / 2, true>(
+        o, probs[k], wgmma_descriptor_mn(value_boxes + k * 16 * 128, L::kBoxBytes), 1);
+  }
+  wgmma_commit();
+}
+__device__ __forceinline__ void issue_values(float (&o)[warpgroup_detail::kOutputRegs],
+                                             uint32_t prob_box, uint32_t value_boxes) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kPageTokens / 16; ++k) {
+    wgmma_m64nk16_ss<kLatentDim / 2, true>(
+        o, wgmma_descriptor(prob_box + k * 32),
+        wgmma_descriptor_mn(value_boxes + k * 16 * 128, L::kBoxBytes), 1);
+  }
+  wgmma_commit();
+}
+
 // S (+)= Q K^T over the boxes [kFirst, kEnd) of a page tile (`page_tile`, its boxes' barriers at
 // `full`, this pair's phase `parity`), waiting for each box's copy: Q's content boxes from shared
 // memory at `q_tile`, its RoPE box from the registers (whose first product overwrites S).
@@ -201,6 +227,7 @@ __global__ void __launch_bounds__(256, 1)
                              const __grid_constant__ CUtensorMap q_map,
                              const __grid_constant__ CUtensorMap pool_map) {
   using namespace seesaw_detail;
+  using warpgroup_detail::BlockRun;
   using warpgroup_detail::kOutputRegs;
   static_assert(Content::kIsBf16 && Rope::kIsBf16, "pages copied as tiles: a BF16 cache only");
   wait_for_previous_kernel();
@@ -221,12 +248,7 @@ __global__ void __launch_bounds__(256, 1)
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(base_bytes + L::kBarrierOffset);
   uint64_t* const box_full = q_full + 1;  // [2][kBoxes]
 
-  const int seq_len = p.seq_lens[item.batch];
-  const int rows_per_seq = p.s_q * p.num_heads;
-  const int first_row = item.row_tile * L::kRows;
-  const int num_pages = item.page_end - item.page_begin;
-  const int32_t* const pages =
-      p.block_table + static_cast<int64_t>(item.batch) * p.block_table_stride + item.page_begin;
+  const BlockRun run = warpgroup_detail::block_run(p, item);
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
@@ -236,7 +258,7 @@ __global__ void __launch_bounds__(256, 1)
   __syncthreads();
   // Boxes [first, end) of page i (of the run) into its tile, i % 2 (one thread).
   const auto load_boxes = [&](int i, int first, int end) {
-    const int t = i % 2, first_record = pages[i] * kPageTokens;
+    const int t = i % 2, first_record = run.pages[i] * kPageTokens;
     for (int b = first; b < end; ++b) {
       uint64_t* const full = &box_full[t * L::kBoxes + b];
       mbarrier_arrive_expect_bytes(full, L::kBoxBytes);
@@ -245,11 +267,11 @@ __global__ void __launch_bounds__(256, 1)
   };
   if (threadIdx.x == 0) {
     mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
-    const int q_row = item.batch * rows_per_seq + first_row;
+    const int q_row = item.batch * run.rows_per_seq + run.first_row;
     for (int b = 0; b < L::kBoxes; ++b) {
       tma_load_2d(base + b * L::kBoxBytes, &q_map, 64 * b, q_row, q_full);
     }
-    for (int i = 0; i < 2 && i < num_pages; ++i) load_boxes(i, 0, L::kBoxes);
+    for (int i = 0; i < 2 && i < run.num_pages; ++i) load_boxes(i, 0, L::kBoxes);
   }
   __syncwarp();  // warp 0 converged again for the warpgroup instructions
 
@@ -257,13 +279,7 @@ __global__ void __launch_bounds__(256, 1)
   // a branch it takes for divergent would be serialized (ptxas C7520).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // This thread's two rows of the block (accumulator rows g and g + 8 of its warp; the two
-  // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
-  // row's: the sequence's last).
-  const int r0 = 16 * warp + lane / 4, r1 = r0 + 8;
-  const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
-  const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
-  const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
+  const int r0 = run.r0, r1 = run.r1;
   // Q's RoPE box as the A fragments of S's last four k-steps (the same in both warpgroups), read
   // before its place becomes P_b's.
   uint32_t q_rope[4][4];
@@ -292,26 +308,27 @@ __global__ void __launch_bounds__(256, 1)
     issue_scores<kFirst, kEnd>(sc, q_rope, base, tile(i % 2), &box_full[(i % 2) * L::kBoxes],
                                static_cast<uint32_t>((i / 2) & 1));
   };
-  // The boxes in the order of their copies for the next pair: the RoPE box first (its first
-  // product overwrites the accumulators), then the left values, then the right.
-  const auto all_scores = [&](int i) {
-    scores.template operator()<L::kRopeBox, L::kBoxes>(i);
-    scores.template operator()<0, L::kRopeBox>(i);
-  };
-  if (warpgroup < num_pages) all_scores(warpgroup);
+  // The first pair's S; every S takes the boxes in the order of their copies for the next pair:
+  // the RoPE box first (its first product overwrites the accumulators), then the left values,
+  // then the right.
+  if (warpgroup < run.num_pages) {
+    scores.template operator()<L::kRopeBox, L::kBoxes>(warpgroup);
+    scores.template operator()<0, L::kRopeBox>(warpgroup);
+  }
   wgmma_wait<0>();
   wgmma_fence_registers(sc);
 
-  for (int a = 0; a < num_pages; a += 2) {
+  for (int a = 0; a < run.num_pages; a += 2) {
     const int b = a + 1;
-    const bool has_b = b < num_pages, has_next = a + 2 < num_pages, has_next_b = b + 2 < num_pages;
+    const bool has_b = b < run.num_pages, has_next = a + 2 < run.num_pages,
+               has_next_b = b + 2 < run.num_pages;
     const int key_a = (item.page_begin + a) * kPageTokens, key_b = key_a + kPageTokens;
-    const int valid_a = seq_len - key_a, valid_b = seq_len - key_b;
+    const int valid_a = run.seq_len - key_a, valid_b = run.seq_len - key_b;
     if (warpgroup == 0) {
       // Page a's softmax; m_a to warpgroup 1 (with page a's tail as zeros: its P V reads them).
       float max_a0, max_a1, scale_a0, scale_a1;
-      page_softmax(sc, key_a, key_a + kPageTokens - 1 > block_last, last0, last1, p.scale_log2,
-                   max0, max1, max_a0, max_a1, scale_a0, scale_a1, sum0, sum1, probs);
+      page_softmax(sc, key_a, key_a + kPageTokens - 1 > run.block_last, run.last0, run.last1,
+                   p.scale_log2, max0, max1, max_a0, max_a1, scale_a0, scale_a1, sum0, sum1, probs);
       if (lane % 4 == 0) even_max[r0] = max_a0, even_max[r1] = max_a1;
       if (valid_a < kPageTokens) {
         zero_tail_values(tile_bytes(0), valid_a);
@@ -321,13 +338,7 @@ __global__ void __launch_bounds__(256, 1)
       copy_boxes(has_next, a + 2, L::kRopeBox, L::kBoxes);  // S(a) is done
       // O_L to m_a, then P_a V_a,L (P from the registers).
       scale_output(o, scale_a0, scale_a1);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kPageTokens / 16; ++k) {
-        wgmma_m64k16_rs<kLatentDim / 2, true>(
-            o, probs[k], wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
-      }
-      wgmma_commit();
+      issue_values(o, probs, tile(0) + values);
       // m_b from warpgroup 1: P_a for its half rescaled to m_b, then rounded.
       named_barrier(kOddMaxReady, L::kThreads);
       const float max_b0 = odd_max[r0], max_b1 = odd_max[r1];
@@ -346,14 +357,7 @@ __global__ void __launch_bounds__(256, 1)
       scale_output(o, scale_b0, scale_b1);
       if (has_b) {
         named_barrier(kOddProbsReady, L::kThreads);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kPageTokens / 16; ++k) {
-          wgmma_m64nk16_ss<kLatentDim / 2, true>(
-              o, wgmma_descriptor(base + L::kOddProbOffset + k * 32),
-              wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
-        }
-        wgmma_commit();
+        issue_values(o, base + L::kOddProbOffset, tile(1) + values);
       }
       if (has_next) scores.template operator()<L::kRopeBox, L::kBoxes>(a + 2);
       if (has_b) {
@@ -378,8 +382,9 @@ __global__ void __launch_bounds__(256, 1)
       sum0 *= scale_a0, sum1 *= scale_a1;
       float max_b0 = max_a0, max_b1 = max_a1, scale_b0 = 1.0f, scale_b1 = 1.0f;
       if (has_b) {
-        page_softmax(sc, key_b, key_b + kPageTokens - 1 > block_last, last0, last1, p.scale_log2,
-                     max_a0, max_a1, max_b0, max_b1, scale_b0, scale_b1, sum0, sum1, probs);
+        page_softmax(sc, key_b, key_b + kPageTokens - 1 > run.block_last, run.last0, run.last1,
+                     p.scale_log2, max_a0, max_a1, max_b0, max_b1, scale_b0, scale_b1, sum0, sum1,
+                     probs);
       }
       if (lane % 4 == 0) odd_max[r0] = max_b0, odd_max[r1] = max_b1;
       if (has_b && valid_b < kPageTokens) {
@@ -393,13 +398,7 @@ __global__ void __launch_bounds__(256, 1)
       // page b's right values copied again once that product is done.
       scale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
       if (has_b) {
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kPageTokens / 16; ++k) {
-          wgmma_m64k16_rs<kLatentDim / 2, true>(
-              o, probs[k], wgmma_descriptor_mn(tile(1) + values + k * 16 * 128, L::kBoxBytes), 1);
-        }
-        wgmma_commit();
+        issue_values(o, probs, tile(1) + values);
         store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
         fence_proxy_async_shared();
         named_barrier_arrive(kOddProbsReady, L::kThreads);
@@ -410,14 +409,7 @@ __global__ void __launch_bounds__(256, 1)
       // P_a V_a,R (P_a from warpgroup 0, rescaled to m_b); the next page b's S behind it, page
       // a's right values copied again once that product is done.
       named_barrier(kEvenProbsReady, L::kThreads);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kPageTokens / 16; ++k) {
-        wgmma_m64nk16_ss<kLatentDim / 2, true>(
-            o, wgmma_descriptor(base + L::kEvenProbOffset + k * 32),
-            wgmma_descriptor_mn(tile(0) + values + k * 16 * 128, L::kBoxBytes), 1);
-      }
-      wgmma_commit();
+      issue_values(o, base + L::kEvenProbOffset, tile(0) + values);
       if (has_next_b) {
         scores.template operator()<L::kRopeBox, L::kBoxes>(b + 2);
         wgmma_wait<1>();
@@ -434,8 +426,7 @@ __global__ void __launch_bounds__(256, 1)
       for (int k = 0; k < 4; ++k) wgmma_fence_registers(probs[k]);
     }
   }
-  warpgroup_detail::store_rows<1>(p, item, first_row, r0, r1, max0, max1, sum0, sum1, o,
-                                  sum_exchange);
+  warpgroup_detail::store_rows<1>(p, item, run, max0, max1, sum0, sum1, o, sum_exchange);
 }
 
 }  // namespace quantmla::gpu

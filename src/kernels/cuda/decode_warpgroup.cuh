@@ -212,19 +212,45 @@ __device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint8_t* til
   }
 }
 
-// The block's output rows: this thread's sums (r0, r1: the unrounded P of its keys) merged over the
-// four lanes of a row and the two warpgroups (through `sum_exchange`, [2][64] FP32), then each
-// warpgroup's 256 channels of O (accumulator columns in tile column order of pair span kSpan) over
-// the sum in BF16, or, for a split's run, in FP32 beside its log-sum-exp. max0, max1: the rows'
-// final maxima (log2 domain). Rows past the sequence's s_q x heads (padding) write nothing.
+// A work item's run as both warpgroup kernels read it, and this thread's two rows of the block
+// (accumulator rows g and g + 8 of its warp; the two warpgroups hold the same rows) with the last
+// key each sees: its query's position (a padded row's: the sequence's last).
+struct BlockRun {
+  int seq_len, rows_per_seq, first_row, num_pages;
+  const int32_t* pages;  // the block table from the run's first page
+  int r0, r1, last0, last1;
+  int block_last;  // the block's first row's last key
+};
+__device__ __forceinline__ BlockRun block_run(const DecodeKernelParams& p, const WorkItem& item) {
+  BlockRun run;
+  run.seq_len = p.seq_lens[item.batch];
+  run.rows_per_seq = p.s_q * p.num_heads;
+  run.first_row = item.row_tile * kWarpgroupRows;
+  run.num_pages = item.page_end - item.page_begin;
+  run.pages =
+      p.block_table + static_cast<int64_t>(item.batch) * p.block_table_stride + item.page_begin;
+  run.r0 = 16 * ((threadIdx.x / 32) % 4) + threadIdx.x % 32 / 4;
+  run.r1 = run.r0 + 8;
+  run.last0 = min(run.seq_len - p.s_q + (run.first_row + run.r0) / p.num_heads, run.seq_len - 1);
+  run.last1 = min(run.seq_len - p.s_q + (run.first_row + run.r1) / p.num_heads, run.seq_len - 1);
+  run.block_last = run.seq_len - p.s_q + run.first_row / p.num_heads;
+  return run;
+}
+
+// The block's output rows: this thread's sums (of its rows run.r0 and run.r1: the unrounded P of
+// its keys) merged over the four lanes of a row and the two warpgroups (through `sum_exchange`,
+// [2][64] FP32), then each warpgroup's 256 channels of O (accumulator columns in tile column order
+// of pair span kSpan) over the sum in BF16, or, for a split's run, in FP32 beside its log-sum-exp.
+// max0, max1: the rows' final maxima (log2 domain). Rows past the sequence's s_q x heads (padding)
+// write nothing.
 template <int kSpan>
 __device__ __forceinline__ void store_rows(const DecodeKernelParams& p, const WorkItem& item,
-                                           int first_row, int r0, int r1, float max0, float max1,
-                                           float sum0, float sum1, const float (&o)[kOutputRegs],
+                                           const BlockRun& run, float max0, float max1, float sum0,
+                                           float sum1, const float (&o)[kOutputRegs],
                                            float* sum_exchange) {
   constexpr int kRows = kWarpgroupRows;
   const int warpgroup = threadIdx.x / 128, t4 = threadIdx.x % 4;
-  const int rows_per_seq = p.s_q * p.num_heads;
+  const int rows_per_seq = run.rows_per_seq, first_row = run.first_row, r0 = run.r0, r1 = run.r1;
   const int rows = min(kRows, rows_per_seq - first_row);  // the block's rows that are not padding
   sum0 = quad_sum(sum0), sum1 = quad_sum(sum1);
   if (t4 == 0) {
@@ -302,12 +328,7 @@ __global__ void __launch_bounds__(256, 1)
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(sum_exchange + 2 * L::kRows);
   uint64_t* const page_full = q_full + 1;  // [2]: the raw stages
 
-  const int seq_len = p.seq_lens[item.batch];
-  const int rows_per_seq = p.s_q * p.num_heads;
-  const int first_row = item.row_tile * L::kRows;
-  const int num_pages = item.page_end - item.page_begin;
-  const int32_t* const pages =
-      p.block_table + static_cast<int64_t>(item.batch) * p.block_table_stride + item.page_begin;
+  const BlockRun run = block_run(p, item);
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
@@ -321,29 +342,22 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t bytes = static_cast<uint32_t>(kPageTokens * p.record_bytes);
     mbarrier_arrive_expect_bytes(full, bytes);
     bulk_copy_to_shared(raw_stage(i),
-                        p.pool + static_cast<int64_t>(pages[i]) * kPageTokens * p.record_bytes,
+                        p.pool + static_cast<int64_t>(run.pages[i]) * kPageTokens * p.record_bytes,
                         bytes, full);
   };
   if (threadIdx.x == 0) {
     mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
-    const int q_row = item.batch * rows_per_seq + first_row;
+    const int q_row = item.batch * run.rows_per_seq + run.first_row;
 #pragma unroll
     for (int b = 0; b < L::kColumnBlocks; ++b) {
       tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
     }
-    for (int i = 0; i < 2 && i < num_pages; ++i) load_page(i);
+    for (int i = 0; i < 2 && i < run.num_pages; ++i) load_page(i);
   }
   __syncwarp();  // warp 0 converged again for the warpgroup instructions
 
-  const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  // This thread's two rows of the block (accumulator rows g and g + 8 of its warp; the two
-  // warpgroups hold the same rows) and the last key each sees: its query's position (a padded
-  // row's: the sequence's last).
-  const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const int last0 = min(seq_len - p.s_q + (first_row + r0) / p.num_heads, seq_len - 1);
-  const int last1 = min(seq_len - p.s_q + (first_row + r1) / p.num_heads, seq_len - 1);
-  const int block_last = seq_len - p.s_q + first_row / p.num_heads;  // the block's first row's
+  const int warpgroup = threadIdx.x / 128, t4 = threadIdx.x % 4;
+  const int r0 = run.r0, r1 = run.r1;
   float o[kOutputRegs] = {};
   float max0 = -INFINITY, max1 = -INFINITY;  // the page maxima so far (both warpgroups' keys)
   float sum0 = 0.0f, sum1 = 0.0f;            // this thread's keys only
@@ -357,9 +371,9 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads();
   }
 
-  for (int i = 0; i < num_pages; ++i) {
+  for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
-    const int valid = seq_len - page_key;  // records of the page in the sequence
+    const int valid = run.seq_len - page_key;  // records of the page in the sequence
     mbarrier_wait(&page_full[i % 2], static_cast<uint32_t>((i / 2) & 1));
     // The one tile is free once both warpgroups' P V of the previous page is done.
     wgmma_wait<0>();
@@ -369,7 +383,7 @@ __global__ void __launch_bounds__(256, 1)
     fence_proxy_async_shared();
     named_barrier(4, L::kThreads);
     // Every thread is past its dequantization: the raw stage is free for page i + 2.
-    if (threadIdx.x == 0 && i + 2 < num_pages) load_page(i + 2);
+    if (threadIdx.x == 0 && i + 2 < run.num_pages) load_page(i + 2);
     __syncwarp();
 
     // 1. S over this warpgroup's keys.
@@ -388,14 +402,15 @@ __global__ void __launch_bounds__(256, 1)
 
     // 2. The mask, this warpgroup's maxima of the rows, the page maxima through shared memory.
     const int key0 = page_key + warpgroup * kHalfKeys;
-    const bool masked = key0 + kHalfKeys - 1 > block_last;
+    const bool masked = key0 + kHalfKeys - 1 > run.block_last;
     float page_max0 = -INFINITY, page_max1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kHalfKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[4 * j + e] * p.scale_log2;
-        if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
+        if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? run.last0 : run.last1))
+          x = -INFINITY;
         sc[4 * j + e] = x;
         if (e < 2) {
           page_max0 = fmaxf(page_max0, x);
@@ -456,8 +471,7 @@ __global__ void __launch_bounds__(256, 1)
   wgmma_wait<0>();
   wgmma_fence_registers(o);
 
-  store_rows<Content::kPairSpan>(p, item, first_row, r0, r1, max0, max1, sum0, sum1, o,
-                                 sum_exchange);
+  store_rows<Content::kPairSpan>(p, item, run, max0, max1, sum0, sum1, o, sum_exchange);
 }
 
 }  // namespace quantmla::gpu
