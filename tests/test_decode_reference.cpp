@@ -115,6 +115,45 @@ TEST(DecodeReference, KernelValuesAreTheDecodedValuesInBf16) {
   }
 }
 
+// The seesaw schedule's roundings (kBf16TileScaledPairs) against the page schedule's: the left
+// half of the channels and the log-sum-exps are the same to the bit; the right half differs (a
+// pair's first page's P rounded after the rescale to the second's maximum) by no more than a
+// BF16 rounding of each such P, and not at all in runs of one page, whose pages have no pair.
+TEST(DecodeReference, ScaledPairsMoveOnlyTheRightHalfOfPairedRuns) {
+  std::mt19937_64 rng = seeded("ScaledPairsMoveOnlyTheRightHalfOfPairedRuns");
+  const int s_q = 1, heads = 64;
+  const std::vector<int32_t> lens = {640, 130, 1};
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const Fixture f = make_fixture("content=bf16,rope=bf16", lens, s_q, heads, rng);
+  for (const int pages_per_run : {0, 1, 3}) {
+    const std::vector<Block> blocks = make_blocks(lens, s_q, heads, pages_per_run);
+    const FaithfulResult pages =
+        faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 64, Mutation::kNone,
+                        Arithmetic::kExact, Operands::kBf16Tile);
+    const FaithfulResult pairs =
+        faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, 64, Mutation::kNone,
+                        Arithmetic::kExact, Operands::kBf16TileScaledPairs);
+    ASSERT_EQ(pages.out.size(), pairs.out.size());
+    int moved = 0;
+    for (size_t i = 0; i < pages.out.size(); ++i) {
+      const bool right = i % kLatentDim >= kLatentDim / 2;
+      if (!right || pages_per_run == 1) {
+        ASSERT_EQ(pages.out[i], pairs.out[i]) << "runs of " << pages_per_run << ", output " << i;
+        continue;
+      }
+      // Each weight moves by at most half a BF16 ulp of the rescaled P over the rescale: 2^-8
+      // of it, and |out| <= max |v| with weights summing to 1.
+      EXPECT_LE(std::fabs(pages.out[i] - pairs.out[i]), 0x1.0p-8 * 8.0)
+          << "runs of " << pages_per_run << ", output " << i;
+      moved += pages.out[i] != pairs.out[i];
+    }
+    for (size_t r = 0; r < pages.lse.size(); ++r) ASSERT_EQ(pages.lse[r], pairs.lse[r]);
+    std::printf("runs of %d pages: %d of %zu outputs moved\n", pages_per_run, moved,
+                pages.out.size());
+    if (pages_per_run != 1) EXPECT_GT(moved, 0) << "no paired run moved";
+  }
+}
+
 // The exact reference against attention_reference over the same key values (the tile's BF16
 // values; for FP16 code operands the decoded values, which the kernel uses unrounded): only the
 // rounding of P (a relative 2^-8 per weight in BF16, 2^-11 in FP16) parts them.
