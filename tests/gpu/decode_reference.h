@@ -99,7 +99,10 @@ using Operands = gpu::MlaDecodePlan::Operands;
 // of FP16 subnormal codes and P may lose bits below the largest product's window (measured on the
 // H200: 2^-17 of the sum of magnitudes); the allowance takes a 24-bit window, 2^-12 of the largest
 // P scale of a group's 16-key tile (bounded by the step's largest, the tiles' key order being the
-// kernel's), 17 terms a product.
+// kernel's), 17 terms a product. Operands::kBf16TileScaledPairs follows decode_seesaw.cuh: the
+// steps of a block in pairs from its first, the right half of the channels taking a pair's first
+// step's P times 2^(m_a - m_b) (exp2f, FP32) rounded to BF16, over that factor (the next step's
+// rescale restores it), the left half and the sums as kBf16Tile.
 FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
                                int num_heads, float softmax_scale,
                                const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,
