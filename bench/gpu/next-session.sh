@@ -12,20 +12,24 @@
 #   4  the seesaw schedule under Nsight Compute (B 64, 32K, 128 heads: stall reasons and their
 #      source lines), the quick GPU test first and the 16-head BF16 grid on the seesaw beside the
 #      tiled kernel after it (nothing carried; ~220 s)
+#   5  int content on the seesaw schedule against the page schedule beside FlashMLA, 128 heads
+#      (.anchor, .carry/seesaw-int-content.diff: cp bench/gpu/patches/seesaw-int-content.diff
+#      .carry/; ~330 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
 # && cp ../shared/anchors/flashmla/* .anchor/` for step 2; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-4]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-5]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4|5 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
   2) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
+  5) needs=(.anchor/bench_flashmla.py .carry/seesaw-int-content.diff) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -74,6 +78,14 @@ case $step in
       --section MemoryWorkloadAnalysis --section SourceCounters \
       build-gpu/bench/gpu/bench_gpu_decode --only "bf16/bf16,64,32768,128" \
       >"$OUT/ncu-seesaw.txt" 2>&1 || status=1
+    ;;
+  5)
+    {
+      git apply $patches/seesaw-int-content.diff &&
+        BASELINE_DIFF=.carry/seesaw-int-content.diff within bash bench/gpu/run.sh --heads 128 \
+          --formats int4g64/int4,int2g64/int4
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
