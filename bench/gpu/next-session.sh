@@ -3,7 +3,8 @@
 # device tool's 600 s: `bash bench/gpu/next-session.sh STEP` on the GPU machine, the results (and
 # every log) packed into $OUT/results-STEP.tgz. Steps, in the README's order, with what to carry:
 #   1  the shared experts in the routed products: ab-runner A/B on decode steps of 64-256
-#      tokens and the runner test (.carry/deps.tar.xz, .carry/shared)
+#      tokens and the runner test (.carry/deps.tar.xz, .carry/shared made by `RUNNER_ONLY=1 bash
+#      scripts/device-carry.sh`, data/ moved out: the whole slice no longer fits beside the tree)
 #   2  the pipelined fragment kernel against its base beside FlashMLA, 16 heads (.anchor,
 #      .carry/fragments-pipelined-pages.diff: cp bench/gpu/patches/fragments-pipelined-pages.diff
 #      .carry/)
