@@ -13,9 +13,9 @@
 #   4  the seesaw schedule under Nsight Compute (B 64, 32K, 128 heads: stall reasons and their
 #      source lines), the quick GPU test first and the 16-head BF16 grid on the seesaw beside the
 #      tiled kernel after it (nothing carried; ~220 s)
-#   5  int content on the seesaw schedule against the page schedule beside FlashMLA, 128 heads
-#      (.anchor, .carry/seesaw-int-content.diff: cp bench/gpu/patches/seesaw-int-content.diff
-#      .carry/; ~330 s)
+#   5  int and FP8 content on the seesaw schedule against today's kernels beside FlashMLA, 128
+#      heads (.anchor, .carry/seesaw-converted.diff: cp bench/gpu/patches/seesaw-converted.diff
+#      .carry/; ~360 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
 # && cp ../shared/anchors/flashmla/* .anchor/` for step 2; then run with the carries above.
@@ -30,7 +30,7 @@ case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
   2) needs=(.anchor/bench_flashmla.py .carry/fragments-pipelined-pages.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
-  5) needs=(.anchor/bench_flashmla.py .carry/seesaw-int-content.diff) ;;
+  5) needs=(.anchor/bench_flashmla.py .carry/seesaw-converted.diff) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -82,9 +82,9 @@ case $step in
     ;;
   5)
     {
-      git apply $patches/seesaw-int-content.diff &&
-        BASELINE_DIFF=.carry/seesaw-int-content.diff within bash bench/gpu/run.sh --heads 128 \
-          --formats int4g64/int4,int2g64/int4
+      git apply $patches/seesaw-converted.diff &&
+        BASELINE_DIFF=.carry/seesaw-converted.diff within bash bench/gpu/run.sh --heads 128 \
+          --formats int4g64/int4,int2g64/int4,fp8/bf16
     } >"$OUT/run.txt" 2>&1 || status=1
     revert
     ;;
