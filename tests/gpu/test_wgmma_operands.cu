@@ -102,27 +102,29 @@ void run_case(int half) {
   QUANTMLA_CUDA_CHECK(cudaMemcpy(s.data(), d_s.data(), s.size() * 4, cudaMemcpyDeviceToHost));
   QUANTMLA_CUDA_CHECK(cudaMemcpy(o.data(), d_o.data(), o.size() * 4, cudaMemcpyDeviceToHost));
 
-  // Exact products of BF16 values summed in FP32: within 576 (or 64) units of FP32 rounding of
-  // the sum of magnitudes.
+  // Exact products of BF16 values summed in FP32: within n units of FP32 rounding of the sum of
+  // magnitudes, n the products summed (576 or 64). The error over that allowance of `got` against
+  // the sum of a[i a_stride] b[i b_stride], i < n, in double.
+  const auto error_ratio = [](float got, const float* a, int a_stride, const float* b, int b_stride,
+                              int n) {
+    double sum = 0.0, magnitude = 0.0;
+    for (int i = 0; i < n; ++i) {
+      const double term = static_cast<double>(a[i * a_stride]) * b[i * b_stride];
+      sum += term, magnitude += std::fabs(term);
+    }
+    return std::fabs(got - sum) / (n * 0x1p-24 * magnitude);
+  };
   double worst_s = 0.0, worst_o = 0.0;
   for (int r = 0; r < 64; ++r) {
     for (int n = 0; n < 32; ++n) {
       const int key = 32 * half + n;
-      double sum = 0.0, magnitude = 0.0;
-      for (int c = 0; c < 576; ++c) {
-        sum += static_cast<double>(q[r * 576 + c]) * page[key * 576 + c];
-        magnitude += std::fabs(static_cast<double>(q[r * 576 + c]) * page[key * 576 + c]);
-      }
-      worst_s = std::max(worst_s, std::fabs(s[r * 32 + n] - sum) / (576 * 0x1p-24 * magnitude));
+      worst_s =
+          std::max(worst_s, error_ratio(s[r * 32 + n], &q[r * 576], 1, &page[key * 576], 1, 576));
     }
     for (int n = 0; n < 256; ++n) {
       const int channel = 256 * half + n;
-      double sum = 0.0, magnitude = 0.0;
-      for (int k = 0; k < 64; ++k) {
-        sum += static_cast<double>(p[r * 64 + k]) * page[k * 576 + channel];
-        magnitude += std::fabs(static_cast<double>(p[r * 64 + k]) * page[k * 576 + channel]);
-      }
-      worst_o = std::max(worst_o, std::fabs(o[r * 256 + n] - sum) / (64 * 0x1p-24 * magnitude));
+      worst_o =
+          std::max(worst_o, error_ratio(o[r * 256 + n], &p[r * 64], 1, &page[channel], 576, 64));
     }
   }
   char line[160];

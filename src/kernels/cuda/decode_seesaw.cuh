@@ -62,6 +62,7 @@ struct SeesawLayout {
 namespace seesaw_detail {
 
 using warpgroup_detail::quad_max;
+using warpgroup_detail::rescale_between;
 using L = SeesawLayout;
 constexpr int kScoreRegs = kPageTokens / 2;  // m64n64's accumulators a thread
 // Named barriers: one warpgroup arrives, the other waits (warpgroup_detail::kStoreBarrier is 7).
@@ -96,9 +97,8 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
   }
   max_out0 = fmaxf(max_in0, quad_max(page_max0));
   max_out1 = fmaxf(max_in1, quad_max(page_max1));
-  // A row without a visible key so far keeps a base of 0 (exp2(-inf - -inf) would be NaN).
-  const float base0 = max_out0 == -INFINITY ? 0.0f : max_out0;
-  const float base1 = max_out1 == -INFINITY ? 0.0f : max_out1;
+  const float base0 = warpgroup_detail::softmax_base(max_out0);
+  const float base1 = warpgroup_detail::softmax_base(max_out1);
   rescale0 = exp2f(max_in0 - base0), rescale1 = exp2f(max_in1 - base1);
   sum0 *= rescale0, sum1 *= rescale1;
 #pragma unroll
@@ -111,11 +111,6 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
     probs[j / 2][(j % 2) * 2] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
     probs[j / 2][(j % 2) * 2 + 1] = bf16x2_bits(__floats2bfloat162_rn(p2, p3));
   }
-}
-
-// The factor 2^(from - to) of a rescale between two running maxima (to == -inf: no key yet).
-__device__ __forceinline__ float rescale_between(float from, float to) {
-  return exp2f(from - (to == -INFINITY ? 0.0f : to));
 }
 
 // P (the A fragments of this thread's rows r0, r1) into a 64 x 64 box, K-major, for the other

@@ -112,6 +112,14 @@ constexpr int kStoreBarrier = 7;  // the named barrier of store_rows (1-6: the k
 // GPU holds, and keep the map's extent below the hardware's 2^40 bytes.
 constexpr int64_t kPoolMapRecords = int64_t{1} << 28;
 
+// The base a row's P is taken against for its running maximum: a row without a visible key so far
+// keeps 0 (exp2(-inf - -inf) would be NaN); and the factor 2^(from - to) of a rescale between two
+// running maxima.
+__device__ __forceinline__ float softmax_base(float max) { return max == -INFINITY ? 0.0f : max; }
+__device__ __forceinline__ float rescale_between(float from, float to) {
+  return exp2f(from - softmax_base(to));
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -428,9 +436,7 @@ __global__ void __launch_bounds__(256, 1)
     const int other = (1 - warpgroup) * L::kRows;
     const float new_max0 = fmaxf(max0, fmaxf(page_max0, max_exchange[other + r0]));
     const float new_max1 = fmaxf(max1, fmaxf(page_max1, max_exchange[other + r1]));
-    // A row without a visible key so far keeps a base of 0 (exp2(-inf - -inf) would be NaN).
-    const float base0 = new_max0 == -INFINITY ? 0.0f : new_max0;
-    const float base1 = new_max1 == -INFINITY ? 0.0f : new_max1;
+    const float base0 = softmax_base(new_max0), base1 = softmax_base(new_max1);
     const float rescale0 = exp2f(max0 - base0), rescale1 = exp2f(max1 - base1);
     max0 = new_max0, max1 = new_max1;
     sum0 *= rescale0, sum1 *= rescale1;
