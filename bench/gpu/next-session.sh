@@ -5,9 +5,12 @@
 #   1  the shared experts in the routed products: ab-runner A/B on decode steps of 64-256
 #      tokens and the runner test (.carry/deps.tar.xz, .carry/shared made by `RUNNER_ONLY=1 bash
 #      scripts/device-carry.sh`, data/ moved out: the whole slice no longer fits beside the tree)
-#   2  the seesaw schedule with a third, converting warpgroup (int and FP8 content) against
-#      today's kernels beside FlashMLA, 128 heads (.anchor, .carry/seesaw-converting-warpgroup.diff:
-#      cp bench/gpu/patches/seesaw-converting-warpgroup.diff .carry/; ~360 s)
+#   2  the seesaw schedule with a third warpgroup that copies and converts (int and FP8 content)
+#      against today's kernels and against its variant whose multiplying warpgroups issue the
+#      copies (the stacked diff reversed), beside FlashMLA, 128 heads (.anchor,
+#      .carry/seesaw-converting-warpgroup.diff, .carry/converting-warpgroup-copies.diff: cp
+#      bench/gpu/patches/seesaw-converting-warpgroup.diff bench/gpu/patches/stacked/*.diff .carry/;
+#      ~420 s)
 #   3  the decode-heavy workload at 512 requests, warm (the shape warm-up) (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
@@ -25,7 +28,8 @@ step=${1:-}
 needs=()
 case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
-  2) needs=(.anchor/bench_flashmla.py .carry/seesaw-converting-warpgroup.diff) ;;
+  2) needs=(.anchor/bench_flashmla.py .carry/seesaw-converting-warpgroup.diff
+       .carry/converting-warpgroup-copies.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
 esac
 for need in "${needs[@]}"; do
@@ -52,8 +56,8 @@ case $step in
   2)
     {
       git apply $patches/seesaw-converting-warpgroup.diff &&
-        BASELINE_DIFF=.carry/seesaw-converting-warpgroup.diff within bash bench/gpu/run.sh \
-          --heads 128 --formats int4g64/int4,int2g64/int4,fp8/bf16
+        BASELINE_DIFF=".carry/seesaw-converting-warpgroup.diff .carry/converting-warpgroup-copies.diff" \
+          within bash bench/gpu/run.sh --heads 128 --formats int4g64/int4,int2g64/int4,fp8/bf16
     } >"$OUT/run.txt" 2>&1 || status=1
     revert $patches/seesaw-converting-warpgroup.diff
     ;;

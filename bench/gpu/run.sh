@@ -10,7 +10,8 @@
 # BASELINE_DIFF=FILE (a `git diff` of the change, carried): the tree without the change (a copy with
 # the diff reversed) is built beside ours and timed after it with the same arguments, into
 # gpu-decode-baseline.json (and decode-v2-DATE-sqN-baseline.json beside FlashMLA), so that a kernel
-# change is measured against its base in the same call.
+# change is measured against its base in the same call. Several files, separated by spaces: one
+# baseline each (the second's files end in -baseline2, and so on), e.g. main and a variant.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
@@ -32,19 +33,24 @@ if [[ -f .anchor/bench_flashmla.py ]]; then
     --json "$out/flashmla.json" >"$out/flashmla.txt" 2>&1) &
   anchor_pid=$!
 fi
-baseline=
-baseline_pid=
-if [[ -n ${BASELINE_DIFF:-} ]]; then
-  [[ -f $BASELINE_DIFF ]] || { echo "BASELINE_DIFF=$BASELINE_DIFF: no such file" >&2; exit 2; }
-  diff_file=$(realpath "$BASELINE_DIFF")
-  baseline=$(mktemp -d)
-  cp -r . "$baseline/tree" && rm -rf "$baseline/tree/$build"
-  (cd "$baseline/tree" && patch -R -p1 <"$diff_file" >/dev/null &&
+baseline_diffs=(${BASELINE_DIFF:-})
+baselines=()     # each baseline's tree
+baseline_pids=() # and its build
+# The files of baseline n (0, 1, ...): *-baseline, *-baseline2, ...
+baseline_name() { if (($1 > 0)); then echo "baseline$(($1 + 1))"; else echo baseline; fi; }
+for n in "${!baseline_diffs[@]}"; do
+  diff_file=${baseline_diffs[$n]}
+  [[ -f $diff_file ]] || { echo "BASELINE_DIFF: $diff_file: no such file" >&2; exit 2; }
+  diff_file=$(realpath "$diff_file")
+  suffix=$(baseline_name "$n")
+  dir=$(mktemp -d)
+  cp -r . "$dir/tree" && rm -rf "$dir/tree/$build"
+  (cd "$dir/tree" && patch -R -p1 <"$diff_file" >/dev/null &&
     cmake -S . -B "$build" "${generator[@]}" -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
       -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-    cmake --build "$build" -j "$(nproc)" --target bench_gpu_decode >"$out/build-baseline.txt" 2>&1) &
-  baseline_pid=$!
-fi
+    cmake --build "$build" -j "$(nproc)" --target bench_gpu_decode >"$out/build-$suffix.txt" 2>&1) &
+  baselines+=("$dir") && baseline_pids+=($!)
+done
 cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3
 if [[ -n $anchor_pid ]]; then
   wait $anchor_pid || { echo "FlashMLA anchor failed:"; tail -5 "$out/flashmla.txt"; }
@@ -55,6 +61,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 
 status=0
 echo "== correctness"
+# The quick cases first, with a time limit: a kernel that hangs (a wait nobody signals) ends the
+# call here instead of at the device tool's limit.
+timeout 120 "$build/tests/gpu/test_gpu_mla" --quick >"$out/test-quick.txt" 2>&1 || {
+  rc=$?
+  ((rc == 124)) && echo "test_gpu_mla --quick did not finish in 120 s: a kernel hangs" |
+    tee -a "$out/test-quick.txt"
+  tail -5 "$out/test-quick.txt"
+  exit 1
+}
 "$build/tests/gpu/test_wgmma_operands" 2>&1 | tee "$out/test-wgmma-operands.txt" || status=1
 "$build/tests/gpu/test_gpu_mla" 2>&1 | tee "$out/test.txt" || status=1
 echo "== compute-sanitizer memcheck (quick cases)"
@@ -72,22 +87,25 @@ rm -f "$out/sass.txt"
 echo "== benchmark"
 "$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode.json" "$@" 2>&1 | tee "$out/bench.txt" ||
   status=1
-if [[ -n $baseline_pid ]]; then
-  if wait "$baseline_pid"; then
-    echo "== benchmark of the baseline (the tree with $BASELINE_DIFF reversed)"
-    "$baseline/tree/$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode-baseline.json" "$@" \
-      2>&1 | tee "$out/bench-baseline.txt" || status=1
+for n in "${!baselines[@]}"; do
+  suffix=$(baseline_name "$n")
+  if wait "${baseline_pids[$n]}"; then
+    echo "== benchmark of $suffix (the tree with ${baseline_diffs[$n]} reversed)"
+    "${baselines[$n]}/tree/$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode-$suffix.json" \
+      "$@" 2>&1 | tee "$out/bench-$suffix.txt" || status=1
   else
-    echo "baseline build failed:"; tail -5 "$out/build-baseline.txt"; status=1
+    echo "$suffix build failed:"; tail -5 "$out/build-$suffix.txt"; status=1
   fi
-fi
+done
 if [[ -f $out/flashmla.json ]]; then
   python3 bench/gpu/merge_anchor.py --ours "$out/gpu-decode.json" --flashmla "$out/flashmla.json" \
     --out "$out/decode-v2-$(date -u +%F)-sq$s_q.json" | tee "$out/vs-flashmla.txt" || status=1
-  if [[ -f $out/gpu-decode-baseline.json ]]; then
-    python3 bench/gpu/merge_anchor.py --ours "$out/gpu-decode-baseline.json" \
-      --flashmla "$out/flashmla.json" --out "$out/decode-v2-$(date -u +%F)-sq$s_q-baseline.json" \
-      >"$out/vs-flashmla-baseline.txt" || status=1
-  fi
+  for suffixed in "$out"/gpu-decode-baseline*.json; do
+    [[ -f $suffixed ]] || continue
+    suffix=$(basename "$suffixed" .json) && suffix=${suffix#gpu-decode-}
+    python3 bench/gpu/merge_anchor.py --ours "$suffixed" --flashmla "$out/flashmla.json" \
+      --out "$out/decode-v2-$(date -u +%F)-sq$s_q-$suffix.json" >"$out/vs-flashmla-$suffix.txt" ||
+      status=1
+  done
 fi
 exit $status
