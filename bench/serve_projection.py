@@ -31,6 +31,9 @@ For planning a device run, not a result: every figure it prints is labelled a pr
 DIR needs only config.json (`quantmla make-random-model --preset deepseek-v2-lite --config-only`).
 A --project workload is REQUESTS:INPUT:OUTPUT[:CACHE_BYTES[:MAX_BATCHED_TOKENS:MAX_SEQS]]; the
 default budget is 1/8 of the workload's peak tokens in BF16 (the issue's workload P).
+--attention-speedup CACHE=FACTOR (repeatable) asks what if that format's decode attention were
+FACTOR times faster: its fitted d is divided by FACTOR in the projections (never in the fit), e.g.
+the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x today's).
 """
 import argparse
 import csv
@@ -148,7 +151,19 @@ def main():
     ap.add_argument("--project", action="append", default=[], help="REQ:IN:OUT[:BYTES[:MBT:SEQS]]")
     ap.add_argument("--project-args", default="",
                     help="more bench-serve flags for the projected runs' replays")
+    ap.add_argument("--attention-speedup", action="append", default=[], metavar="CACHE=FACTOR",
+                    help="project with that format's attention term d divided by FACTOR")
     args = ap.parse_args()
+    speedups = {}
+    for spec in args.attention_speedup:
+        cache, _, factor = spec.rpartition("=")
+        try:
+            value = float(factor)
+        except ValueError:
+            value = 0.0
+        if not cache or not value > 0:
+            sys.exit(f"--attention-speedup {spec}: expected CACHE=FACTOR with FACTOR > 0")
+        speedups[cache] = value
     with open(os.path.join(args.model, "config.json")) as f:
         config = json.load(f)
     experts, top_k = config["n_routed_experts"], config["num_experts_per_tok"]
@@ -208,6 +223,18 @@ def main():
         print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
               f"{100 * (t / seconds - 1):+5.1f}%")
 
+    unknown = sorted(set(speedups) - set(caches))
+    if unknown:
+        sys.exit(f"--attention-speedup: {', '.join(unknown)} not among the measured formats "
+                 f"({', '.join(caches)})")
+    projected = list(params)
+    for cache, factor in speedups.items():
+        projected[len(SHARED) + caches.index(cache)] /= factor
+    if speedups:
+        print("projected with d per 1K keys: " + ", ".join(
+            f"{c} {v * 1e3:.4g}" for c, v in zip(caches, projected[len(SHARED):])) +
+              " (--attention-speedup: a what-if, not a fitted value)")
+
     for spec in args.project:
         parts = [int(x) for x in spec.split(":")]
         requests, input_len, output_len = parts[:3]
@@ -226,8 +253,8 @@ def main():
             tok_s = {}
             for index, r in enumerate(replayed["formats"]):
                 sums = features(steps[r["cache"]], experts, top_k, index == 0, warm)
-                dec = modeled(params, caches, r["cache"], sums["decode"])
-                pre = modeled(params, caches, r["cache"], sums["prefill"])
+                dec = modeled(projected, caches, r["cache"], sums["decode"])
+                pre = modeled(projected, caches, r["cache"], sums["prefill"])
                 tok_s[r["cache"]] = r["output_tokens"] / (dec + pre)
                 base = tok_s[caches[0]]
                 fp8 = next((v for k, v in tok_s.items() if "fp8" in k), None)
