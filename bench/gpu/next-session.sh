@@ -13,17 +13,19 @@
 #      ~420 s)
 #   3  the decode-heavy workload at 512 requests, warm (the shape warm-up) (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
+#   4  the fragment kernel's scores on wgmma against today's fragment kernel, beside FlashMLA, 16
+#      heads (.anchor; ~420 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
-# && cp ../shared/anchors/flashmla/* .anchor/` for step 2; then run with the carries above. Each step
+# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2 and 4; then run with the carries above. Each step
 # is a call of its own: a patched step takes its patch out again and deletes its build (the device's
 # copy of the tree is no git checkout, and the next call's copy of the tree keeps its files' old
 # times, so a build left behind would hold objects of the patched sources).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-3]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-4]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
@@ -31,6 +33,7 @@ case $step in
   2) needs=(.anchor/bench_flashmla.py .carry/seesaw-converting-warpgroup.diff
        .carry/converting-warpgroup-copies.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
+  4) needs=(.anchor/bench_flashmla.py) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -64,6 +67,15 @@ case $step in
   3)
     SKIP_U=1 TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
+    ;;
+  4)
+    {
+      git apply $patches/fragments-wgmma-scores.diff &&
+        BASELINE_DIFF=$patches/fragments-wgmma-scores.diff \
+          within bash bench/gpu/run.sh --heads 16 \
+            --formats int4g64/int4,int4g64/int4@fragments,int2g64/int4,fp8/bf16
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert $patches/fragments-wgmma-scores.diff
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
