@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""A kernel's SASS counted from its cubin, without a GPU or a disassembler.
+
+This machine has nvcc and ptxas but neither cuobjdump nor nvdisasm. A cubin built with line
+information (`nvcc -cubin -lineinfo ...`, one kernel per cubin: the line tables of several would
+share addresses) still says, instruction by instruction, which source line each comes from, and an
+sm_90 instruction is 16 bytes with its opcode in the low 12 bits. So, without decoding operands:
+
+  spills CUBIN
+      each register spill store (STL) and reload (LDL) with its source line, so that a spill in a
+      hot loop can be told from one in a prologue where `ptxas -v` gives only the bytes.
+  loop CUBIN SOURCE FIRST LAST [--exclude A-B ...]
+      the instructions between the first and the last one that SOURCE's lines FIRST..LAST produce
+      (a fully unrolled loop body: per warp and iteration, static), by opcode; --exclude leaves out
+      the lines of a runtime inner loop (e.g. one that runs zero times on the measured shape).
+
+Opcodes are named where the source lines they come from say what they are (HMMA from mma.sync,
+HGMMA from wgmma, LOP3 from a lop3 asm, HADD2 from __hsub2 / __hadd2 / __hmul2's family, PRMT from
+__byte_perm, WARPGROUP from wgmma.fence / wait_group), STL / LDL where their counts match ptxas's
+spill bytes; the rest print as numbers. Needs binutils' readelf.
+"""
+import argparse
+import bisect
+import collections
+import re
+import struct
+import subprocess
+import sys
+
+NAMES = {
+    0x23C: "HMMA",
+    0xDF0: "HGMMA",
+    0x984: "LDS",
+    0x988: "STS",
+    0x387: "STL",
+    0x983: "LDL",
+    0x812: "LOP3",
+    0x430: "HADD2",
+    0x816: "PRMT",
+    0x9C5: "WARPGROUP",
+}
+
+
+def text_section(cubin):
+    out = subprocess.run(["readelf", "-S", "-W", cubin], capture_output=True, text=True,
+                         check=True).stdout
+    sections = [m.groups() for m in re.finditer(
+        r"\]\s+(\.text\.\S+)\s+PROGBITS\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)", out)]
+    if len(sections) != 1:
+        sys.exit(f"{cubin}: {len(sections)} kernels; build a cubin of one (their line tables "
+                 "share addresses)")
+    name, offset, size = sections[0]
+    return name[len(".text."):], int(offset, 16), int(size, 16)
+
+
+class Cubin:
+    def __init__(self, path):
+        self.name, offset, size = text_section(path)
+        data = open(path, "rb").read()
+        self.opcodes = [struct.unpack_from("<Q", data, offset + at)[0] & 0xFFF
+                        for at in range(0, size, 16)]
+        out = subprocess.run(["readelf", "--debug-dump=decodedline", path], capture_output=True,
+                             text=True).stdout
+        rows = sorted((int(m.group(3), 0), m.group(1), int(m.group(2))) for m in re.finditer(
+            r"^(\S+\.(?:cuh|cu|h|hpp))\s+(\d+)\s+(0x[0-9a-f]+|\d+)", out, re.M))
+        self.addresses = [r[0] for r in rows]
+        self.rows = rows
+
+    def line(self, index):
+        k = bisect.bisect_right(self.addresses, 16 * index) - 1
+        return (self.rows[k][1], self.rows[k][2]) if k >= 0 else ("?", 0)
+
+
+def name(opcode):
+    return NAMES.get(opcode, f"{opcode:#05x}")
+
+
+def spills(args):
+    cubin = Cubin(args.cubin)
+    counts = collections.Counter()
+    print(f"{cubin.name}: {len(cubin.opcodes)} instructions")
+    for i, opcode in enumerate(cubin.opcodes):
+        if opcode in (0x387, 0x983):
+            counts[name(opcode)] += 1
+            file, line = cubin.line(i)
+            print(f"  {16 * i:#07x} {name(opcode)} {file}:{line}")
+    print(f"  {counts['STL']} STL, {counts['LDL']} LDL")
+
+
+def loop(args):
+    cubin = Cubin(args.cubin)
+    source = args.source.rsplit("/", 1)[-1]
+    excluded = [tuple(map(int, e.split("-"))) for e in args.exclude]
+    inside = [i for i in range(len(cubin.opcodes))
+              if cubin.line(i)[0] == source and args.first <= cubin.line(i)[1] <= args.last]
+    if not inside:
+        sys.exit(f"no instruction comes from {source}:{args.first}-{args.last}")
+    counts, left_out = collections.Counter(), 0
+    for i in range(inside[0], inside[-1] + 1):
+        file, line = cubin.line(i)
+        if file == source and any(a <= line <= b for a, b in excluded):
+            left_out += 1
+        else:
+            counts[cubin.opcodes[i]] += 1
+    print(f"{cubin.name}: {source}:{args.first}-{args.last} at {16 * inside[0]:#x}-"
+          f"{16 * inside[-1]:#x}: {sum(counts.values())} instructions ({left_out} left out)")
+    print("  " + ", ".join(f"{name(op)} {n}" for op, n in counts.most_common()))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("spills")
+    p.add_argument("cubin")
+    p.set_defaults(run=spills)
+    p = sub.add_parser("loop")
+    p.add_argument("cubin")
+    p.add_argument("source")
+    p.add_argument("first", type=int)
+    p.add_argument("last", type=int)
+    p.add_argument("--exclude", action="append", default=[], metavar="A-B")
+    p.set_defaults(run=loop)
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
