@@ -15,17 +15,19 @@
 #      .carry/deps-server.tar.xz)
 #   4  the fragment kernel's scores on wgmma against today's fragment kernel, beside FlashMLA, 16
 #      heads (.anchor; ~420 s)
+#   5  the transposed kernel for a BF16 cache against the tiled one (the same build), beside
+#      FlashMLA, 16 heads (.anchor; ~350 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
-# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2 and 4; then run with the carries above.
+# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5; then run with the carries above.
 # Each step is a call of its own: a patched step takes its patch out again and deletes its build
 # (the device's copy of the tree is no git checkout, and the next call's copy of the tree keeps its
 # files' old times, so a build left behind would hold objects of the patched sources).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-4]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-5]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-5 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
@@ -33,7 +35,7 @@ case $step in
   2) needs=(.anchor/bench_flashmla.py .carry/seesaw-converting-warpgroup.diff
        .carry/converting-warpgroup-copies.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
-  4) needs=(.anchor/bench_flashmla.py) ;;
+  4 | 5) needs=(.anchor/bench_flashmla.py) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -76,6 +78,13 @@ case $step in
             --formats int4g64/int4,int4g64/int4@fragments,int2g64/int4,fp8/bf16
     } >"$OUT/run.txt" 2>&1 || status=1
     revert $patches/fragments-wgmma-scores.diff
+    ;;
+  5)
+    {
+      git apply $patches/transposed-bf16.diff &&
+        within bash bench/gpu/run.sh --heads 16 --formats bf16/bf16,bf16/bf16@transposed
+    } >"$OUT/run.txt" 2>&1 || status=1
+    revert $patches/transposed-bf16.diff
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
