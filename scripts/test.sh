@@ -22,12 +22,24 @@ else
 fi
 
 # The kernel changes waiting for device time (bench/gpu/patches/README.md) must apply to this tree,
-# together: a patch that no longer applies is rebased or deleted, never left stale.
+# together: a patch that no longer applies is rebased or deleted, never left stale. One after the
+# other, on a copy of the files they touch (`git apply --check` of several patches checks each
+# against the tree alone, so two that touch the same lines would both pass it).
 patches=(bench/gpu/patches/*.diff)
-if [ -e "${patches[0]}" ] && git rev-parse --git-dir >/dev/null 2>&1; then
-  git apply --check "${patches[@]}" || {
-    echo "test.sh: the waiting patches in bench/gpu/patches/ no longer apply together" >&2
-    exit 1
-  }
-  echo "test.sh: ${#patches[@]} waiting patches apply"
+if [ -e "${patches[0]}" ]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  for patch in "${patches[@]}"; do
+    git apply --numstat "$patch" | cut -f3 | while read -r file; do
+      [ -e "$file" ] && mkdir -p "$scratch/$(dirname "$file")" && cp "$file" "$scratch/$file"
+      true
+    done
+  done
+  for patch in "${patches[@]}"; do
+    (cd "$scratch" && git apply "$OLDPWD/$patch") || {
+      echo "test.sh: $patch does not apply after the waiting patches before it" >&2
+      exit 1
+    }
+  done
+  echo "test.sh: ${#patches[@]} waiting patches apply, one after the other"
 fi
