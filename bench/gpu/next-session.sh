@@ -52,6 +52,14 @@ within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
 # A patch applied for a step is taken out again, and the build of the patched sources deleted (the
 # header says why).
 revert() { git apply -R "$1" && rm -rf build-gpu; }
+# run.sh with ARGS on the tree with PATCH applied (BASELINE_DIFF, when set, passed on), its log in
+# run.txt; the patch then taken out again.
+patched_run() {
+  local patch=$patches/$1
+  shift
+  { git apply "$patch" && within bash bench/gpu/run.sh "$@"; } >"$OUT/run.txt" 2>&1 || status=1
+  revert "$patch"
+}
 case $step in
   1)
     RUNNER_TEST=1 GEMMS=none SHAPE="decode:64 decode:128 decode:256" ROUNDS=2 \
@@ -59,33 +67,19 @@ case $step in
       status=1
     ;;
   2)
-    {
-      git apply $patches/seesaw-converting-warpgroup.diff &&
-        BASELINE_DIFF=".carry/seesaw-converting-warpgroup.diff .carry/converting-warpgroup-copies.diff" \
-          within bash bench/gpu/run.sh --heads 128 --formats int4g64/int4,int2g64/int4,fp8/bf16
-    } >"$OUT/run.txt" 2>&1 || status=1
-    revert $patches/seesaw-converting-warpgroup.diff
+    BASELINE_DIFF=".carry/seesaw-converting-warpgroup.diff .carry/converting-warpgroup-copies.diff" \
+      patched_run seesaw-converting-warpgroup.diff --heads 128 \
+      --formats int4g64/int4,int2g64/int4,fp8/bf16
     ;;
   3)
     SKIP_U=1 TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
   4)
-    {
-      git apply $patches/fragments-wgmma-scores.diff &&
-        BASELINE_DIFF=$patches/fragments-wgmma-scores.diff \
-          within bash bench/gpu/run.sh --heads 16 \
-            --formats int4g64/int4,int4g64/int4@fragments,int2g64/int4,fp8/bf16
-    } >"$OUT/run.txt" 2>&1 || status=1
-    revert $patches/fragments-wgmma-scores.diff
+    BASELINE_DIFF=$patches/fragments-wgmma-scores.diff patched_run fragments-wgmma-scores.diff \
+      --heads 16 --formats int4g64/int4,int4g64/int4@fragments,int2g64/int4,fp8/bf16
     ;;
-  5)
-    {
-      git apply $patches/transposed-bf16.diff &&
-        within bash bench/gpu/run.sh --heads 16 --formats bf16/bf16,bf16/bf16@transposed
-    } >"$OUT/run.txt" 2>&1 || status=1
-    revert $patches/transposed-bf16.diff
-    ;;
+  5) patched_run transposed-bf16.diff --heads 16 --formats bf16/bf16,bf16/bf16@transposed ;;
 esac
 tail -n 25 "$OUT"/*.txt
 tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"

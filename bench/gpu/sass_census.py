@@ -91,13 +91,14 @@ def loop(args):
     cubin = Cubin(args.cubin)
     source = args.source.rsplit("/", 1)[-1]
     excluded = [tuple(map(int, e.split("-"))) for e in args.exclude]
-    inside = [i for i in range(len(cubin.opcodes))
-              if cubin.line(i)[0] == source and args.first <= cubin.line(i)[1] <= args.last]
+    lines = [cubin.line(i) for i in range(len(cubin.opcodes))]
+    inside = [i for i, (file, line) in enumerate(lines)
+              if file == source and args.first <= line <= args.last]
     if not inside:
         sys.exit(f"no instruction comes from {source}:{args.first}-{args.last}")
     counts, left_out = collections.Counter(), 0
     for i in range(inside[0], inside[-1] + 1):
-        file, line = cubin.line(i)
+        file, line = lines[i]
         if file == source and any(a <= line <= b for a, b in excluded):
             left_out += 1
         else:
