@@ -9,10 +9,11 @@ sm_90 instruction is 16 bytes with its opcode in the low 12 bits. So, without de
   spills CUBIN
       each register spill store (STL) and reload (LDL) with its source line, so that a spill in a
       hot loop can be told from one in a prologue where `ptxas -v` gives only the bytes.
-  loop CUBIN SOURCE FIRST LAST [--exclude A-B ...]
+  loop CUBIN SOURCE FIRST LAST [--exclude A-B ...] [--by-line]
       the instructions between the first and the last one that SOURCE's lines FIRST..LAST produce
       (a fully unrolled loop body: per warp and iteration, static), by opcode; --exclude leaves out
-      the lines of a runtime inner loop (e.g. one that runs zero times on the measured shape).
+      the lines of a runtime inner loop (e.g. one that runs zero times on the measured shape);
+      --by-line adds each source line's count.
 
 Opcodes are named where the source lines they come from say what they are (HMMA from mma.sync,
 HGMMA from wgmma, LOP3 from a lop3 asm, HADD2 from __hsub2 / __hadd2 / __hmul2's family, PRMT from
@@ -96,16 +97,35 @@ def loop(args):
               if file == source and args.first <= line <= args.last]
     if not inside:
         sys.exit(f"no instruction comes from {source}:{args.first}-{args.last}")
+    # An instruction of the excluded lines is left out, and so is one inlined there from a helper
+    # (another file's lines, or SOURCE's outside FIRST..LAST): one whose nearest instructions of
+    # the loop's own lines before and after are both excluded.
+    own = [(i, any(a <= line <= b for a, b in excluded)) for i, (file, line) in enumerate(lines)
+           if file == source and args.first <= line <= args.last]
+    positions = [i for i, _ in own]
+
+    def left_out_at(i):
+        k = bisect.bisect_left(positions, i)
+        if k < len(own) and own[k][0] == i:
+            return own[k][1]
+        return 0 < k < len(own) and own[k - 1][1] and own[k][1]
+
     counts, left_out = collections.Counter(), 0
+    by_line = collections.defaultdict(collections.Counter)
     for i in range(inside[0], inside[-1] + 1):
         file, line = lines[i]
-        if file == source and any(a <= line <= b for a, b in excluded):
+        if left_out_at(i):
             left_out += 1
         else:
             counts[cubin.opcodes[i]] += 1
+            by_line[(file, line)][cubin.opcodes[i]] += 1
     print(f"{cubin.name}: {source}:{args.first}-{args.last} at {16 * inside[0]:#x}-"
           f"{16 * inside[-1]:#x}: {sum(counts.values())} instructions ({left_out} left out)")
     print("  " + ", ".join(f"{name(op)} {n}" for op, n in counts.most_common()))
+    if args.by_line:
+        for (file, line), ops in sorted(by_line.items()):
+            print(f"  {file}:{line}: {sum(ops.values())} (" +
+                  ", ".join(f"{name(op)} {n}" for op, n in ops.most_common()) + ")")
 
 
 def main():
@@ -121,6 +141,8 @@ def main():
     p.add_argument("first", type=int)
     p.add_argument("last", type=int)
     p.add_argument("--exclude", action="append", default=[], metavar="A-B")
+    p.add_argument("--by-line", action="store_true",
+                   help="also each source line's instructions, by opcode")
     p.set_defaults(run=loop)
     args = parser.parse_args()
     args.run(args)
