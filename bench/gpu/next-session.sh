@@ -16,7 +16,8 @@
 #   4  the fragment kernel's scores on wgmma against today's fragment kernel, beside FlashMLA, 16
 #      heads (.anchor; ~420 s)
 #   5  the transposed kernel for a BF16 cache against the tiled one (the same build), beside
-#      FlashMLA, 16 heads (.anchor; ~350 s)
+#      FlashMLA, 16 heads, then main's fragment kernel's stall reasons under Nsight Compute (INT4
+#      and INT2 at batch 64, 32K) where time is left (.anchor; ~350 s + ~90 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
 # && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5; then run with the carries above.
@@ -53,12 +54,24 @@ within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
 # header says why).
 revert() { git apply -R "$1" && rm -rf build-gpu; }
 # run.sh with ARGS on the tree with PATCH applied (BASELINE_DIFF, when set, passed on), its log in
-# run.txt; the patch then taken out again.
+# run.txt; then AFTER_RUN (a command, when set) on that build; the patch then taken out again.
 patched_run() {
   local patch=$patches/$1
   shift
-  { git apply "$patch" && within bash bench/gpu/run.sh "$@"; } >"$OUT/run.txt" 2>&1 || status=1
+  git apply "$patch" >"$OUT/run.txt" 2>&1 || { status=1; return; }
+  within bash bench/gpu/run.sh "$@" >>"$OUT/run.txt" 2>&1 || status=1
+  if [[ -n ${AFTER_RUN:-} ]]; then $AFTER_RUN >"$OUT/after-run.txt" 2>&1 || status=1; fi
   revert "$patch"
+}
+# Main's fragment kernel (unchanged by step 5's patch) under Nsight Compute where the call has
+# the time left: each stall reason's share at batch 64, 32K (INT4 and INT2), and INT4's samples
+# per SASS instruction (the CSV of profile_sass.sh) for the instruction census's source lines.
+profile_fragments() {
+  ((deadline - SECONDS > 100)) || { echo "profile_fragments: no time left"; return 0; }
+  DETAILS=1 within bash bench/gpu/profile.sh "int4g64/int4@fragments,64,32768,16" \
+    "int2g64/int4@fragments,64,32768,16"
+  ((deadline - SECONDS > 60)) || { echo "profile_fragments: no time left for the SASS"; return 0; }
+  within bash bench/gpu/profile_sass.sh "int4g64/int4@fragments,64,32768,16"
 }
 case $step in
   1)
@@ -79,7 +92,10 @@ case $step in
     BASELINE_DIFF=$patches/fragments-wgmma-scores.diff patched_run fragments-wgmma-scores.diff \
       --heads 16 --formats int4g64/int4,int4g64/int4@fragments,int2g64/int4,fp8/bf16
     ;;
-  5) patched_run transposed-bf16.diff --heads 16 --formats bf16/bf16,bf16/bf16@transposed ;;
+  5)
+    AFTER_RUN=profile_fragments patched_run transposed-bf16.diff --heads 16 \
+      --formats bf16/bf16,bf16/bf16@transposed
+    ;;
 esac
 tail -n 25 "$OUT"/*.txt
 tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"
