@@ -7,13 +7,22 @@
 # compiler drops it with its inlined helpers (leaving its source lines out missed ~270 helper
 # instructions; the ptxas figures printed are the copy's). Compare two trees (e.g. a waiting patch
 # applied in a worktree) by running it in each.
-#   bash bench/gpu/census-fragments.sh [CONTENT] [ROPE] [--by-line]
-#   (default "ContentInt<4, 64>" RopeInt4; --by-line also counts each source line)
+#   bash bench/gpu/census-fragments.sh [CONTENT] [ROPE] [--by-line] [--as-built]
+#   (default "ContentInt<4, 64>" RopeInt4; --by-line also counts each source line; --as-built
+#   builds the kernel as the library does, kept-pairs loop and all, and prints every instruction's
+#   offset and source line instead: sass_census.py lines, to join with a profile's samples)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 by_line=()
+as_built=0
 args=()
-for a in "$@"; do [[ $a == --by-line ]] && by_line=(--by-line) || args+=("$a"); done
+for a in "$@"; do
+  case $a in
+    --by-line) by_line=(--by-line) ;;
+    --as-built) as_built=1 ;;
+    *) args+=("$a") ;;
+  esac
+done
 content=${args[0]:-ContentInt<4, 64>}
 rope=${args[1]:-RopeInt4}
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -26,7 +35,8 @@ if ! grep -qF "$kept_loop" $source; then
   exit 1
 fi
 cp -r src "$work/src"
-sed -i 's/for (int n = 0; n < p\.kept\.count; ++n) {/for (int n = 0; n < 0; ++n) {/' "$work/$source"
+((as_built)) ||
+  sed -i 's/for (int n = 0; n < p\.kept\.count; ++n) {/for (int n = 0; n < 0; ++n) {/' "$work/$source"
 cat >"$work/one.cu" <<EOF
 #include "kernels/cuda/decode_fragments.cuh"
 namespace quantmla::gpu {
@@ -37,6 +47,10 @@ EOF
 "$nvcc" -I"$PWD/include" -I"$work/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
   --expt-relaxed-constexpr -lineinfo -std=c++20 -Xptxas=-v -x cu -cubin "$work/one.cu" \
   -o "$work/one.cubin" 2>&1 | grep -E "registers|spill" || true
+if ((as_built)); then
+  python3 bench/gpu/sass_census.py lines "$work/one.cubin"
+  exit
+fi
 # The consumers' page loop body: from the line after its `for` (whose line also holds hoisted
 # set-up) to the stage's release.
 first=$(($(grep -n '^  for (int i = 0; i < num_pages; ++i) {' $source | cut -d: -f1) + 1))

@@ -14,6 +14,11 @@ sm_90 instruction is 16 bytes with its opcode in the low 12 bits. So, without de
       (a fully unrolled loop body: per warp and iteration, static), by opcode; --exclude leaves out
       the lines of a runtime inner loop (e.g. one that runs zero times on the measured shape);
       --by-line adds each source line's count.
+  lines CUBIN
+      every instruction's offset in the kernel, opcode and source line: the key to join with a
+      profile's per-instruction samples (Nsight Compute's source page lists SASS by offset) where
+      the cubin was built here from the same sources and flags as the profiled binary (the same
+      nvcc 13.0 on both machines).
 
 Opcodes are named where the source lines they come from say what they are (HMMA from mma.sync,
 HGMMA from wgmma, LOP3 from a lop3 asm, HADD2 from __hsub2 / __hadd2 / __hmul2's family, PRMT from
@@ -128,6 +133,14 @@ def loop(args):
                   ", ".join(f"{name(op)} {n}" for op, n in ops.most_common()) + ")")
 
 
+def lines(args):
+    cubin = Cubin(args.cubin)
+    print(f"# {cubin.name}: offset opcode file:line")
+    for i, opcode in enumerate(cubin.opcodes):
+        file, line = cubin.line(i)
+        print(f"{16 * i:#06x} {name(opcode)} {file}:{line}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,6 +157,9 @@ def main():
     p.add_argument("--by-line", action="store_true",
                    help="also each source line's instructions, by opcode")
     p.set_defaults(run=loop)
+    p = sub.add_parser("lines")
+    p.add_argument("cubin")
+    p.set_defaults(run=lines)
     args = parser.parse_args()
     args.run(args)
 
