@@ -46,7 +46,7 @@ template void launch_decode_fragments<$content, $rope>(const DecodeKernelParams&
 EOF
 "$nvcc" -I"$PWD/include" -I"$work/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
   --expt-relaxed-constexpr -lineinfo -std=c++20 -Xptxas=-v -x cu -cubin "$work/one.cu" \
-  -o "$work/one.cubin" 2>&1 | grep -E "registers|spill" || true
+  -o "$work/one.cubin" 2>&1 | grep -E "registers|spill" >&2 || true
 if ((as_built)); then
   python3 bench/gpu/sass_census.py lines "$work/one.cubin"
   exit

@@ -18,17 +18,19 @@
 #   5  the transposed kernel for a BF16 cache against the tiled one (the same build), beside
 #      FlashMLA, 16 heads, then main's fragment kernel's stall reasons under Nsight Compute (INT4
 #      and INT2 at batch 64, 32K) where time is left (.anchor; ~350 s + ~90 s)
+#   6  the decode kernels skipping the accumulators' rescale where no row's maximum rose, against
+#      main, beside FlashMLA, 16 heads (.anchor; ~420 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
-# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5; then run with the carries above.
+# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5, 6; then run with the carries above.
 # Each step is a call of its own: a patched step takes its patch out again and deletes its build
 # (the device's copy of the tree is no git checkout, and the next call's copy of the tree keeps its
 # files' old times, so a build left behind would hold objects of the patched sources).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-5]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-5 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-6]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-6 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
@@ -36,7 +38,7 @@ case $step in
   2) needs=(.anchor/bench_flashmla.py .carry/seesaw-converting-warpgroup.diff
        .carry/converting-warpgroup-copies.diff) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
-  4 | 5) needs=(.anchor/bench_flashmla.py) ;;
+  4 | 5 | 6) needs=(.anchor/bench_flashmla.py) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -95,6 +97,10 @@ case $step in
   5)
     AFTER_RUN=profile_fragments patched_run transposed-bf16.diff --heads 16 \
       --formats bf16/bf16,bf16/bf16@transposed
+    ;;
+  6)
+    BASELINE_DIFF=$patches/rescale-skip.diff patched_run rescale-skip.diff --heads 16 \
+      --formats bf16/bf16,int4g64/int4,int2g64/int4,fp8/bf16
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
