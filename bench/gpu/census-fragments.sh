@@ -44,9 +44,13 @@ template void launch_decode_fragments<$content, $rope>(const DecodeKernelParams&
                                                        cudaStream_t);
 }
 EOF
-"$nvcc" -I"$PWD/include" -I"$work/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
+if ! "$nvcc" -I"$PWD/include" -I"$work/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
   --expt-relaxed-constexpr -lineinfo -std=c++20 -Xptxas=-v -x cu -cubin "$work/one.cu" \
-  -o "$work/one.cubin" 2>&1 | grep -E "registers|spill" >&2 || true
+  -o "$work/one.cubin" >"$work/nvcc.txt" 2>&1; then
+  cat "$work/nvcc.txt" >&2
+  exit 1
+fi
+grep -E "registers|spill" "$work/nvcc.txt" >&2 || true
 if ((as_built)); then
   python3 bench/gpu/sass_census.py lines "$work/one.cubin"
   exit
