@@ -230,9 +230,8 @@ __global__ void __launch_bounds__(256, 1)
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
 
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw_address = shared_address(shared_raw);
-  const uint32_t base = (raw_address + 1023) / 1024 * 1024;
-  uint8_t* const base_bytes = shared_raw + (base - raw_address);
+  const uint32_t base = swizzle_base(shared_raw);
+  uint8_t* const base_bytes = shared_raw + (base - shared_address(shared_raw));
   const auto tile = [&](int t) {
     return base + static_cast<uint32_t>(L::kTileOffset + t * L::kTileBytes);
   };

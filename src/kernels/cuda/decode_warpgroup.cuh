@@ -321,9 +321,8 @@ __global__ void __launch_bounds__(256, 1)
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
 
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw_address = shared_address(shared_raw);
-  const uint32_t base = (raw_address + 1023) / 1024 * 1024;
-  uint8_t* const base_bytes = shared_raw + (base - raw_address);
+  const uint32_t base = swizzle_base(shared_raw);
+  uint8_t* const base_bytes = shared_raw + (base - shared_address(shared_raw));
   // Q, the page's tile, P, the raw stages, the exchange of row maxima and sums, the barriers.
   const uint32_t q_tile = base;
   const uint32_t keys = base + L::kTileBytes;

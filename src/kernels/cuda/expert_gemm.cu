@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 63 then up rows n + m0 .. n + m0 + 63.
   const int m0 = static_cast<int>(blockIdx.y) * (kGated ? kTile / 2 : kTile);
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
+  const uint32_t base = swizzle_base(shared_raw);
   const auto weights_stage = [&](int s) { return base + static_cast<uint32_t>(s) * kStageBytes; };
   const auto rows_stage = [&](int s) { return weights_stage(s) + kBlockBytes; };
   uint8_t* ring = shared_raw + (base - shared_address(shared_raw));

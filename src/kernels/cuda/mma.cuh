@@ -14,6 +14,15 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The shared-space address of a block's dynamic shared memory's first 1024-byte boundary, where
+// 128-byte-swizzled boxes must start (tensor-map copies and wgmma descriptors: the swizzle repeats
+// every 1024 bytes); the allocation promises only 16-byte alignment, so a kernel asks for 1024
+// bytes more. Its generic pointer is `shared_raw + (base - shared_address(shared_raw))`, written
+// at the caller so that the compiler keeps seeing a shared-memory pointer.
+__device__ __forceinline__ uint32_t swizzle_base(const uint8_t* shared_raw) {
+  return (shared_address(shared_raw) + 1023) / 1024 * 1024;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

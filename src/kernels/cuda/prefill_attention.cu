@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_for_previous_kernel();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   // Q, then two stages of keys, then two stages of transposed values, then the barriers.
-  const uint32_t base = (shared_address(shared_raw) + 1023) / 1024 * 1024;
+  const uint32_t base = swizzle_base(shared_raw);
   const auto key_stage = [&](int64_t tile) {
     return base + T::kQBytes + static_cast<uint32_t>(tile & 1) * T::kKeyBytes;
   };
