@@ -29,7 +29,8 @@ patches=(bench/gpu/patches/*.diff)
 if [ -e "${patches[0]}" ]; then
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
-  for patch in "${patches[@]}"; do
+  for patch in "${patches[@]}" bench/gpu/patches/stacked/*.diff; do
+    [ -e "$patch" ] || continue
     git apply --numstat "$patch" | cut -f3 | while read -r file; do
       [ -e "$file" ] && mkdir -p "$scratch/$(dirname "$file")" && cp "$file" "$scratch/$file"
       true
@@ -41,5 +42,14 @@ if [ -e "${patches[0]}" ]; then
       exit 1
     }
   done
-  echo "test.sh: ${#patches[@]} waiting patches apply, one after the other"
+  # A stacked patch (patches/stacked/) is a variant's difference from the one it sits on: the
+  # device step builds the variant by reversing it from the tree with all of the above applied.
+  for patch in bench/gpu/patches/stacked/*.diff; do
+    [ -e "$patch" ] || continue
+    (cd "$scratch" && git apply -R --check "$OLDPWD/$patch") || {
+      echo "test.sh: $patch does not reverse from the tree with the waiting patches" >&2
+      exit 1
+    }
+  done
+  echo "test.sh: ${#patches[@]} waiting patches apply, one after the other (and the stacked ones reverse)"
 fi
