@@ -38,9 +38,8 @@ constexpr int kImageBytes = 2 * kQBoxes * kBox + kBox;  // Q, the page, P
 __global__ void __launch_bounds__(128)
     operands_kernel(const uint4* image, int half, float* s_out, float* o_out) {
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw = shared_address(shared_raw);
-  const uint32_t base = (raw + 1023) / 1024 * 1024;
-  uint4* const dst = reinterpret_cast<uint4*>(shared_raw + (base - raw));
+  const uint32_t base = swizzle_base(shared_raw);
+  uint4* const dst = reinterpret_cast<uint4*>(shared_raw + (base - shared_address(shared_raw)));
   for (int i = threadIdx.x; i < kImageBytes / 16; i += 128) dst[i] = image[i];
   fence_proxy_async_shared();
   __syncthreads();
