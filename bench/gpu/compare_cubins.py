@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Whether two builds of the same kernels carry the same machine code, kernel by kernel.
+
+  python3 bench/gpu/compare_cubins.py DIR_A DIR_B
+
+DIR_A and DIR_B hold cubins of the same names (`bench/gpu/same-machine-code.sh` builds them from
+two trees). Each kernel's code section (`.text.NAME`, found with binutils' readelf; anonymous
+namespaces' per-build hashes taken out of the names) is compared byte for byte: a change whose
+kernels all stay identical needs no timing. For a kernel that differs: its instruction counts
+(16 bytes an sm_90 instruction), whether the opcode sequence (each instruction's low 12 bits) is
+the same, and the opcodes whose counts moved. Exits 1 if any kernel differs or is missing.
+"""
+import collections
+import os
+import re
+import struct
+import subprocess
+import sys
+
+
+def kernels(path):
+    out = subprocess.run(["readelf", "-S", "-W", path], capture_output=True, text=True,
+                         check=True).stdout
+    data = open(path, "rb").read()
+    code = {}
+    for m in re.finditer(r"\]\s+\.text\.(\S+)\s+PROGBITS\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)", out):
+        name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1))
+        offset, size = int(m.group(2), 16), int(m.group(3), 16)
+        code[name] = data[offset:offset + size]
+    return code
+
+
+def opcodes(code):
+    return [struct.unpack_from("<Q", code, at)[0] & 0xFFF for at in range(0, len(code), 16)]
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    a_dir, b_dir = sys.argv[1:]
+    same = differ = 0
+    for cubin in sorted(f for f in os.listdir(a_dir) if f.endswith(".cubin")):
+        b_path = os.path.join(b_dir, cubin)
+        if not os.path.exists(b_path):
+            print(f"{cubin}: missing in {b_dir}")
+            differ += 1
+            continue
+        a, b = kernels(os.path.join(a_dir, cubin)), kernels(b_path)
+        for name in sorted(set(a) | set(b)):
+            if name not in a or name not in b:
+                print(f"{cubin}: {name} only in {a_dir if name in a else b_dir}")
+                differ += 1
+            elif a[name] == b[name]:
+                same += 1
+            else:
+                differ += 1
+                oa, ob = opcodes(a[name]), opcodes(b[name])
+                ca, cb = collections.Counter(oa), collections.Counter(ob)
+                moved = {f"{op:#05x}": cb[op] - ca[op] for op in sorted(set(ca) | set(cb))
+                         if ca[op] != cb[op]}
+                print(f"{cubin}: {name}: {len(oa)} -> {len(ob)} instructions, opcode sequence "
+                      f"{'the same' if oa == ob else 'changed'}, counts moved {moved}")
+    print(f"{same} kernels' machine code identical, {differ} differ")
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
