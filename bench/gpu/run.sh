@@ -17,6 +17,10 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# Seconds since the start at the end of each phase, into phases.txt: where a device call's time
+# goes, so that the next session's calls can be planned (the device tool gives each 600 s).
+phase() { echo "$1 $SECONDS" >>"$out/phases.txt"; }
+rm -f "$out/phases.txt"
 build=build-gpu
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
@@ -52,9 +56,11 @@ for n in "${!baseline_diffs[@]}"; do
   baselines+=("$dir") && baseline_pids+=($!)
 done
 cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3
+phase build
 if [[ -n $anchor_pid ]]; then
   wait $anchor_pid || { echo "FlashMLA anchor failed:"; tail -5 "$out/flashmla.txt"; }
   tail -3 "$out/flashmla.txt"
+  phase flashmla
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total \
   --format=csv | tee "$out/device.txt"
@@ -72,6 +78,7 @@ timeout 120 "$build/tests/gpu/test_gpu_mla" --quick >"$out/test-quick.txt" 2>&1 
 }
 "$build/tests/gpu/test_wgmma_operands" 2>&1 | tee "$out/test-wgmma-operands.txt" || status=1
 "$build/tests/gpu/test_gpu_mla" 2>&1 | tee "$out/test.txt" || status=1
+phase tests
 echo "== compute-sanitizer memcheck (quick cases)"
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/gpu/test_gpu_mla" --quick \
@@ -80,13 +87,16 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "compute-sanitizer not found" | tee "$out/memcheck.txt"
 fi
+phase memcheck
 echo "== tensor-core instructions in the SASS of the decode kernels"
 cuobjdump --dump-sass "$build/src/kernels/cuda/libquantmla_cuda.a" >"$out/sass.txt" 2>&1 || true
 grep -oE "(HMMA|HGMMA|LDSM|LDGSTS|UBLKCP)[.A-Z0-9_]*" "$out/sass.txt" | sort | uniq -c | tee "$out/sass-summary.txt"
 rm -f "$out/sass.txt"
 echo "== benchmark"
+phase sass
 "$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode.json" "$@" 2>&1 | tee "$out/bench.txt" ||
   status=1
+phase benchmark
 for n in "${!baselines[@]}"; do
   suffix=$(baseline_name "$n")
   if wait "${baseline_pids[$n]}"; then
@@ -97,6 +107,7 @@ for n in "${!baselines[@]}"; do
     echo "$suffix build failed:"; tail -5 "$out/build-$suffix.txt"; status=1
   fi
 done
+phase baselines
 if [[ -f $out/flashmla.json ]]; then
   python3 bench/gpu/merge_anchor.py --ours "$out/gpu-decode.json" --flashmla "$out/flashmla.json" \
     --out "$out/decode-v2-$(date -u +%F)-sq$s_q.json" | tee "$out/vs-flashmla.txt" || status=1
