@@ -22,7 +22,8 @@
 #      main, beside FlashMLA, 16 heads (.anchor; ~420 s)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared, `mkdir -p .anchor
-# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5, 6; then run with the carries above.
+# && cp ../shared/anchors/flashmla/* .anchor/` for steps 2, 4, 5, 6; then run with the carries
+# above.
 # Each step is a call of its own: a patched step takes its patch out again and deletes its build
 # (the device's copy of the tree is no git checkout, and the next call's copy of the tree keeps its
 # files' old times, so a build left behind would hold objects of the patched sources).

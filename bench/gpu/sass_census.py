@@ -105,15 +105,13 @@ def loop(args):
     # An instruction of the excluded lines is left out, and so is one inlined there from a helper
     # (another file's lines, or SOURCE's outside FIRST..LAST): one whose nearest instructions of
     # the loop's own lines before and after are both excluded.
-    own = [(i, any(a <= line <= b for a, b in excluded)) for i, (file, line) in enumerate(lines)
-           if file == source and args.first <= line <= args.last]
-    positions = [i for i, _ in own]
+    own_excluded = [any(a <= lines[i][1] <= b for a, b in excluded) for i in inside]
 
     def left_out_at(i):
-        k = bisect.bisect_left(positions, i)
-        if k < len(own) and own[k][0] == i:
-            return own[k][1]
-        return 0 < k < len(own) and own[k - 1][1] and own[k][1]
+        k = bisect.bisect_left(inside, i)
+        if k < len(inside) and inside[k] == i:
+            return own_excluded[k]
+        return 0 < k < len(inside) and own_excluded[k - 1] and own_excluded[k]
 
     counts, left_out = collections.Counter(), 0
     by_line = collections.defaultdict(collections.Counter)
@@ -133,7 +131,7 @@ def loop(args):
                   ", ".join(f"{name(op)} {n}" for op, n in ops.most_common()) + ")")
 
 
-def lines(args):
+def line_table(args):
     cubin = Cubin(args.cubin)
     print(f"# {cubin.name}: offset opcode file:line")
     for i, opcode in enumerate(cubin.opcodes):
@@ -159,7 +157,7 @@ def main():
     p.set_defaults(run=loop)
     p = sub.add_parser("lines")
     p.add_argument("cubin")
-    p.set_defaults(run=lines)
+    p.set_defaults(run=line_table)
     args = parser.parse_args()
     args.run(args)
 
