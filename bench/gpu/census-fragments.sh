@@ -25,7 +25,7 @@ for a in "$@"; do
 done
 content=${args[0]:-ContentInt<4, 64>}
 rope=${args[1]:-RopeInt4}
-nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+source bench/gpu/library-nvcc-flags.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source=src/kernels/cuda/decode_fragments.cuh
@@ -44,9 +44,8 @@ template void launch_decode_fragments<$content, $rope>(const DecodeKernelParams&
                                                        cudaStream_t);
 }
 EOF
-if ! "$nvcc" -I"$PWD/include" -I"$work/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
-  --expt-relaxed-constexpr -lineinfo -std=c++20 -Xptxas=-v -x cu -cubin "$work/one.cu" \
-  -o "$work/one.cubin" >"$work/nvcc.txt" 2>&1; then
+if ! "$nvcc" -I"$PWD/include" -I"$work/src" "${library_nvcc_flags[@]}" -Xptxas=-v -x cu -cubin \
+  "$work/one.cu" -o "$work/one.cubin" >"$work/nvcc.txt" 2>&1; then
   cat "$work/nvcc.txt" >&2
   exit 1
 fi

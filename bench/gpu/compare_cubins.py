@@ -4,7 +4,7 @@
   python3 bench/gpu/compare_cubins.py DIR_A DIR_B
 
 DIR_A and DIR_B hold cubins of the same names (`bench/gpu/same-machine-code.sh` builds them from
-two trees). Each kernel's code section (`.text.NAME`, found with binutils' readelf; anonymous
+two trees). Each kernel's code section (`.text.NAME`, sass_census.code_sections; anonymous
 namespaces' per-build hashes taken out of the names) is compared byte for byte: a change whose
 kernels all stay identical needs no timing. For a kernel that differs: its instruction counts
 (16 bytes an sm_90 instruction), whether the opcode sequence (each instruction's low 12 bits) is
@@ -13,25 +13,15 @@ the same, and the opcodes whose counts moved. Exits 1 if any kernel differs or i
 import collections
 import os
 import re
-import struct
-import subprocess
 import sys
+
+from sass_census import code_sections, opcodes
 
 
 def kernels(path):
-    out = subprocess.run(["readelf", "-S", "-W", path], capture_output=True, text=True,
-                         check=True).stdout
-    data = open(path, "rb").read()
-    code = {}
-    for m in re.finditer(r"\]\s+\.text\.(\S+)\s+PROGBITS\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)", out):
-        name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", m.group(1))
-        offset, size = int(m.group(2), 16), int(m.group(3), 16)
-        code[name] = data[offset:offset + size]
-    return code
-
-
-def opcodes(code):
-    return [struct.unpack_from("<Q", code, at)[0] & 0xFFF for at in range(0, len(code), 16)]
+    """code_sections with anonymous namespaces' per-build hashes taken out of the names."""
+    return {re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", name): code
+            for name, code in code_sections(path).items()}
 
 
 def main():

@@ -2,7 +2,7 @@
 # Whether the working tree's CUDA kernels compile to the same machine code as REV's, on any
 # machine with nvcc (no GPU): a refactor whose kernels all stay byte-identical needs no device
 # time to land. Builds each translation unit as a cubin in both trees with the library's flags
-# (src/kernels/cuda/CMakeLists.txt: sm_90a, -O3, -lineinfo) and compares them kernel by kernel
+# (bench/gpu/library-nvcc-flags.sh) and compares them kernel by kernel
 # (bench/gpu/compare_cubins.py). Exits 1 if any kernel differs.
 #   bash bench/gpu/same-machine-code.sh [REV] [FILE.cu ...]
 #   (default HEAD and every src/kernels/cuda/*.cu; about a minute a file on two cores)
@@ -12,7 +12,7 @@ rev=${1:-HEAD}
 shift || true
 files=("$@")
 ((${#files[@]})) || files=(src/kernels/cuda/*.cu)
-nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+source bench/gpu/library-nvcc-flags.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/old" "$work/new"
@@ -22,8 +22,7 @@ build() {  # TREE FILE: FILE's cubin in TREE/cubins, or a line saying it does no
   local tree=$1 file=$2
   [[ -f $tree/$file ]] || { echo "$file: not in the $(basename "$tree") tree"; return; }
   mkdir -p "$tree/cubins"
-  "$nvcc" -I"$tree/include" -I"$tree/src" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
-    --expt-relaxed-constexpr -lineinfo -std=c++20 -x cu -cubin "$tree/$file" \
+  "$nvcc" -I"$tree/include" -I"$tree/src" "${library_nvcc_flags[@]}" -x cu -cubin "$tree/$file" \
     -o "$tree/cubins/$(basename "$file" .cu).cubin" >"$tree/cubins/$(basename "$file").log" 2>&1 ||
     echo "$file: does not compile in the $(basename "$tree") tree"
 }

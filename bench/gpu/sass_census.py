@@ -47,24 +47,29 @@ NAMES = {
 }
 
 
-def text_section(cubin):
+def code_sections(cubin):
+    """Every kernel's machine code in CUBIN: {kernel name: the bytes of its .text section}."""
     out = subprocess.run(["readelf", "-S", "-W", cubin], capture_output=True, text=True,
                          check=True).stdout
-    sections = [m.groups() for m in re.finditer(
-        r"\]\s+(\.text\.\S+)\s+PROGBITS\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)", out)]
-    if len(sections) != 1:
-        sys.exit(f"{cubin}: {len(sections)} kernels; build a cubin of one (their line tables "
-                 "share addresses)")
-    name, offset, size = sections[0]
-    return name[len(".text."):], int(offset, 16), int(size, 16)
+    data = open(cubin, "rb").read()
+    return {m.group(1): data[int(m.group(2), 16):int(m.group(2), 16) + int(m.group(3), 16)]
+            for m in re.finditer(
+                r"\]\s+\.text\.(\S+)\s+PROGBITS\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)", out)}
+
+
+def opcodes(code):
+    """Each 16-byte sm_90 instruction's opcode: its low 12 bits."""
+    return [struct.unpack_from("<Q", code, at)[0] & 0xFFF for at in range(0, len(code), 16)]
 
 
 class Cubin:
     def __init__(self, path):
-        self.name, offset, size = text_section(path)
-        data = open(path, "rb").read()
-        self.opcodes = [struct.unpack_from("<Q", data, offset + at)[0] & 0xFFF
-                        for at in range(0, size, 16)]
+        sections = code_sections(path)
+        if len(sections) != 1:
+            sys.exit(f"{path}: {len(sections)} kernels; build a cubin of one (their line tables "
+                     "share addresses)")
+        (self.name, code), = sections.items()
+        self.opcodes = opcodes(code)
         out = subprocess.run(["readelf", "--debug-dump=decodedline", path], capture_output=True,
                              text=True).stdout
         rows = sorted((int(m.group(3), 0), m.group(1), int(m.group(2))) for m in re.finditer(
