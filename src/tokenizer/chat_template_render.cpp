@@ -30,6 +30,18 @@ class Renderer {
     scope_ = enter_frame(frame, variables);
   }
 
+  // A macro's value holds the scope it was defined in, which holds the macro (or a namespace of
+  // an outer scope does): a cycle of shared pointers that would outlive every render. The scopes
+  // are emptied here, once nothing can call a macro any more.
+  ~Renderer() {
+    for (const std::shared_ptr<Scope>& scope : macro_scopes_) {
+      scope->variables.clear();
+      scope->parent.reset();
+    }
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   std::string render(const Body& body) {
     std::string out;
     render_body(body, out);
@@ -217,6 +229,7 @@ class Renderer {
   Flow render(const MacroNode& node, const Node&, std::string&) {
     const MacroNode* macro = &node;
     const std::shared_ptr<Scope> defined_in = scope_;
+    macro_scopes_.push_back(defined_in);
     scope_->variables[node.name] =
         Value::callable(node.name, [this, macro, defined_in](const CallArgs& args) {
           return call_macro(*macro, defined_in, args);
@@ -397,6 +410,7 @@ class Renderer {
 
   const SourcePositions& positions_;
   std::shared_ptr<Scope> scope_;
+  std::vector<std::shared_ptr<Scope>> macro_scopes_;  // where macros were defined (~Renderer)
   int macro_depth_ = 0;
 };
 
