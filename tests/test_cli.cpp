@@ -94,6 +94,22 @@ TEST_F(CliTest, GreedyGenerateIsDeterministic) {
   EXPECT_EQ(first.out, second.out);
 }
 
+// top-k 1 is greedy at any temperature; a control out of its range fails before any output.
+TEST_F(CliTest, GenerateTakesSamplingControls) {
+  const std::string args = "generate --prompt 'The package' --max-tokens 8";
+  const CliResult greedy = run_cli(args + " --temperature 0");
+  const CliResult top1 = run_cli(args + " --temperature 1.5 --seed 9 --top-k 1");
+  ASSERT_EQ(top1.exit_code, 0) << top1.err;
+  EXPECT_EQ(top1.out, greedy.out);
+  const CliResult penalized =
+      run_cli(args + " --temperature 0 --repetition-penalty 1.5 --presence-penalty 1");
+  ASSERT_EQ(penalized.exit_code, 0) << penalized.err;
+  EXPECT_NE(penalized.out, greedy.out);
+  const CliResult bad = run_cli(args + " --min-p 3");
+  expect_failure(bad, {"min_p is 3", "[0, 1]"});
+  EXPECT_EQ(bad.out, "");
+}
+
 TEST_F(CliTest, EvalPplJsonFromIdsAndTextAgree) {
   const std::string ids = (shared_dir() / "reference/wikitext2-test.ids.i32").string();
   const CliResult from_ids =

@@ -7,6 +7,7 @@
 #include "quantmla/error.h"
 #include "quantmla/eval.h"
 #include "quantmla/generate.h"
+#include "quantmla/runner.h"
 
 namespace quantmla {
 namespace {
@@ -58,25 +59,40 @@ TEST(ModelErrors, EvaluationAndGenerationLimits) {
   options.ctx = 1000;  // more than the 600 ids can fill
   EXPECT_THROW(evaluate_perplexity(model, ids, options), InvalidArgument);
 
+  const auto runner = make_cpu_runner(model);
   GenerateOptions generate_options;
   generate_options.max_tokens = model.max_positions();
-  EXPECT_THROW(generate(model, std::vector<int32_t>{0, 5}, generate_options), InvalidArgument);
-  EXPECT_THROW(generate(model, std::vector<int32_t>{}, GenerateOptions{}), InvalidArgument);
+  EXPECT_THROW(generate(*runner, std::vector<int32_t>{0, 5}, generate_options), InvalidArgument);
+  EXPECT_THROW(generate(*runner, std::vector<int32_t>{}, GenerateOptions{}), InvalidArgument);
   generate_options.max_tokens = 4;
   generate_options.sampling.temperature = -1.0f;
-  EXPECT_THROW(generate(model, std::vector<int32_t>{0, 5}, generate_options), InvalidArgument);
+  EXPECT_THROW(generate(*runner, std::vector<int32_t>{0, 5}, generate_options), InvalidArgument);
+  generate_options.sampling.temperature = 1.0f;
+  generate_options.controls.min_p = 2.0f;
+  EXPECT_THROW(generate(*runner, std::vector<int32_t>{0, 5}, generate_options), InvalidArgument);
 }
 
+// A seeded run repeats itself; controls that keep every token draw the runner's tokens (the host
+// draw uses the runner's counter), and top_k 1 is greedy at any temperature.
 TEST(ModelErrors, SeededSamplingIsReproducible) {
   const Model& model = mla_tiny_moe();
+  const auto runner = make_cpu_runner(model);
   GenerateOptions options;
   options.max_tokens = 12;
   options.stop_at_eos = false;
   options.sampling = {0.9f, 0.95f, 42};
-  const auto first = generate(model, std::vector<int32_t>{0, 5, 6}, options);
-  const auto second = generate(model, std::vector<int32_t>{0, 5, 6}, options);
+  const std::vector<int32_t> prompt = {0, 5, 6};
+  const auto first = generate(*runner, prompt, options);
   EXPECT_EQ(first.size(), 12u);
-  EXPECT_EQ(first, second);
+  EXPECT_EQ(first, generate(*runner, prompt, options));
+  options.controls.top_k = static_cast<int32_t>(model.config().vocab_size);
+  EXPECT_EQ(generate(*runner, prompt, options), first);
+  options.controls.top_k = 1;
+  options.sampling.temperature = 1.5f;
+  GenerateOptions greedy = options;
+  greedy.controls = {};
+  greedy.sampling.temperature = 0.0f;
+  EXPECT_EQ(generate(*runner, prompt, options), generate(*runner, prompt, greedy));
 }
 
 }  // namespace

@@ -479,6 +479,135 @@ TEST(Scheduler, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_THROW(scheduler.add(bad), InvalidArgument);
 }
 
+// Runs `requests` to the end on `runner` with a pool of `pages` pages: each one's tokens (by
+// request order) and the preemptions.
+struct CpuRun {
+  std::vector<FinishedRequest> finished;
+  int64_t preemptions = 0;
+};
+CpuRun run_on(Runner& runner, int64_t pages, const std::vector<Request>& requests) {
+  auto pool = runner.make_pool(CacheFormat::f32(), pages);
+  SchedulerOptions options;
+  options.max_batched_tokens = 96;
+  Scheduler scheduler(runner, *pool, options);
+  for (const Request& r : requests) scheduler.add(r);
+  CpuRun run;
+  run.finished.resize(requests.size());
+  while (scheduler.has_work()) {
+    for (FinishedRequest& f : scheduler.step().finished) {
+      run.finished[static_cast<size_t>(f.id - 1)] = std::move(f);
+    }
+  }
+  run.preemptions = scheduler.stats().preemptions;
+  EXPECT_EQ(pool->used_pages(), 0);
+  return run;
+}
+
+Request tiny_request(const Model& model, std::initializer_list<int32_t> tokens,
+                     int64_t max_tokens) {
+  Request r;
+  r.prompt.push_back(static_cast<int32_t>(model.config().bos_token_id));
+  r.prompt.insert(r.prompt.end(), tokens);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// A request with controls is drawn on the host from its logit rows: with controls that keep
+// every token (top_k = the vocabulary) it gets exactly the runner's draws, so the host uses the
+// runner's (seed, position) counter; penalties and top-k change the tokens, never by preemption.
+TEST(Scheduler, ControlsAreDrawnOnTheHostWithTheRunnersDraw) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  std::vector<Request> plain;
+  for (int i = 0; i < 4; ++i) {
+    Request r = tiny_request(model, {static_cast<int32_t>(400 + i), 500, 600, 700, 800}, 40);
+    for (int t = 0; t < 30 + 20 * i; ++t) r.prompt.push_back(static_cast<int32_t>(900 + 7 * t));
+    r.sampling = {0.9f, 0.95f, static_cast<uint64_t>(11 + i)};
+    plain.push_back(r);
+  }
+  std::vector<Request> keep_all = plain, penalized = plain;
+  for (Request& r : keep_all) r.controls.top_k = static_cast<int32_t>(model.config().vocab_size);
+  for (Request& r : penalized) {
+    r.controls.top_k = 50;
+    r.controls.presence_penalty = 1.5f;
+    r.controls.repetition_penalty = 1.3f;
+  }
+  const CpuRun by_runner = run_on(*runner, 40, plain);
+  const CpuRun by_host = run_on(*runner, 40, keep_all);
+  const CpuRun with_penalties = run_on(*runner, 40, penalized);
+  const CpuRun preempted = run_on(*runner, 3, penalized);
+  EXPECT_GT(preempted.preemptions, 0) << "the small pool did not force a preemption";
+  int differing = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(by_host.finished[i].tokens, by_runner.finished[i].tokens) << "request " << i;
+    EXPECT_EQ(preempted.finished[i].tokens, with_penalties.finished[i].tokens) << "request " << i;
+    differing += with_penalties.finished[i].tokens != by_runner.finished[i].tokens;
+    // A presence penalty of 1.5 with top-k 50: fewer repeats than the plain draws.
+    const std::set<int32_t> distinct(with_penalties.finished[i].tokens.begin(),
+                                     with_penalties.finished[i].tokens.end());
+    EXPECT_GE(distinct.size(), 30u) << "request " << i;
+  }
+  EXPECT_EQ(differing, 4);
+}
+
+// stop_token_ids end a request on that token; min_tokens holds it (and EOS) back until that many
+// tokens are generated. A bias of +100 makes the token the greedy choice at every step.
+TEST(Scheduler, MinTokensHoldStopTokensAndEosBack) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
+  const int32_t forced = 1234;
+  std::vector<Request> requests;
+  Request stop = tiny_request(model, {400, 500, 600}, 10);
+  stop.controls.logit_bias = {{forced, 100.0f}};
+  stop.stop_token_ids = {forced};
+  requests.push_back(stop);
+  Request held = stop;
+  held.min_tokens = 4;
+  requests.push_back(held);
+  Request held_eos = tiny_request(model, {400, 500, 600}, 10);
+  held_eos.controls.logit_bias = {{eos, 100.0f}};
+  held_eos.ignore_eos = false;
+  held_eos.min_tokens = 2;
+  requests.push_back(held_eos);
+  const CpuRun run = run_on(*runner, 40, requests);
+  EXPECT_EQ(run.finished[0].tokens, std::vector<int32_t>{forced});
+  EXPECT_EQ(run.finished[0].reason, FinishReason::kStop);
+  ASSERT_EQ(run.finished[1].tokens.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(run.finished[1].tokens[i], forced) << "token " << i;
+  EXPECT_EQ(run.finished[1].tokens[4], forced);
+  EXPECT_EQ(run.finished[1].reason, FinishReason::kStop);
+  ASSERT_EQ(run.finished[2].tokens.size(), 3u);
+  EXPECT_NE(run.finished[2].tokens[0], eos);
+  EXPECT_NE(run.finished[2].tokens[1], eos);
+  EXPECT_EQ(run.finished[2].tokens[2], eos);
+  EXPECT_EQ(run.finished[2].reason, FinishReason::kStop);
+}
+
+TEST(Scheduler, RefusesBadControls) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::f32(), 4);
+  Scheduler scheduler(*runner, *pool, {});
+  const Request ok = tiny_request(model, {400}, 4);
+  Request r = ok;
+  r.min_tokens = 5;
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }),
+                  {"min_tokens 5", "max_tokens, 4"});
+  r = ok;
+  r.stop_token_ids = {4096};
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }),
+                  {"stop token id 4096", "[0, 4096)"});
+  r = ok;
+  r.controls.logit_bias = {{-1, 1.0f}};
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"token -1"});
+  r = ok;
+  r.controls.top_k = -1;
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(r); }), {"top_k"});
+  EXPECT_FALSE(scheduler.has_work());
+}
+
 // A request whose token callback throws (the server's text handling failed) ends with an error;
 // the engine thread and the other requests go on.
 TEST(ServingEngine, ACallbackThatThrowsEndsOnlyItsRequest) {

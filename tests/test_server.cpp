@@ -354,6 +354,47 @@ TEST_F(ServerTest, SeveralPromptsAndSamples) {
   EXPECT_EQ(usage["completion_tokens"], 20);
 }
 
+// vLLM's and OpenAI's sampling controls change what is generated: a bias of +100 makes a token
+// the greedy choice every time, top_k 1 at a high temperature is greedy, stop_token_ids end the
+// completion on that token, and min_tokens holds it back until that many tokens are out.
+TEST_F(ServerTest, SamplingControlsChangeTheTokens) {
+  const json base = {{"prompt", "The Debian package manager"},
+                     {"max_tokens", 6},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
+  const json greedy = post(*server_, "/v1/completions", base, 200);
+
+  json top1 = base;
+  top1["temperature"] = 1.8;
+  top1["top_k"] = 1;
+  top1["seed"] = 5;
+  EXPECT_EQ(post(*server_, "/v1/completions", top1, 200)["choices"][0]["text"],
+            greedy["choices"][0]["text"]);
+
+  json forced = base;
+  forced["logit_bias"] = {{"1234", 100}};
+  forced["logprobs"] = 0;
+  const json biased = post(*server_, "/v1/completions", forced, 200);
+  const json& tokens = biased["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 6u);
+  for (const json& t : tokens) EXPECT_EQ(t, tokens[0]) << "every token is the biased one";
+  EXPECT_NE(biased["choices"][0]["text"], greedy["choices"][0]["text"]);
+
+  json stop = forced;
+  stop["stop_token_ids"] = {1234};
+  const json stopped = post(*server_, "/v1/completions", stop, 200);
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  stop["min_tokens"] = 3;
+  const json held = post(*server_, "/v1/completions", stop, 200);
+  EXPECT_EQ(held["usage"]["completion_tokens"], 4) << held.dump();
+  EXPECT_EQ(held["choices"][0]["finish_reason"], "stop");
+  const json& held_tokens = held["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(held_tokens.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(held_tokens[i], tokens[0]) << "token " << i;
+  EXPECT_EQ(held_tokens[3], tokens[0]);
+}
+
 TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   const json bad_tokens =
       post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}}, 400);
@@ -368,20 +409,43 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400)["error"]["param"],
             "n");
   post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 100000}}, 400);
-  // Sampling controls this server does not implement are refused unless neutral, never ignored.
+  // Parameters this server does not implement are refused unless neutral, never ignored.
   for (const auto& [name, value] :
-       std::vector<std::pair<std::string, json>>{{"frequency_penalty", 0.5},
-                                                 {"presence_penalty", -1},
-                                                 {"repetition_penalty", 1.2},
-                                                 {"top_k", 40},
-                                                 {"min_p", 0.1},
-                                                 {"logit_bias", {{"50256", -100}}},
+       std::vector<std::pair<std::string, json>>{{"length_penalty", 1.5},
+                                                 {"use_beam_search", true},
                                                  {"best_of", 3},
                                                  {"echo", true},
                                                  {"suffix", "end"}}) {
     const json refused = post(*server_, "/v1/completions", {{"prompt", "x"}, {name, value}}, 400);
     EXPECT_EQ(refused["error"]["param"], name);
     EXPECT_NE(refused["error"]["message"].get<std::string>().find("not supported"),
+              std::string::npos)
+        << refused.dump();
+  }
+  // The sampling controls it does implement, out of their ranges: a 400 naming the field.
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, json>>{{"frequency_penalty", 2.5},
+                                                 {"presence_penalty", "high"},
+                                                 {"repetition_penalty", 0},
+                                                 {"top_k", -2},
+                                                 {"top_k", 1.5},
+                                                 {"min_p", 1.1},
+                                                 {"min_tokens", 2},  // above max_tokens
+                                                 {"logit_bias", {{"fifty", 1}}},
+                                                 {"logit_bias", {{"5", 101}}},
+                                                 {"logit_bias", json::array()},
+                                                 {"stop_token_ids", {-1}},
+                                                 {"stop_token_ids", 7},
+                                                 {"stop_token_ids", std::vector<int>(1025, 5)}}) {
+    const json refused =
+        post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}, {name, value}}, 400);
+    EXPECT_EQ(refused["error"]["param"], name) << name << " = " << value.dump();
+  }
+  // Token ids outside the vocabulary (checked by the scheduler): a 400 that says so.
+  for (const auto& [name, value] : std::vector<std::pair<std::string, json>>{
+           {"logit_bias", {{"999999", 5}}}, {"stop_token_ids", {999999}}}) {
+    const json refused = post(*server_, "/v1/completions", {{"prompt", "x"}, {name, value}}, 400);
+    EXPECT_NE(refused["error"]["message"].get<std::string>().find("outside the vocabulary"),
               std::string::npos)
         << refused.dump();
   }
@@ -394,6 +458,8 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
         {"top_k", -1},
         {"min_p", 0},
         {"logit_bias", json::object()},
+        {"stop_token_ids", json::array()},
+        {"length_penalty", 1},
         {"best_of", 1},
         {"echo", false},
         {"suffix", ""}},

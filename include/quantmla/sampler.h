@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 
 namespace quantmla {
@@ -24,17 +23,5 @@ int32_t sample_token(std::span<const float> logits, const SamplerOptions& option
 // A uniform draw in [0, 1) from (seed, counter) alone (splitmix64): the runners draw the token at
 // position p with counter p, so a draw depends neither on the batch nor on the step it ran in.
 double counter_uniform(uint64_t seed, uint64_t counter);
-
-// A stream of draws from one seed (generate).
-class Sampler {
- public:
-  // Throws InvalidArgument for temperature < 0 or top_p outside (0, 1].
-  explicit Sampler(const SamplerOptions& options);
-  int32_t sample(std::span<const float> logits);
-
- private:
-  SamplerOptions options_;
-  std::mt19937_64 rng_;
-};
 
 }  // namespace quantmla

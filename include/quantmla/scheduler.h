@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "quantmla/logits_controls.h"
 #include "quantmla/page_pool.h"
 #include "quantmla/runner.h"
 #include "quantmla/sampler.h"
@@ -33,7 +34,13 @@ inline constexpr int kMaxTopLogprobs = 20;
 struct Request {
   std::vector<int32_t> prompt;  // token ids, BOS included if the model wants one
   SamplerOptions sampling;
-  int64_t max_tokens = 16;              // generated tokens at most (>= 1)
+  // top-k, min-p, penalties, biases: a request that sets any is drawn on the host from its logit
+  // rows (logits_controls.h), which costs a copy of the vocabulary a token
+  LogitsControls controls;
+  int64_t max_tokens = 16;  // generated tokens at most (>= 1)
+  // Until this many tokens are generated (<= max_tokens), EOS and the stop token ids cannot be
+  // drawn (host-side, as `controls`) and no stop ends the request (vLLM's min_tokens)
+  int64_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;  // finish after generating one of these (it is kept)
   std::vector<std::string> stop;        // finish once the generated text contains one of these
   bool ignore_eos = false;              // false: the model's eos_token_id stops too
@@ -112,8 +119,9 @@ class Scheduler {
 
   // Queues a request (FCFS). Throws InvalidArgument, before queuing, for an empty prompt,
   // max_tokens < 1, a token id outside the vocabulary, prompt + max_tokens beyond the model's
-  // max_position_embeddings, bad sampling options, stop strings without a detokenizer, and
-  // CapacityError for a request whose prompt and max_tokens could never fit in the whole pool
+  // max_position_embeddings, bad sampling options or controls, min_tokens outside
+  // [0, max_tokens], a stop token id outside the vocabulary, stop strings without a detokenizer,
+  // and CapacityError for a request whose prompt and max_tokens could never fit in the whole pool
   // (it would wait forever).
   RequestId add(Request request);
   // The same under an id the caller chose (a front end that hands ids out before the request
@@ -142,6 +150,8 @@ class Scheduler {
   void preempt(const std::shared_ptr<Entry>& victim);
   bool ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens);
   bool stops(const Entry& entry, int32_t token) const;
+  bool draws_on_host(const Entry& entry) const;
+  int32_t draw_on_host(const Entry& entry, std::span<const float> logits);
   FinishedRequest finish(const std::shared_ptr<Entry>& entry, FinishReason reason);
 
   Runner& runner_;
@@ -156,7 +166,8 @@ class Scheduler {
   std::vector<FinishedRequest> cancelled_;
   SchedulerStats stats_;
   int64_t start_ns_ = 0;
-  std::vector<float> logits_;  // the step's logit rows, when a request wants logprobs
+  std::vector<float> logits_;  // the step's logit rows, when a request wants logprobs or controls
+  std::vector<float> controlled_row_;  // one of them changed by a request's controls
 };
 
 }  // namespace quantmla

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "quantmla/error.h"
-#include "quantmla/generate.h"
 #include "quantmla/io.h"
+#include "quantmla/model.h"
 
 namespace quantmla {
 namespace {

@@ -61,13 +61,4 @@ int32_t sample_token(std::span<const float> logits, const SamplerOptions& option
   return order[nucleus - 1];
 }
 
-Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {
-  check_sampler_options(options);
-}
-
-int32_t Sampler::sample(std::span<const float> logits) {
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  return sample_token(logits, options_, uniform(rng_));
-}
-
 }  // namespace quantmla

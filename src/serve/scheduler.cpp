@@ -151,6 +151,17 @@ void Scheduler::validate(const Request& request) const {
         ")");
   }
   check_sampler_options(request.sampling);
+  check_logits_controls(request.controls, config.vocab_size);
+  if (request.min_tokens < 0 || request.min_tokens > request.max_tokens) {
+    throw InvalidArgument("request: min_tokens " + str(request.min_tokens) +
+                          " (need 0..max_tokens, " + str(request.max_tokens) + ")");
+  }
+  for (const int32_t id : request.stop_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      throw InvalidArgument("request: stop token id " + str(id) +
+                            " is outside the vocabulary [0, " + str(config.vocab_size) + ")");
+    }
+  }
   if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
     throw InvalidArgument("request: top_logprobs " + str(request.top_logprobs) +
                           " (need -1 for none, or 0.." + str(kMaxTopLogprobs) + ")");
@@ -222,6 +233,7 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
 
 bool Scheduler::stops(const Entry& entry, int32_t token) const {
   const Request& r = entry.request;
+  if (entry.generated() < r.min_tokens) return false;
   if (!r.ignore_eos && token == runner_.config().eos_token_id) return true;
   if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
       r.stop_token_ids.end()) {
@@ -239,6 +251,27 @@ bool Scheduler::stops(const Entry& entry, int32_t token) const {
     if (!s.empty() && text.find(s) != std::string::npos) return true;
   }
   return false;
+}
+
+// Whether the entry's next token is drawn here rather than taken from the runner.
+bool Scheduler::draws_on_host(const Entry& entry) const {
+  return entry.request.controls.active() || entry.generated() < entry.request.min_tokens;
+}
+
+// The entry's next token from its logit row: the controls applied, EOS and the stop token ids
+// excluded while min_tokens are not generated, and the runners' draw for that position.
+int32_t Scheduler::draw_on_host(const Entry& entry, std::span<const float> logits) {
+  const Request& r = entry.request;
+  std::vector<int32_t> banned;
+  if (entry.generated() < r.min_tokens) {
+    banned = r.stop_token_ids;
+    if (!r.ignore_eos) banned.push_back(static_cast<int32_t>(runner_.config().eos_token_id));
+  }
+  const std::span<const int32_t> tokens(entry.tokens);
+  return draw_with_controls(
+      logits, r.sampling, r.controls, tokens.first(static_cast<size_t>(entry.prompt_len)),
+      tokens.subspan(static_cast<size_t>(entry.prompt_len)), banned,
+      counter_uniform(r.sampling.seed, static_cast<uint64_t>(entry.known())), controlled_row_);
 }
 
 FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishReason reason) {
@@ -338,7 +371,8 @@ StepReport Scheduler::step() {
   bool want_logits = false;
   for (const Scheduled& s : scheduled) {
     const bool completes = s.first + s.count == s.entry->known();
-    want_logits = want_logits || (completes && s.entry->request.top_logprobs >= 0);
+    want_logits = want_logits ||
+                  (completes && (s.entry->request.top_logprobs >= 0 || draws_on_host(*s.entry)));
     batch.chunks.push_back(
         {s.entry->sequence,
          std::span<const int32_t>(s.entry->tokens)
@@ -372,14 +406,16 @@ StepReport Scheduler::step() {
     }
     entry->computed = s.first + s.count;
     if (entry->computed != entry->known()) continue;
-    const int32_t token = sampled[row++];
+    const std::span<const float> logits =
+        want_logits ? std::span<const float>(logits_).subspan(static_cast<size_t>(row * vocab),
+                                                              static_cast<size_t>(vocab))
+                    : std::span<const float>();
+    const int32_t token = draws_on_host(*entry) ? draw_on_host(*entry, logits) : sampled[row];
+    ++row;
     entry->tokens.push_back(token);
     std::optional<TokenLogprob> logprob;
     if (entry->request.top_logprobs >= 0) {
-      logprob =
-          token_logprob(std::span<const float>(logits_).subspan(
-                            static_cast<size_t>((row - 1) * vocab), static_cast<size_t>(vocab)),
-                        token, entry->request.top_logprobs);
+      logprob = token_logprob(logits, token, entry->request.top_logprobs);
       entry->logprobs.push_back(*logprob);
     }
     report.generated.push_back({entry->id, token, std::move(logprob)});

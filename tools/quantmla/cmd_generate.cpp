@@ -18,6 +18,7 @@ struct GenerateCliOptions {
   float temperature = 0.0f;
   float top_p = 1.0f;
   uint64_t seed = 0;
+  LogitsControls controls;
   std::string cache;  // "" = recorded in the model's config.json, else f32 (bf16 on cuda)
   std::string device = "cpu";
 };
@@ -34,8 +35,12 @@ void run_generate(const GenerateCliOptions& options) {
   GenerateOptions generate_options;
   generate_options.max_tokens = options.max_tokens;
   generate_options.sampling = {options.temperature, options.top_p, options.seed};
+  generate_options.controls = options.controls;
   generate_options.cache = device_cache(options.device, options.model, options.cache, "f32");
 
+  // Checked before the prompt is echoed, so that a bad option prints only its error.
+  check_sampler_options(generate_options.sampling);
+  check_logits_controls(generate_options.controls, runner->config().vocab_size);
   std::printf("%s", options.prompt.c_str());
   std::string pending;
   generate(*runner, prompt, generate_options, [&](int32_t token) {
@@ -66,6 +71,21 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass, in (0, 1]")
       ->capture_default_str();
   cmd->add_option("--seed", options->seed, "Random seed for sampling")->capture_default_str();
+  LogitsControls& controls = options->controls;
+  cmd->add_option("--top-k", controls.top_k, "Keep the k most likely tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", controls.min_p,
+                  "Drop tokens less likely than this fraction of the most likely one (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", controls.repetition_penalty,
+                  "Penalty on the tokens of the prompt and the output (1: none)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", controls.presence_penalty,
+                  "Subtracted from the logit of every token generated so far, in [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", controls.frequency_penalty,
+                  "Subtracted per time a token was generated so far, in [-2, 2]")
+      ->capture_default_str();
   cmd->add_option("--cache", options->cache,
                   "Cache format, e.g. content=int4:g64,rope=int4:g64; default: the spec quantmla "
                   "calibrate recorded in the model's config.json, else f32");

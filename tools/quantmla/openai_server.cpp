@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -130,29 +131,10 @@ void refuse_unsupported(const json& body, bool chat) {
     bad_field(name, std::string(name) + " is not supported by this server (leave it out, or send " +
                         neutral + ")");
   };
-  // Numbers whose neutral values leave the distribution alone.
-  static const std::pair<const char*, std::vector<double>> numbers[] = {
-      {"presence_penalty", {0.0}},
-      {"frequency_penalty", {0.0}},
-      {"repetition_penalty", {1.0}},
-      {"top_k", {-1.0, 0.0}},
-      {"min_p", {0.0}},
-      {"min_tokens", {0.0}},
-      {"length_penalty", {1.0}}};
-  for (const auto& [name, neutral] : numbers) {
-    if (!present(name)) continue;
-    const json& v = body[name];
-    if (!v.is_number() ||
-        std::find(neutral.begin(), neutral.end(), v.get<double>()) == neutral.end()) {
-      unsupported(name, json(neutral.front()).dump());
-    }
-  }
-  if (present("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
-    unsupported("logit_bias", "{}");
-  }
-  if (present("stop_token_ids") &&
-      !(body["stop_token_ids"].is_array() && body["stop_token_ids"].empty())) {
-    unsupported("stop_token_ids", "[]");
+  // Beam search's (vLLM's), whose neutral value leaves the search alone.
+  if (present("length_penalty") &&
+      !(body["length_penalty"].is_number() && body["length_penalty"].get<double>() == 1.0)) {
+    unsupported("length_penalty", "1");
   }
   if (present("use_beam_search") && body["use_beam_search"] != json(false)) {
     unsupported("use_beam_search", "false");
@@ -173,6 +155,71 @@ void refuse_unsupported(const json& body, bool chat) {
   } else {
     if (present("echo") && body["echo"] != json(false)) unsupported("echo", "false");
     if (present("suffix") && body["suffix"] != json("")) unsupported("suffix", "\"\"");
+  }
+}
+
+// An integer field; `fallback` when absent or null.
+int64_t integer_field(const json& body, const char* name, int64_t fallback) {
+  if (!body.contains(name) || body[name].is_null()) return fallback;
+  if (!body[name].is_number_integer()) bad_field(name, std::string(name) + " must be an integer");
+  return body[name].get<int64_t>();
+}
+
+// vLLM's and OpenAI's sampling parameters beyond temperature and top-p
+// (quantmla/logits_controls.h): their types and ranges here, the token ids against the vocabulary
+// by the scheduler's checks.
+// Lists of token ids a request may give (each token of the request is checked against them).
+constexpr size_t kMaxControlTokens = 1024;
+
+void parse_controls(const json& body, Request& r) {
+  LogitsControls& c = r.controls;
+  const int64_t top_k = integer_field(body, "top_k", 0);
+  if (top_k < -1 || top_k > std::numeric_limits<int32_t>::max()) {
+    bad_field("top_k", "top_k is " + std::to_string(top_k) + ", expected -1 or 0 (all) or >= 1");
+  }
+  c.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));
+  c.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 0.0, 1.0));
+  c.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", 0.0, -2.0, 2.0));
+  c.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  c.repetition_penalty =
+      static_cast<float>(number_field(body, "repetition_penalty", 1.0, 0.01, 100.0));
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const json& bias = body["logit_bias"];
+    if (!bias.is_object() || bias.size() > kMaxControlTokens) {
+      bad_field("logit_bias", "logit_bias must be an object of at most " +
+                                  std::to_string(kMaxControlTokens) + " tokens");
+    }
+    for (const auto& [key, value] : bias.items()) {
+      // OpenAI's keys are token ids written as strings.
+      const bool digits =
+          !key.empty() && key.size() <= 9 &&
+          std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      if (!digits) {
+        bad_field("logit_bias", "logit_bias: key \"" + key + "\" is not a token id");
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+        bad_field("logit_bias",
+                  "logit_bias: the bias of token " + key + " must be a number in [-100, 100]");
+      }
+      c.logit_bias.emplace_back(std::stoi(key), value.get<float>());
+    }
+  }
+  r.min_tokens = integer_field(body, "min_tokens", 0);
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
+    bad_field("min_tokens", "min_tokens is " + std::to_string(r.min_tokens) +
+                                ", expected 0..max_tokens (" + std::to_string(r.max_tokens) + ")");
+  }
+  if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
+    const json& ids = body["stop_token_ids"];
+    if (!ids.is_array() || ids.size() > kMaxControlTokens ||
+        !std::all_of(ids.begin(), ids.end(), [](const json& v) {
+          return v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                 v.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+        })) {
+      bad_field("stop_token_ids", "stop_token_ids must be a list of at most " +
+                                      std::to_string(kMaxControlTokens) + " token ids");
+    }
+    for (const json& v : ids) r.stop_token_ids.push_back(v.get<int32_t>());
   }
 }
 
@@ -245,6 +292,7 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     }
     r.stop.erase(std::remove(r.stop.begin(), r.stop.end(), std::string()), r.stop.end());
   }
+  parse_controls(body, r);
   if (body.contains("ignore_eos")) {
     if (!body["ignore_eos"].is_boolean()) bad_field("ignore_eos", "ignore_eos must be a boolean");
     r.ignore_eos = body["ignore_eos"].get<bool>();
