@@ -608,6 +608,55 @@ TEST(Scheduler, RefusesBadControls) {
   EXPECT_FALSE(scheduler.has_work());
 }
 
+// Prompt logprobs are the log-softmax of a direct prefill's rows at each next prompt token, the
+// same whether the prompt runs in one chunk or several, and never twice after a preemption.
+TEST(Scheduler, PromptLogprobsScoreEveryPromptTokenOnce) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  const int64_t vocab = model.config().vocab_size;
+  Request r = tiny_request(model, {}, 30);
+  for (int t = 0; t < 119; ++t) r.prompt.push_back(static_cast<int32_t>(300 + 11 * t % 3000));
+  r.prompt_logprobs = 2;
+  const size_t n = r.prompt.size();
+
+  auto direct_pool = runner->make_pool(CacheFormat::f32(), 4);
+  const SequenceId seq = direct_pool->add_sequence();
+  direct_pool->reserve(seq, static_cast<int64_t>(n));
+  std::vector<float> logits(n * static_cast<size_t>(vocab));
+  runner->step(StepBatch{{{seq, r.prompt, LogitRows::kAll, {}}}}, *direct_pool, {logits, {}});
+
+  // Three requests on a small pool with a small budget: the prompt runs in chunks, and the
+  // later requests are preempted and recompute theirs.
+  std::vector<Request> requests(3, r);
+  requests[1].prompt_logprobs = -1;
+  const CpuRun run = run_on(*runner, 5, requests);
+  EXPECT_GT(run.preemptions, 0) << "the small pool did not force a preemption";
+  EXPECT_TRUE(run.finished[1].prompt_logprobs.empty());
+  for (const size_t k : {size_t{0}, size_t{2}}) {
+    const FinishedRequest& f = run.finished[k];
+    ASSERT_EQ(f.prompt_logprobs.size(), n - 1) << "request " << k;
+    for (size_t p = 0; p + 1 < n; ++p) {
+      const std::span<const float> row(logits.data() + p * static_cast<size_t>(vocab),
+                                       static_cast<size_t>(vocab));
+      double max_logit = -INFINITY, sum = 0;
+      for (float v : row) max_logit = std::max<double>(max_logit, v);
+      for (float v : row) sum += std::exp(v - max_logit);
+      const double expected = row[static_cast<size_t>(r.prompt[p + 1])] - max_logit - std::log(sum);
+      ASSERT_NEAR(f.prompt_logprobs[p].logprob, expected, 1e-4)
+          << "request " << k << ", token " << p + 1;
+      ASSERT_EQ(f.prompt_logprobs[p].top.size(), 2u);
+      EXPECT_GE(f.prompt_logprobs[p].top[0].second, f.prompt_logprobs[p].logprob);
+    }
+    EXPECT_EQ(f.tokens, run.finished[1].tokens) << "scoring the prompt changed the output";
+  }
+  Request bad = r;
+  bad.prompt_logprobs = 21;
+  auto pool = runner->make_pool(CacheFormat::f32(), 4);
+  Scheduler scheduler(*runner, *pool, {});
+  expect_contains(error_message<InvalidArgument>([&] { scheduler.add(bad); }),
+                  {"prompt_logprobs 21"});
+}
+
 // A request whose token callback throws (the server's text handling failed) ends with an error;
 // the engine thread and the other requests go on.
 TEST(ServingEngine, ACallbackThatThrowsEndsOnlyItsRequest) {

@@ -395,6 +395,51 @@ TEST_F(ServerTest, SamplingControlsChangeTheTokens) {
   EXPECT_EQ(held_tokens[3], tokens[0]);
 }
 
+// echo with logprobs scores a text, as lm-evaluation-harness asks OpenAI-style servers to: the
+// prompt's tokens come first, the first without a logprob, each other one's logprob the model's
+// for it after the tokens before it (checked against a request whose prompt stops before that
+// token and whose bias forces it: logprobs are the raw model's).
+TEST_F(ServerTest, EchoWithLogprobsScoresThePrompt) {
+  const std::vector<int32_t> prompt = {1, 400, 500, 600, 700, 800};
+  const json echoed = post(
+      *server_, "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}},
+      200);
+  const json& lp = echoed["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + 1) << echoed.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  const json plain = post(*server_, "/v1/completions",
+                          {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}}, 200);
+  const std::string text = echoed["choices"][0]["text"];
+  const std::string completion = plain["choices"][0]["text"];
+  ASSERT_GE(text.size(), completion.size());
+  EXPECT_EQ(text.substr(text.size() - completion.size()), completion);
+  EXPECT_EQ(echoed["usage"]["completion_tokens"], 1);
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    const json forced = post(*server_, "/v1/completions",
+                             {{"prompt", std::vector<int32_t>(prompt.begin(), prompt.begin() + p)},
+                              {"max_tokens", 1},
+                              {"temperature", 0},
+                              {"logprobs", 0},
+                              {"logit_bias", {{std::to_string(prompt[p]), 100}}}},
+                             200);
+    EXPECT_NEAR(lp["token_logprobs"][p].get<double>(),
+                forced["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), 1e-4)
+        << "prompt token " << p;
+    EXPECT_EQ(lp["tokens"][p], forced["choices"][0]["logprobs"]["tokens"][0]);
+    EXPECT_EQ(lp["top_logprobs"][p].size(), 1u);
+  }
+  for (size_t i = 1; i < lp["text_offset"].size(); ++i) {
+    EXPECT_EQ(
+        lp["text_offset"][i].get<size_t>(),
+        lp["text_offset"][i - 1].get<size_t>() + lp["tokens"][i - 1].get<std::string>().size());
+  }
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"echo", true}, {"stream", true}},
+                 400)["error"]["param"],
+            "echo");
+}
+
 TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
   const json bad_tokens =
       post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}}, 400);
@@ -414,7 +459,7 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
        std::vector<std::pair<std::string, json>>{{"length_penalty", 1.5},
                                                  {"use_beam_search", true},
                                                  {"best_of", 3},
-                                                 {"echo", true},
+                                                 {"prompt_logprobs", 1},
                                                  {"suffix", "end"}}) {
     const json refused = post(*server_, "/v1/completions", {{"prompt", "x"}, {name, value}}, 400);
     EXPECT_EQ(refused["error"]["param"], name);
@@ -705,6 +750,11 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"tools", "now"}}, 400,
                  {})["error"]["param"],
             "tools");
+  // vLLM's chat echo is not implemented: refused, not ignored.
+  EXPECT_EQ(post(server, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"echo", true}}, 400,
+                 {})["error"]["param"],
+            "echo");
   // JSON mode is not implemented: refused, not ignored; a text response_format is fine.
   EXPECT_EQ(post(server, "/v1/chat/completions",
                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},

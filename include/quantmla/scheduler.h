@@ -47,6 +47,11 @@ struct Request {
   // -1: no logprobs; 0..kMaxTopLogprobs: each generated token's logprob and this many of the
   // most likely tokens (the step then returns logits rows, which costs a copy of the vocabulary)
   int top_logprobs = -1;
+  // -1: none; 0..kMaxTopLogprobs: the logprob of every prompt token after the first, given the
+  // ones before it, and this many of the most likely tokens there (vLLM's prompt_logprobs,
+  // OpenAI's echo with logprobs: scoring a text). The prefill then returns a logits row per
+  // prompt token, a copy of the vocabulary each.
+  int prompt_logprobs = -1;
 };
 
 enum class FinishReason {
@@ -63,6 +68,8 @@ struct FinishedRequest {
   RequestId id = 0;
   std::vector<int32_t> tokens;         // generated, in order
   std::vector<TokenLogprob> logprobs;  // one per token when the request asked (top_logprobs >= 0)
+  // prompt_logprobs >= 0: one per prompt token after the first (the first has no context)
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason reason = FinishReason::kLength;
   double arrival_s = 0, first_token_s = -1, finish_s = 0;
   int64_t preemptions = 0;  // times it was preempted and recomputed

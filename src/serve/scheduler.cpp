@@ -76,7 +76,15 @@ struct Scheduler::Entry {
 
   int64_t known() const { return static_cast<int64_t>(tokens.size()); }
   int64_t generated() const { return known() - prompt_len; }
-  std::vector<TokenLogprob> logprobs;  // per generated token, when asked
+  std::vector<TokenLogprob> logprobs;         // per generated token, when asked
+  std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first, when asked
+
+  // Whether a chunk from position `first` still has prompt tokens to score (a recomputation
+  // after a preemption scores nothing twice).
+  bool scores_prompt_from(int64_t first) const {
+    const int64_t scored = static_cast<int64_t>(prompt_logprobs.size());
+    return request.prompt_logprobs >= 0 && scored < prompt_len - 1 && first <= scored;
+  }
 };
 
 int64_t effective_max_model_len(const SchedulerOptions& options, const ModelConfig& config) {
@@ -162,9 +170,13 @@ void Scheduler::validate(const Request& request) const {
                             " is outside the vocabulary [0, " + str(config.vocab_size) + ")");
     }
   }
-  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
-    throw InvalidArgument("request: top_logprobs " + str(request.top_logprobs) +
-                          " (need -1 for none, or 0.." + str(kMaxTopLogprobs) + ")");
+  for (const auto& [name, value] :
+       {std::pair<const char*, int>{"top_logprobs", request.top_logprobs},
+        {"prompt_logprobs", request.prompt_logprobs}}) {
+    if (value < -1 || value > kMaxTopLogprobs) {
+      throw InvalidArgument(std::string("request: ") + name + " " + str(value) +
+                            " (need -1 for none, or 0.." + str(kMaxTopLogprobs) + ")");
+    }
   }
   if (!request.stop.empty() && !detokenize_) {
     throw InvalidArgument("request: stop strings need a scheduler with a detokenizer");
@@ -289,6 +301,7 @@ FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishRea
   done.id = entry->id;
   done.tokens.assign(entry->tokens.begin() + entry->prompt_len, entry->tokens.end());
   done.logprobs = entry->logprobs;
+  done.prompt_logprobs = entry->prompt_logprobs;
   done.reason = reason;
   done.arrival_s = entry->arrival_s;
   done.first_token_s = entry->first_token_s;
@@ -367,29 +380,43 @@ StepReport Scheduler::step() {
   if (scheduled.empty()) return report;
 
   StepBatch batch;
-  int64_t sampled_rows = 0;
+  int64_t logit_rows = 0;
   bool want_logits = false;
-  for (const Scheduled& s : scheduled) {
+  std::vector<int64_t> first_row(scheduled.size());  // each chunk's first row of the outputs
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const Scheduled& s = scheduled[i];
     const bool completes = s.first + s.count == s.entry->known();
-    want_logits = want_logits ||
+    // A prefill chunk that scores prompt tokens returns a row per token (its last one, when it
+    // completes the sequence's known tokens, is also the row its next token is drawn from).
+    const bool scores = s.entry->scores_prompt_from(s.first);
+    want_logits = want_logits || scores ||
                   (completes && (s.entry->request.top_logprobs >= 0 || draws_on_host(*s.entry)));
     batch.chunks.push_back(
         {s.entry->sequence,
          std::span<const int32_t>(s.entry->tokens)
              .subspan(static_cast<size_t>(s.first), static_cast<size_t>(s.count)),
-         completes ? LogitRows::kLast : LogitRows::kNone, s.entry->request.sampling});
-    sampled_rows += completes ? 1 : 0;
+         scores      ? LogitRows::kAll
+         : completes ? LogitRows::kLast
+                     : LogitRows::kNone,
+         s.entry->request.sampling});
+    first_row[i] = logit_rows;
+    logit_rows += scores ? s.count : completes ? 1 : 0;
   }
-  std::vector<int32_t> sampled(static_cast<size_t>(sampled_rows));
+  std::vector<int32_t> sampled(static_cast<size_t>(logit_rows));
   const int64_t vocab = runner_.config().vocab_size;
-  if (want_logits) logits_.resize(static_cast<size_t>(sampled_rows * vocab));
+  if (want_logits) logits_.resize(static_cast<size_t>(logit_rows * vocab));
   runner_.step(batch, pool_,
                {want_logits ? std::span<float>(logits_) : std::span<float>(), sampled});
+  const auto logits_row = [&](int64_t row) {
+    return want_logits ? std::span<const float>(logits_).subspan(static_cast<size_t>(row * vocab),
+                                                                 static_cast<size_t>(vocab))
+                       : std::span<const float>();
+  };
 
   ++stats_.steps;
   bool any_decode = false;
-  size_t row = 0;
-  for (const Scheduled& s : scheduled) {
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const Scheduled& s = scheduled[i];
     const std::shared_ptr<Entry>& entry = s.entry;
     const bool is_decode = s.count == 1 && s.first > 0 && s.first + 1 == entry->known();
     report.tokens += s.count;
@@ -404,14 +431,22 @@ StepReport Scheduler::step() {
       stats_.recomputed_tokens +=
           std::max<int64_t>(0, std::min(entry->high_water, s.first + s.count) - s.first);
     }
+    int64_t row = first_row[i];
+    if (batch.chunks[i].logits == LogitRows::kAll) {
+      // Row j predicts the token after position s.first + j: prompt token p + 1 from row p.
+      for (int64_t p = s.first; p < s.first + s.count; ++p) {
+        if (p == static_cast<int64_t>(entry->prompt_logprobs.size()) && p + 1 < entry->prompt_len) {
+          entry->prompt_logprobs.push_back(token_logprob(logits_row(row + p - s.first),
+                                                         entry->tokens[static_cast<size_t>(p + 1)],
+                                                         entry->request.prompt_logprobs));
+        }
+      }
+      row += s.count - 1;
+    }
     entry->computed = s.first + s.count;
     if (entry->computed != entry->known()) continue;
-    const std::span<const float> logits =
-        want_logits ? std::span<const float>(logits_).subspan(static_cast<size_t>(row * vocab),
-                                                              static_cast<size_t>(vocab))
-                    : std::span<const float>();
+    const std::span<const float> logits = logits_row(row);
     const int32_t token = draws_on_host(*entry) ? draw_on_host(*entry, logits) : sampled[row];
-    ++row;
     entry->tokens.push_back(token);
     std::optional<TokenLogprob> logprob;
     if (entry->request.top_logprobs >= 0) {

@@ -101,6 +101,7 @@ struct Sampling {
   int n = 1;        // choices per prompt
   bool stream = false;
   bool include_usage = false;
+  bool echo = false;  // completions: the prompt before the completion (and in its logprobs)
 };
 
 double number_field(const json& body, const char* name, double fallback, double low, double high) {
@@ -147,13 +148,13 @@ void refuse_unsupported(const json& body, bool chat) {
     unsupported("best_of", "n");
   }
   if (chat) {
+    if (present("echo") && body["echo"] != json(false)) unsupported("echo", "false");
     if (present("response_format") &&
         !(body["response_format"].is_object() &&
           body["response_format"].value("type", json("text")) == json("text"))) {
       unsupported("response_format", "{\"type\": \"text\"}");
     }
   } else {
-    if (present("echo") && body["echo"] != json(false)) unsupported("echo", "false");
     if (present("suffix") && body["suffix"] != json("")) unsupported("suffix", "\"\"");
   }
 }
@@ -300,6 +301,13 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
   if (body.contains("stream")) {
     if (!body["stream"].is_boolean()) bad_field("stream", "stream must be a boolean");
     s.stream = body["stream"].get<bool>();
+  }
+  if (!chat && body.contains("echo") && !body["echo"].is_null()) {
+    if (!body["echo"].is_boolean()) bad_field("echo", "echo must be a boolean");
+    s.echo = body["echo"].get<bool>();
+    if (s.echo && s.stream) bad_field("echo", "echo is not supported with stream: true");
+    // OpenAI's way of scoring a text: echo with logprobs gives the prompt's tokens theirs.
+    if (s.echo) r.prompt_logprobs = r.top_logprobs;
   }
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json& options = body["stream_options"];
@@ -590,6 +598,34 @@ struct OpenAiServer::Impl {
             {"text_offset", offsets}};
   }
 
+  // Completions' logprobs with echo: the prompt's tokens first (the first one without a logprob,
+  // as OpenAI's), then the generated ones, one text offset running through both.
+  json echoed_logprobs_json(const std::vector<int32_t>& prompt, const FinishedRequest& f) const {
+    const std::string first = token_text(tokenizer, prompt[0]);
+    json out = {{"tokens", {first}},
+                {"token_logprobs", {nullptr}},
+                {"top_logprobs", {nullptr}},
+                {"text_offset", {0}}};
+    size_t offset = first.size();
+    const std::vector<int32_t> scored(prompt.begin() + 1, prompt.end());
+    for (const json& part :
+         {logprobs_json(scored, f.prompt_logprobs, 0, scored.size(), offset, false),
+          logprobs_json(
+              f.tokens, f.logprobs, 0, f.tokens.size(),
+              offset +
+                  [&] {
+                    size_t bytes = 0;
+                    for (const int32_t id : scored) bytes += token_text(tokenizer, id).size();
+                    return bytes;
+                  }(),
+              false)}) {
+      for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const json& v : part[key]) out[key].push_back(v);
+      }
+    }
+    return out;
+  }
+
   // The whole exchange of one completion or chat request.
   void serve(const httplib::Request& req, httplib::Response& res, bool chat) {
     check_auth(req);
@@ -640,14 +676,22 @@ struct OpenAiServer::Impl {
         StreamText t(tokenizer, stop);
         t.update(f.tokens, /*complete=*/true);
         json choice = {{"index", k}, {"finish_reason", finish_reason(f, t.stopped())}};
+        const std::vector<int32_t>& prompt = prompts[k / static_cast<size_t>(s.n)];
         if (chat) {
           choice["message"] = {{"role", "assistant"}, {"content", t.text()}};
+        } else if (s.echo) {
+          // The prompt's text as the tokenizer gives it back (special tokens skipped, as in the
+          // completion's text): a text prompt's own text.
+          StreamText echoed(tokenizer, {});
+          echoed.update(prompt, /*complete=*/true);
+          choice["text"] = echoed.text() + t.text();
         } else {
           choice["text"] = t.text();
         }
-        choice["logprobs"] = want_logprobs
-                                 ? logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), 0, chat)
-                                 : json(nullptr);
+        choice["logprobs"] = !want_logprobs ? json(nullptr)
+                             : s.echo
+                                 ? echoed_logprobs_json(prompt, f)
+                                 : logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), 0, chat);
         choices.push_back(choice);
         generated += f.tokens.size();
       }
