@@ -104,7 +104,8 @@ class InProcessServer {
   }
   ControlledRunner& runner() { return runner_; }
   int port() const { return server_.bound_port(); }
-  const PagePool& pool() const { return *pool_; }
+  // The pool as the engine thread last published it (the pool itself is that thread's).
+  EngineSnapshot snapshot() const { return engine_.snapshot(); }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", server_.bound_port());
     c.set_read_timeout(120, 0);
@@ -159,7 +160,7 @@ TEST(ServerErrors, AFailedEngineStepIsA500AndTheServerGoesOn) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   EXPECT_EQ(json::parse(ok->body)["usage"]["completion_tokens"], 3);
-  EXPECT_EQ(server.pool().used_pages(), 0);
+  EXPECT_EQ(server.snapshot().used_pages, 0);
 }
 
 TEST(ServerErrors, AFullQueueIsA503) {

@@ -371,6 +371,9 @@ struct OpenAiServer::Impl {
   std::optional<ChatTemplate> chat_template;
   std::string bos_token, eos_token;
   ServerOptions options;
+  // The port once bound (options.port, or the one the system chose for 0): read by other threads
+  // while listen() runs.
+  std::atomic<int> bound_port{0};
   httplib::Server http;
   std::atomic<int64_t> next_id{1};
   std::mutex metrics_mutex;
@@ -986,7 +989,7 @@ bool OpenAiServer::listen() {
                  "may be refused\n",
                  std::strerror(errno));
   }
-  s.options.port = port;
+  s.bound_port = port;
   std::fprintf(stderr, "serve: listening on http://%s:%d (model %s)\n", s.options.host.c_str(),
                port, s.options.served_model_name.c_str());
   return s.http.listen_after_bind();
@@ -1001,6 +1004,6 @@ void OpenAiServer::stop(std::chrono::milliseconds grace) {
   s.http.stop();
 }
 
-int OpenAiServer::bound_port() const { return impl_->options.port; }
+int OpenAiServer::bound_port() const { return impl_->bound_port; }
 
 }  // namespace quantmla::cli

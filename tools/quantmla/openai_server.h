@@ -39,6 +39,7 @@ class OpenAiServer {
   bool listen();
   // Stops serving once every streamed response has sent its last event, or after `grace`.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+  // The port being served once listen() has bound it (0 before); any thread may ask.
   int bound_port() const;
 
  private:
