@@ -50,6 +50,8 @@ PY
       printf '\x00{"prompt": "a b", "max_tokens": 5, "temperature": 0.7, "top_k": 40, "min_p": 0.1, '\
 '"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, '\
 '"logit_bias": {"7": -100, "1234": 5}, "min_tokens": 2, "stop_token_ids": [3, 9]}' >"$dir/controls"
+      printf '\x00{"prompt": [1, 400, 500, 600], "max_tokens": 1, "echo": true, "logprobs": 2, '\
+'"prompt_logprobs": 3}' >"$dir/scoring"
       printf '\x01{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", '\
 '"content": "hi"}], "max_tokens": 4, "logprobs": true, "top_logprobs": 3}' >"$dir/chat"
       printf '\x01{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '\

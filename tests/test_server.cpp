@@ -430,6 +430,33 @@ TEST_F(ServerTest, EchoWithLogprobsScoresThePrompt) {
     EXPECT_EQ(lp["tokens"][p], forced["choices"][0]["logprobs"]["tokens"][0]);
     EXPECT_EQ(lp["top_logprobs"][p].size(), 1u);
   }
+  // vLLM's prompt_logprobs: the same numbers, keyed by token id, with ranks; with echo's
+  // logprobs 1 beside it, each keeps its own number of alternatives.
+  const json vllm = post(*server_, "/v1/completions",
+                         {{"prompt", prompt},
+                          {"max_tokens", 1},
+                          {"temperature", 0},
+                          {"echo", true},
+                          {"logprobs", 1},
+                          {"prompt_logprobs", 3}},
+                         200);
+  const json& scored = vllm["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(scored.size(), prompt.size()) << vllm.dump();
+  EXPECT_TRUE(scored[0].is_null());
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    const json& own = scored[p][std::to_string(prompt[p])];
+    EXPECT_EQ(own["logprob"], lp["token_logprobs"][p]) << "prompt token " << p;
+    EXPECT_GE(own["rank"].get<int>(), 1);
+    EXPECT_GE(scored[p].size(), 3u);
+    EXPECT_LE(scored[p].size(), 4u);
+    size_t ranked_first = 0;
+    for (const auto& [id, v] : scored[p].items()) ranked_first += v["rank"] == 1 ? 1 : 0;
+    EXPECT_EQ(ranked_first, 1u);
+    EXPECT_EQ(vllm["choices"][0]["logprobs"]["top_logprobs"][p].size(), 1u);
+  }
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"prompt_logprobs", 21}},
+                 400)["error"]["param"],
+            "prompt_logprobs");
   for (size_t i = 1; i < lp["text_offset"].size(); ++i) {
     EXPECT_EQ(
         lp["text_offset"][i].get<size_t>(),
@@ -455,12 +482,8 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
             "n");
   post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 100000}}, 400);
   // Parameters this server does not implement are refused unless neutral, never ignored.
-  for (const auto& [name, value] :
-       std::vector<std::pair<std::string, json>>{{"length_penalty", 1.5},
-                                                 {"use_beam_search", true},
-                                                 {"best_of", 3},
-                                                 {"prompt_logprobs", 1},
-                                                 {"suffix", "end"}}) {
+  for (const auto& [name, value] : std::vector<std::pair<std::string, json>>{
+           {"length_penalty", 1.5}, {"use_beam_search", true}, {"best_of", 3}, {"suffix", "end"}}) {
     const json refused = post(*server_, "/v1/completions", {{"prompt", "x"}, {name, value}}, 400);
     EXPECT_EQ(refused["error"]["param"], name);
     EXPECT_NE(refused["error"]["message"].get<std::string>().find("not supported"),
@@ -750,6 +773,16 @@ TEST(Server, ChatWithATemplateAndStopOnSigterm) {
                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"tools", "now"}}, 400,
                  {})["error"]["param"],
             "tools");
+  // vLLM's prompt_logprobs on chat: beside the choices, one entry per token of the rendered prompt.
+  const json scored = post(server, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+                            {"max_tokens", 1},
+                            {"prompt_logprobs", 0}},
+                           200, {});
+  ASSERT_TRUE(scored.contains("prompt_logprobs")) << scored.dump();
+  EXPECT_EQ(scored["prompt_logprobs"].size(), scored["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_TRUE(scored["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(scored["prompt_logprobs"][1].size(), 1u) << "the token's own entry alone";
   // vLLM's chat echo is not implemented: refused, not ignored.
   EXPECT_EQ(post(server, "/v1/chat/completions",
                  {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"echo", true}}, 400,

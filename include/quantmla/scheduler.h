@@ -26,7 +26,8 @@ using RequestId = int64_t;
 // The model's log-probabilities around one generated token (log-softmax of the raw logits, before
 // temperature and top-p, as OpenAI's and vLLM's logprobs).
 struct TokenLogprob {
-  float logprob = 0.0f;                        // of the token generated
+  float logprob = 0.0f;                        // of the token generated (or scored)
+  int64_t rank = 1;                            // 1 + the tokens more likely than it
   std::vector<std::pair<int32_t, float>> top;  // the most likely tokens, most likely first
 };
 inline constexpr int kMaxTopLogprobs = 20;

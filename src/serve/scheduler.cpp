@@ -30,6 +30,8 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top
   const double log_z = max_logit + std::log(sum);
   TokenLogprob out;
   out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  const float own = logits[static_cast<size_t>(token)];
+  out.rank = 1 + std::count_if(logits.begin(), logits.end(), [own](float v) { return v > own; });
   std::vector<int32_t> ids(logits.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   const size_t k = std::min(static_cast<size_t>(top), ids.size());

@@ -102,6 +102,9 @@ struct Sampling {
   bool stream = false;
   bool include_usage = false;
   bool echo = false;  // completions: the prompt before the completion (and in its logprobs)
+  // vLLM's prompt_logprobs: -1 none, else each prompt token's logprob and rank with this many
+  // alternatives (completions: in each choice; chat: beside the choices)
+  int prompt_logprobs = -1;
 };
 
 double number_field(const json& body, const char* name, double fallback, double low, double high) {
@@ -140,7 +143,6 @@ void refuse_unsupported(const json& body, bool chat) {
   if (present("use_beam_search") && body["use_beam_search"] != json(false)) {
     unsupported("use_beam_search", "false");
   }
-  if (present("prompt_logprobs")) unsupported("prompt_logprobs", "null");
   if (present("best_of") &&
       !(body["best_of"].is_number_integer() &&
         body["best_of"].get<int64_t>() ==
@@ -308,6 +310,17 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     if (s.echo && s.stream) bad_field("echo", "echo is not supported with stream: true");
     // OpenAI's way of scoring a text: echo with logprobs gives the prompt's tokens theirs.
     if (s.echo) r.prompt_logprobs = r.top_logprobs;
+  }
+  if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
+    // Compared as 64-bit integers: a cast to int first would wrap 2^32 + 5 to 5.
+    const int64_t count = integer_field(body, "prompt_logprobs", -1);
+    if (count < 0 || count > kMaxTopLogprobs) {
+      bad_field("prompt_logprobs", "prompt_logprobs must be an integer in [0, 20]");
+    }
+    if (s.stream)
+      bad_field("prompt_logprobs", "prompt_logprobs is not supported with stream: true");
+    s.prompt_logprobs = static_cast<int>(count);
+    r.prompt_logprobs = std::max(r.prompt_logprobs, s.prompt_logprobs);
   }
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json& options = body["stream_options"];
@@ -601,9 +614,35 @@ struct OpenAiServer::Impl {
             {"text_offset", offsets}};
   }
 
+  // vLLM's prompt_logprobs: null for the first prompt token, then for each other one a map from
+  // token ids to {logprob, rank, decoded_token}: the token's own and its `top` alternatives.
+  json vllm_prompt_logprobs_json(const std::vector<int32_t>& prompt,
+                                 const std::vector<TokenLogprob>& lps, int top) const {
+    json out = json::array({nullptr});
+    for (size_t i = 0; i < lps.size() && i + 1 < prompt.size(); ++i) {
+      const int32_t id = prompt[i + 1];
+      json entry = {{std::to_string(id),
+                     {{"logprob", lps[i].logprob},
+                      {"rank", lps[i].rank},
+                      {"decoded_token", token_text(tokenizer, id)}}}};
+      for (size_t j = 0; j < lps[i].top.size() && j < static_cast<size_t>(top); ++j) {
+        const auto& [alternative, lp] = lps[i].top[j];
+        const std::string key = std::to_string(alternative);
+        if (entry.contains(key)) continue;
+        entry[key] = {{"logprob", lp},
+                      {"rank", j + 1},
+                      {"decoded_token", token_text(tokenizer, alternative)}};
+      }
+      out.push_back(entry);
+    }
+    return out;
+  }
+
   // Completions' logprobs with echo: the prompt's tokens first (the first one without a logprob,
-  // as OpenAI's), then the generated ones, one text offset running through both.
-  json echoed_logprobs_json(const std::vector<int32_t>& prompt, const FinishedRequest& f) const {
+  // as OpenAI's), then the generated ones, one text offset running through both. `top`: the
+  // alternatives asked for (the prompt's may have been scored with more, for prompt_logprobs).
+  json echoed_logprobs_json(const std::vector<int32_t>& prompt, const FinishedRequest& f,
+                            int top) const {
     const std::string first = token_text(tokenizer, prompt[0]);
     json out = {{"tokens", {first}},
                 {"token_logprobs", {nullptr}},
@@ -611,17 +650,21 @@ struct OpenAiServer::Impl {
                 {"text_offset", {0}}};
     size_t offset = first.size();
     const std::vector<int32_t> scored(prompt.begin() + 1, prompt.end());
-    for (const json& part :
-         {logprobs_json(scored, f.prompt_logprobs, 0, scored.size(), offset, false),
-          logprobs_json(
-              f.tokens, f.logprobs, 0, f.tokens.size(),
-              offset +
-                  [&] {
-                    size_t bytes = 0;
-                    for (const int32_t id : scored) bytes += token_text(tokenizer, id).size();
-                    return bytes;
-                  }(),
-              false)}) {
+    std::vector<TokenLogprob> prompt_lps = f.prompt_logprobs;
+    for (TokenLogprob& lp : prompt_lps) {
+      lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(top)));
+    }
+    for (const json& part : {logprobs_json(scored, prompt_lps, 0, scored.size(), offset, false),
+                             logprobs_json(
+                                 f.tokens, f.logprobs, 0, f.tokens.size(),
+                                 offset +
+                                     [&] {
+                                       size_t bytes = 0;
+                                       for (const int32_t id : scored)
+                                         bytes += token_text(tokenizer, id).size();
+                                       return bytes;
+                                     }(),
+                                 false)}) {
       for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
         for (const json& v : part[key]) out[key].push_back(v);
       }
@@ -667,6 +710,7 @@ struct OpenAiServer::Impl {
     res.set_header("X-Request-Id", id);
     if (!s.stream) {
       json choices = json::array();
+      json prompt_logprobs = nullptr;
       size_t generated = 0;
       for (size_t k = 0; k < channels.size(); ++k) {
         std::unique_lock lock(channels[k]->mutex);
@@ -693,14 +737,25 @@ struct OpenAiServer::Impl {
         }
         choice["logprobs"] = !want_logprobs ? json(nullptr)
                              : s.echo
-                                 ? echoed_logprobs_json(prompt, f)
+                                 ? echoed_logprobs_json(prompt, f, s.request.top_logprobs)
                                  : logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), 0, chat);
+        if (s.prompt_logprobs >= 0) {
+          const json scored =
+              vllm_prompt_logprobs_json(prompt, f.prompt_logprobs, s.prompt_logprobs);
+          // vLLM's place for it: each completion choice, or beside a chat's choices.
+          if (chat) {
+            prompt_logprobs = scored;
+          } else {
+            choice["prompt_logprobs"] = scored;
+          }
+        }
         choices.push_back(choice);
         generated += f.tokens.size();
       }
-      const json out = {{"id", id},           {"object", object},
-                        {"created", created}, {"model", options.served_model_name},
-                        {"choices", choices}, {"usage", usage(generated)}};
+      json out = {{"id", id},           {"object", object},
+                  {"created", created}, {"model", options.served_model_name},
+                  {"choices", choices}, {"usage", usage(generated)}};
+      if (chat && s.prompt_logprobs >= 0) out["prompt_logprobs"] = prompt_logprobs;
       res.set_content(dump(out), "application/json");
       return;
     }
