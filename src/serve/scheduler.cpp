@@ -81,11 +81,12 @@ struct Scheduler::Entry {
   std::vector<TokenLogprob> logprobs;         // per generated token, when asked
   std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first, when asked
 
-  // Whether a chunk from position `first` still has prompt tokens to score (a recomputation
-  // after a preemption scores nothing twice).
-  bool scores_prompt_from(int64_t first) const {
-    const int64_t scored = static_cast<int64_t>(prompt_logprobs.size());
-    return request.prompt_logprobs >= 0 && scored < prompt_len - 1 && first <= scored;
+  // Whether the chunk of `count` tokens from position `first` holds the next prompt token to
+  // score (a recomputation after a preemption scores nothing twice).
+  bool scores_prompt(int64_t first, int64_t count) const {
+    const int64_t next = static_cast<int64_t>(prompt_logprobs.size());
+    return request.prompt_logprobs >= 0 && next < prompt_len - 1 && first <= next &&
+           next < first + count;
   }
 };
 
@@ -390,7 +391,7 @@ StepReport Scheduler::step() {
     const bool completes = s.first + s.count == s.entry->known();
     // A prefill chunk that scores prompt tokens returns a row per token (its last one, when it
     // completes the sequence's known tokens, is also the row its next token is drawn from).
-    const bool scores = s.entry->scores_prompt_from(s.first);
+    const bool scores = s.entry->scores_prompt(s.first, s.count);
     want_logits = want_logits || scores ||
                   (completes && (s.entry->request.top_logprobs >= 0 || draws_on_host(*s.entry)));
     batch.chunks.push_back(

@@ -317,8 +317,9 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     if (count < 0 || count > kMaxTopLogprobs) {
       bad_field("prompt_logprobs", "prompt_logprobs must be an integer in [0, 20]");
     }
-    if (s.stream)
+    if (s.stream) {
       bad_field("prompt_logprobs", "prompt_logprobs is not supported with stream: true");
+    }
     s.prompt_logprobs = static_cast<int>(count);
     r.prompt_logprobs = std::max(r.prompt_logprobs, s.prompt_logprobs);
   }
@@ -654,17 +655,11 @@ struct OpenAiServer::Impl {
     for (TokenLogprob& lp : prompt_lps) {
       lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(top)));
     }
-    for (const json& part : {logprobs_json(scored, prompt_lps, 0, scored.size(), offset, false),
-                             logprobs_json(
-                                 f.tokens, f.logprobs, 0, f.tokens.size(),
-                                 offset +
-                                     [&] {
-                                       size_t bytes = 0;
-                                       for (const int32_t id : scored)
-                                         bytes += token_text(tokenizer, id).size();
-                                       return bytes;
-                                     }(),
-                                 false)}) {
+    const json prompt_part = logprobs_json(scored, prompt_lps, 0, scored.size(), offset, false);
+    for (const int32_t id : scored) offset += token_text(tokenizer, id).size();
+    const json generated_part =
+        logprobs_json(f.tokens, f.logprobs, 0, f.tokens.size(), offset, false);
+    for (const json& part : {prompt_part, generated_part}) {
       for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
         for (const json& v : part[key]) out[key].push_back(v);
       }
