@@ -36,7 +36,27 @@ const chatStream = await client.chat.completions.create({
 for await (const chunk of chatStream) chatStreamed += chunk.choices[0]?.delta?.content ?? "";
 assert.equal(chatStreamed, chat.choices[0].message.content);
 
+// OpenAI's sampling controls as the client sends them: a +100 bias makes one token every token,
+// a presence penalty then has to leave it, and echo with logprobs scores the prompt.
+const biased = await client.completions.create({
+  model: "mla-tiny", prompt: "The Debian package manager", max_tokens: 4, temperature: 0,
+  logit_bias: { "1234": 100 }, logprobs: 0,
+});
+assert.deepEqual(new Set(biased.choices[0].logprobs.tokens).size, 1);
+const penalized = await client.chat.completions.create({
+  model: "mla-tiny", messages: [{ role: "user", content: "Hello!" }], max_tokens: 6, temperature: 0,
+  presence_penalty: 2, frequency_penalty: 1,
+});
+assert.equal(penalized.choices[0].message.role, "assistant");
+const echoed = await client.completions.create({
+  model: "mla-tiny", prompt: [1, 400, 500, 600], max_tokens: 1, temperature: 0, echo: true,
+  logprobs: 1,
+});
+assert.equal(echoed.choices[0].logprobs.token_logprobs.length, 5);
+assert.equal(echoed.choices[0].logprobs.token_logprobs[0], null);
+assert.ok(echoed.choices[0].logprobs.token_logprobs[1] < 0);
+
 await assert.rejects(
   client.completions.create({ model: "mla-tiny", prompt: "x", max_tokens: -1 }),
   (error) => error.status === 400);
-console.log("openai client: models, completions, chat, streaming: ok");
+console.log("openai client: models, completions, chat, streaming, sampling controls, echo: ok");
