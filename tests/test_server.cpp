@@ -591,6 +591,18 @@ TEST_F(ServerTest, EveryRequestHasALogLine) {
       "request cmpl-[0-9]+: status 200, length, prompt [0-9]+ tokens, generated 3, ttft "
       "[0-9.]+ ms, total [0-9.]+ ms");
   EXPECT_TRUE(log_shows(*server_, line)) << server_->log();
+  // A refused request's line carries the error's message, also for a client that accepts a
+  // compressed answer (the line was once read back from the body, compressed by then).
+  httplib::Client c = server_->client();
+  httplib::Headers compressed = kAuth;
+  compressed.emplace("Accept-Encoding", "gzip, deflate, br");
+  const auto refused =
+      c.Post("/v1/completions", compressed, R"({"prompt": "x", "top_k": -7})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_TRUE(log_shows(*server_, std::regex("request -: status 400, POST /v1/completions: "
+                                             "top_k is -7")))
+      << server_->log();
 }
 
 TEST_F(ServerTest, ClientThatGoesAwayCancelsItsRequest) {

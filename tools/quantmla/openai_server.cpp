@@ -20,6 +20,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "quantmla/error.h"
@@ -81,9 +82,15 @@ std::string error_json(const ApiError& e) {
   return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The message of the error this thread last answered with, for the request's log line: httplib
+// logs a response after compressing its body for a client that accepts gzip or brotli, so the
+// logger cannot read it back from there. Each request is answered and logged on one thread.
+thread_local std::string answered_error;
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_json(e), "application/json");
+  answered_error = e.message;
 }
 
 // What a request's HTTP thread waits on: the engine thread appends tokens and the end.
@@ -972,12 +979,8 @@ struct OpenAiServer::Impl {
     // One line for each request answered with an error before it reached the engine; those that
     // reached it are logged when they end (record).
     http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+      const std::string message = std::exchange(answered_error, std::string());
       if (res.status < 400 || res.has_header("X-Request-Id")) return;
-      const json body = json::parse(res.body, nullptr, false);
-      std::string message;
-      if (body.is_object() && body.contains("error") && body["error"].is_object()) {
-        message = body["error"].value("message", "");
-      }
       std::fprintf(stderr, "request -: status %d, %s %s: %s\n", res.status, req.method.c_str(),
                    req.path.c_str(), message.c_str());
     });
@@ -986,10 +989,8 @@ struct OpenAiServer::Impl {
       const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                   : res.status == 413 ? "the request body is too large"
                                                       : "HTTP error " + std::to_string(res.status);
-      res.set_content(
-          error_json({res.status, message,
-                      res.status == 404 ? "NotFoundError" : "invalid_request_error", ""}),
-          "application/json");
+      send_error(res, {res.status, message,
+                       res.status == 404 ? "NotFoundError" : "invalid_request_error", ""});
     });
     http.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
