@@ -457,6 +457,22 @@ TEST_F(ServerTest, EchoWithLogprobsScoresThePrompt) {
   EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"prompt_logprobs", 21}},
                  400)["error"]["param"],
             "prompt_logprobs");
+  // max_tokens 0 with echo: the prompt alone, scored (the common way to score a text).
+  const json prompt_only = post(
+      *server_, "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 0}, {"temperature", 0}, {"echo", true}, {"logprobs", 1}},
+      200);
+  const json& only = prompt_only["choices"][0]["logprobs"];
+  ASSERT_EQ(only["tokens"].size(), prompt.size()) << prompt_only.dump();
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    EXPECT_EQ(only["token_logprobs"][p], lp["token_logprobs"][p]) << "prompt token " << p;
+  }
+  EXPECT_EQ(prompt_only["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(prompt_only["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(text.substr(0, text.size() - completion.size()), prompt_only["choices"][0]["text"]);
+  EXPECT_EQ(post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 0}},
+                 400)["error"]["param"],
+            "max_tokens");
   for (size_t i = 1; i < lp["text_offset"].size(); ++i) {
     EXPECT_EQ(
         lp["text_offset"][i].get<size_t>(),

@@ -108,7 +108,8 @@ struct Sampling {
   int n = 1;        // choices per prompt
   bool stream = false;
   bool include_usage = false;
-  bool echo = false;  // completions: the prompt before the completion (and in its logprobs)
+  bool echo = false;         // completions: the prompt before the completion (and in its logprobs)
+  bool prompt_only = false;  // echo with max_tokens 0: the prompt without a completion
   // vLLM's prompt_logprobs: -1 none, else each prompt token's logprob and rank with this many
   // alternatives (completions: in each choice; chat: beside the choices)
   int prompt_logprobs = -1;
@@ -238,7 +239,8 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
   Sampling s;
   Request& r = s.request;
   if (body.contains("max_tokens") && !body["max_tokens"].is_null()) {
-    if (!body["max_tokens"].is_number_integer() || body["max_tokens"].get<int64_t>() < 1) {
+    // 0 only to echo a prompt with its logprobs (checked with echo below).
+    if (!body["max_tokens"].is_number_integer() || body["max_tokens"].get<int64_t>() < 0) {
       bad_field("max_tokens", "max_tokens must be a positive integer");
     }
     r.max_tokens = body["max_tokens"].get<int64_t>();
@@ -317,6 +319,12 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     if (s.echo && s.stream) bad_field("echo", "echo is not supported with stream: true");
     // OpenAI's way of scoring a text: echo with logprobs gives the prompt's tokens theirs.
     if (s.echo) r.prompt_logprobs = r.top_logprobs;
+  }
+  if (r.max_tokens == 0) {
+    // The prompt alone, echoed: the request runs one token, which the answer leaves out.
+    if (!s.echo) bad_field("max_tokens", "max_tokens must be a positive integer (0 needs echo)");
+    s.prompt_only = true;
+    r.max_tokens = 1;
   }
   if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
     // Compared as 64-bit integers: a cast to int first would wrap 2^32 + 5 to 5.
@@ -717,10 +725,15 @@ struct OpenAiServer::Impl {
       for (size_t k = 0; k < channels.size(); ++k) {
         std::unique_lock lock(channels[k]->mutex);
         channels[k]->changed.wait(lock, [&] { return channels[k]->done.has_value(); });
-        const FinishedRequest f = *channels[k]->done;
+        FinishedRequest f = *channels[k]->done;
         lock.unlock();
         if (f.reason == FinishReason::kError) {
           throw ApiError{500, "the engine failed while running the request", "server_error", ""};
+        }
+        if (s.prompt_only) {  // the token it ran is not part of the answer
+          f.tokens.clear();
+          f.logprobs.clear();
+          f.reason = FinishReason::kLength;
         }
         StreamText t(tokenizer, stop);
         t.update(f.tokens, /*complete=*/true);
