@@ -515,6 +515,7 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
                                                  {"top_k", 1.5},
                                                  {"min_p", 1.1},
                                                  {"min_tokens", 2},  // above max_tokens
+                                                 {"min_tokens", json::array()},
                                                  {"logit_bias", {{"fifty", 1}}},
                                                  {"logit_bias", {{"5", 101}}},
                                                  {"logit_bias", json::array()},
@@ -525,6 +526,10 @@ TEST_F(ServerTest, ErrorsUseOpenAiObjects) {
         post(*server_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}, {name, value}}, 400);
     EXPECT_EQ(refused["error"]["param"], name) << name << " = " << value.dump();
   }
+  EXPECT_EQ(post(*server_, "/v1/completions",
+                 {{"prompt", "x"}, {"max_tokens", 4}, {"min_tokens", 2}, {"stop", "a"}},
+                 400)["error"]["param"],
+            "min_tokens");
   // Token ids outside the vocabulary (checked by the scheduler): a 400 that says so.
   for (const auto& [name, value] : std::vector<std::pair<std::string, json>>{
            {"logit_bias", {{"999999", 5}}}, {"stop_token_ids", {999999}}}) {

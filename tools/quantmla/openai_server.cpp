@@ -305,6 +305,11 @@ Sampling parse_sampling(const json& body, int64_t default_max_tokens, bool chat)
     r.stop.erase(std::remove(r.stop.begin(), r.stop.end(), std::string()), r.stop.end());
   }
   parse_controls(body, r);
+  if (r.min_tokens > 0 && !r.stop.empty()) {
+    // The visible text is cut at a stop string wherever it stands, while min_tokens would have
+    // the request go on past one in its first tokens: the two do not mix here.
+    bad_field("min_tokens", "min_tokens is not supported together with stop strings");
+  }
   if (body.contains("ignore_eos")) {
     if (!body["ignore_eos"].is_boolean()) bad_field("ignore_eos", "ignore_eos must be a boolean");
     r.ignore_eos = body["ignore_eos"].get<bool>();
