@@ -36,7 +36,7 @@ struct Request {
   std::vector<int32_t> prompt;  // token ids, BOS included if the model wants one
   SamplerOptions sampling;
   // top-k, min-p, penalties, biases: a request that sets any is drawn on the host from its logit
-  // rows (logits_controls.h), which costs a copy of the vocabulary a token
+  // rows (logits_controls.h); its steps then return every sampled row's logits (as logprobs do)
   LogitsControls controls;
   int64_t max_tokens = 16;  // generated tokens at most (>= 1)
   // Until this many tokens are generated (<= max_tokens), EOS and the stop token ids cannot be
