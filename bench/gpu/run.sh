@@ -77,6 +77,8 @@ timeout 120 "$build/tests/gpu/test_gpu_mla" --quick >"$out/test-quick.txt" 2>&1 
   exit 1
 }
 "$build/tests/gpu/test_wgmma_operands" 2>&1 | tee "$out/test-wgmma-operands.txt" || status=1
+"$build/tests/gpu/test_transposed_operands" 2>&1 | tee "$out/test-transposed-operands.txt" ||
+  status=1
 "$build/tests/gpu/test_gpu_mla" 2>&1 | tee "$out/test.txt" || status=1
 phase tests
 echo "== compute-sanitizer memcheck (quick cases)"

@@ -52,15 +52,19 @@ std::string decode_kernel_name() {
   return forced == nullptr ? "auto" : forced;
 }
 
-// Runs f once per decode kernel that reads `spec`: both where the fragment kernel does
-// (gpu::fragments_kernel_reads, the plan's own predicate), with each forced in turn; the tiled one
-// alone otherwise.
+// Runs f once per 16-row decode kernel that reads `spec`, each forced in turn: the tiled one, and
+// the fragment or the transposed one where it reads the format (gpu::fragments_kernel_reads,
+// gpu::transposed_kernel_reads: the plan's own predicates); the tiled one alone otherwise.
 void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
-  if (!gpu::fragments_kernel_reads(CacheFormat::parse(spec))) {
+  const CacheFormat format = CacheFormat::parse(spec);
+  const char* other = gpu::fragments_kernel_reads(format)    ? "fragments"
+                      : gpu::transposed_kernel_reads(format) ? "transposed"
+                                                             : nullptr;
+  if (other == nullptr) {
     f();
     return;
   }
-  for (const char* kernel : {"tiled", "fragments"}) {
+  for (const char* kernel : {"tiled", other}) {
     setenv("QUANTMLA_DECODE_KERNEL", kernel, 1);
     f();
   }
@@ -680,6 +684,14 @@ void run_error_cases() {
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
+  setenv("QUANTMLA_DECODE_KERNEL", "transposed", 1);
+  expect_throws<InvalidArgument>("the transposed kernel forced on an int4 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);
+  });
+  expect_throws<InvalidArgument>(
+      "the transposed kernel forced on BF16 content with an int4 RoPE key", [&] {
+        gpu::MlaDecodePlan plan(CacheFormat::parse("content=bf16,rope=int4:g64"), {100}, 1, 16);
+      });
   setenv("QUANTMLA_DECODE_KERNEL", "warpgroup", 1);
   expect_throws<InvalidArgument>(
       "the warpgroup kernel forced on BF16 content with an int4 RoPE key", [&] {
@@ -727,7 +739,8 @@ int main(int argc, char** argv) {
           for_each_decode_kernel(spec, [spec] { run_mutation_checks(spec); });
         }
         run_mutation_checks("content=fp8,rope=bf16");
-        run_mutation_checks("content=bf16,rope=bf16");
+        for_each_decode_kernel("content=bf16,rope=bf16",
+                               [] { run_mutation_checks("content=bf16,rope=bf16"); });
         for (const std::string& spec : kFormats) {
           for_each_decode_kernel(spec, [&] {
             for (const int first_len : {1, 505, 13309}) run_batch_invariance_case(spec, first_len);
@@ -758,6 +771,12 @@ int main(int argc, char** argv) {
             run_decode_case({"content=int2:g64,rope=bf16", 128, 2, {4097, 70, 2}, 0});
           });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
+          // The transposed kernel on long sequences (its two page stages cycled many times) and at
+          // 128 heads (eight 16-row blocks a token).
+          for_each_decode_kernel("content=bf16,rope=bf16", [] {
+            run_decode_case({"content=bf16,rope=bf16", 16, 1, {20000, 3, 64}, 0});
+            run_decode_case({"content=bf16,rope=bf16", 128, 2, {4097, 70, 2}, 0});
+          });
         }
         // The warpgroup kernels (64 rows a block; a BF16 cache on the seesaw schedule), forced:
         // every format they read at 64 or 128 heads, lengths around a page, s_q 1 and 2; padded

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_fragments.cuh"
 #include "kernels/cuda/decode_schedule.h"
+#include "kernels/cuda/decode_transposed.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -134,12 +135,15 @@ int fragments_min_batch(const CacheFormat& format) {
 // stay faster.
 constexpr int kWarpgroupMinHeads = 64;
 constexpr int kWarpgroupMinBatchQuantized = 2;
+constexpr int kTransposedMaxHeads = 16;
 
-// The one place that chooses the kernel of a plan. QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup
-// forces one (benchmarks and tests time and check each); unset or "auto": the warpgroup kernel
+// The one place that chooses the kernel of a plan.
+// QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup|transposed forces one (benchmarks and tests time
+// and check each); unset or "auto": the warpgroup kernel
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
 // kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
-// rows), else the fragment kernel where it reads the format and the batch has at least
+// rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
+// batch-invariant), else the fragment kernel where it reads the format and the batch has at least
 // fragments_min_batch(format) sequences.
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant) {
@@ -156,6 +160,14 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     }
     return DecodeKernel::kWarpgroup;
   }
+  if (choice == "transposed") {
+    if (!transposed_kernel_reads(format)) {
+      throw InvalidArgument(
+          "QUANTMLA_DECODE_KERNEL=transposed: the transposed kernel reads a bf16 cache only, not " +
+          format.to_string());
+    }
+    return DecodeKernel::kTransposed;
+  }
   if (choice == "fragments") {
     if (!fragments_kernel_reads(format)) {
       throw InvalidArgument(
@@ -167,13 +179,18 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   }
   if (choice != "auto") {
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
-                          ": expected tiled, fragments, warpgroup or auto");
+                          ": expected tiled, fragments, warpgroup, transposed or auto");
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
   if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
       (bf16 || batch >= kWarpgroupMinBatchQuantized)) {
     return DecodeKernel::kWarpgroup;
   }
+  // A BF16 cache at up to 16 heads: the transposed kernel was faster than the tiled one at every
+  // measured batch and context (H100, 2026-12-05: 1.03-1.08x FlashMLA from batch 16 at 32K and
+  // 128K, the tiled one 0.99-1.03x; docs/benchmarks.md). Heads 17-63 stay on the tiled kernel
+  // until measured there.
+  if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) return DecodeKernel::kTransposed;
   return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
              ? DecodeKernel::kFragments
              : DecodeKernel::kTiled;
@@ -203,6 +220,11 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
     shape.max_row_tiles = kWarpgroupRows / 16;
+    return shape;
+  }
+  if (shape.kernel == DecodeKernel::kTransposed) {
+    shape.blocks_per_multiprocessor = kTransposedBlocksPerSm;
+    shape.max_row_tiles = 1;
     return shape;
   }
   const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
@@ -388,6 +410,7 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 
 int MlaDecodePlan::keys_per_step() const {
   if (state_->kernel == DecodeKernel::kWarpgroup) return kWarpgroupStepKeys;
+  if (state_->kernel == DecodeKernel::kTransposed) return kTransposedStepKeys;
   int keys = 0;
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
@@ -461,6 +484,8 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
     using Rope = decltype(rope);
     if (state.kernel == DecodeKernel::kWarpgroup) {
       launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items, stream);
+    } else if (state.kernel == DecodeKernel::kTransposed) {
+      launch_decode_transposed(kernel, layout.items, stream);
     } else if (state.kernel == DecodeKernel::kFragments) {
       if constexpr (kFragmentContent<Content>) {
         launch_decode_fragments<Content, Rope>(kernel, layout.items, stream);

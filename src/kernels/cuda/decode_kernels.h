@@ -9,9 +9,10 @@
 namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block), the fragment one
-// (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and the warpgroup one
-// (decode_warpgroup.cuh, 64 rows a block on wgmma, padded).
-enum class DecodeKernel { kTiled, kFragments, kWarpgroup };
+// (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block), the warpgroup one
+// (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
+// (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M).
+enum class DecodeKernel { kTiled, kFragments, kWarpgroup, kTransposed };
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run
 // time and for decode_fragments.cuh's kFragmentContent at compile time.
@@ -38,5 +39,14 @@ inline bool warpgroup_kernel_reads(const CacheFormat& format) {
 inline constexpr int kWarpgroupRows = 64;
 inline constexpr int kWarpgroupStepKeys = 64;
 inline constexpr int kWarpgroupBlocksPerSm = 1;
+
+// What the transposed kernel reads: a BF16 cache (content and RoPE key), whose pages its tensor
+// maps copy as they are; its shape, for the plan: 16 query rows a block (wgmma's N, the keys
+// being its M), a page a softmax step, one block an SM (two page stages of 72 KB).
+inline bool transposed_kernel_reads(const CacheFormat& format) {
+  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+}
+inline constexpr int kTransposedStepKeys = 64;
+inline constexpr int kTransposedBlocksPerSm = 1;
 
 }  // namespace quantmla::gpu

@@ -189,6 +189,39 @@ __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a,
 #undef QUANTMLA_WGMMA_SS
 }
 
+// d (+)= A B^T over 64 x 16 x 16, both operands BF16 from shared memory (descriptors): A K-major
+// or, with kTransposeA, MN-major (wgmma_descriptor_mn: 64 consecutive M of one k in each 128-byte
+// row); B K-major. d holds the accumulators as mma.m16n8's two n-tiles (d[n][i]: columns
+// 8 n + 2 (t % 4) + i % 2 of row 16 (t / 32) + (t % 32) / 4, + 8 for i >= 2), an m64n16 product's
+// 8 registers. Accumulates into d when `accumulate`, overwrites it otherwise (written into the
+// instruction's text: a constant once the caller's loops are unrolled).
+template <bool kTransposeA>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[2][4], uint64_t a, uint64_t b,
+                                                   bool accumulate) {
+#define QUANTMLA_WGMMA_N16_SS(kScaleD, kTranspose)                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                   \
+               ", 0;\n"                                                                       \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"                         \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, " #kTranspose ", 0;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),   \
+                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])                                  \
+               : "l"(a), "l"(b))
+  if constexpr (kTransposeA) {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N16_SS(1, 1);
+    } else {
+      QUANTMLA_WGMMA_N16_SS(0, 1);
+    }
+  } else {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N16_SS(1, 0);
+    } else {
+      QUANTMLA_WGMMA_N16_SS(0, 0);
+    }
+  }
+#undef QUANTMLA_WGMMA_N16_SS
+}
+
 // d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A from registers (mma.m16n8k16's
 // A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major or, with
 // kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
