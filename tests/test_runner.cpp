@@ -230,6 +230,64 @@ TEST(CpuRunner, SamplesOnItsLogitRows) {
   EXPECT_NE(other_seed, alone_tokens);
 }
 
+// Chunks that keep their logits (return_logits false) are still sampled; the span holds the other
+// chunks' rows, in chunk order, bit for bit those of a step that returns every row.
+TEST(CpuRunner, ReturnsOnlyTheRowsAsked) {
+  const Model& model = mla_tiny();
+  auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::parse("bf16"), 16);
+  const std::vector<int32_t> prompt = text_ids(20);
+  const int64_t vocab = model.config().vocab_size;
+  // Chunks: all rows of 6 tokens, the last of 9, the last of 3, all rows of 4; `returned` says
+  // which bring their logits back.
+  const auto run = [&](const std::vector<bool>& returned) {
+    const std::vector<std::pair<int, LogitRows>> shapes = {
+        {6, LogitRows::kAll}, {9, LogitRows::kLast}, {3, LogitRows::kLast}, {4, LogitRows::kAll}};
+    StepBatch batch;
+    for (size_t c = 0; c < shapes.size(); ++c) {
+      const SequenceId seq = pool->add_sequence();
+      pool->reserve(seq, shapes[c].first);
+      batch.chunks.push_back({seq, std::span(prompt).subspan(c, shapes[c].first), shapes[c].second,
+                              SamplerOptions{1.0f, 1.0f, 7}, returned[c]});
+    }
+    std::vector<float> logits(static_cast<size_t>(batch.num_returned_logit_rows() * vocab));
+    std::vector<int32_t> tokens(static_cast<size_t>(batch.num_logit_rows()));
+    runner->step(batch, *pool, {logits, tokens});
+    for (const SequenceChunk& chunk : batch.chunks) pool->remove_sequence(chunk.sequence);
+    return std::make_pair(logits, tokens);
+  };
+  const auto [all_logits, all_tokens] = run({true, true, true, true});
+  ASSERT_EQ(all_logits.size(), static_cast<size_t>(12 * vocab));
+  const auto rows = [&](int first, int count) {
+    return std::vector<float>(all_logits.begin() + first * vocab,
+                              all_logits.begin() + (first + count) * vocab);
+  };
+  // Rows of the full step: chunk 0 rows 0-5, chunk 1 row 6, chunk 2 row 7, chunk 3 rows 8-11.
+  for (const auto& [returned, expected_rows] :
+       std::vector<std::pair<std::vector<bool>, std::vector<std::pair<int, int>>>>{
+           {{false, true, false, true}, {{6, 1}, {8, 4}}},
+           {{true, false, true, false}, {{0, 6}, {7, 1}}},
+           {{false, false, true, false}, {{7, 1}}},
+           {{false, false, false, false}, {}}}) {
+    const auto [logits, tokens] = run(returned);
+    std::vector<float> expected;
+    for (const auto& [first, count] : expected_rows) {
+      const std::vector<float> part = rows(first, count);
+      expected.insert(expected.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(logits, expected);
+    EXPECT_EQ(tokens, all_tokens);
+  }
+  // A span sized for every row is refused when some chunks keep theirs.
+  const SequenceId seq = pool->add_sequence();
+  pool->reserve(seq, 4);
+  StepBatch batch;
+  batch.chunks.push_back({seq, std::span(prompt).first(4), LogitRows::kAll, {}, false});
+  std::vector<float> too_many(static_cast<size_t>(4 * vocab));
+  EXPECT_THROW(runner->step(batch, *pool, {too_many, {}}), ShapeError);
+  EXPECT_EQ(pool->length(seq), 0);
+}
+
 TEST(CpuRunner, RefusesBadStepsAndCommitsNothing) {
   const Model& model = mla_tiny();
   auto runner = make_cpu_runner(model);

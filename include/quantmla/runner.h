@@ -30,19 +30,29 @@ struct SequenceChunk {
   LogitRows logits = LogitRows::kLast;
   // How its logit rows become tokens: counter_uniform(seed, position of the token drawn).
   SamplerOptions sampling;
+  // Whether its logit rows are copied into StepOutputs::logits (when that span is given). A chunk
+  // whose tokens are sampled by the runner leaves them out, so that a step where a few requests
+  // need their logits on the host (logprobs, host-side sampling controls) copies only theirs.
+  bool return_logits = true;
+
+  // Its rows of logits: 1 (kLast), its token count (kAll) or 0.
+  int64_t num_logit_rows() const;
 };
 
 struct StepBatch {
   std::vector<SequenceChunk> chunks;
 
   int64_t num_tokens() const;
-  // Rows of logits the step returns: one per kLast chunk, its token count per kAll chunk.
+  // Rows of logits the step computes (and samples): one per kLast chunk, its token count per kAll
+  // chunk.
   int64_t num_logit_rows() const;
+  // Those of them copied into StepOutputs::logits: the rows of chunks with return_logits.
+  int64_t num_returned_logit_rows() const;
 };
 
 // What a step returns, in chunk order. Either span may be empty (not wanted).
 struct StepOutputs {
-  std::span<float> logits;    // [num_logit_rows, vocab]
+  std::span<float> logits;    // [num_returned_logit_rows, vocab]
   std::span<int32_t> tokens;  // [num_logit_rows]: each row sampled with its chunk's params
 };
 

@@ -36,7 +36,7 @@ struct Request {
   std::vector<int32_t> prompt;  // token ids, BOS included if the model wants one
   SamplerOptions sampling;
   // top-k, min-p, penalties, biases: a request that sets any is drawn on the host from its logit
-  // rows (logits_controls.h); its steps then return every sampled row's logits (as logprobs do)
+  // rows (logits_controls.h), which the runner returns for it alone (as for logprobs)
   LogitsControls controls;
   int64_t max_tokens = 16;  // generated tokens at most (>= 1)
   // Until this many tokens are generated (<= max_tokens), EOS and the stop token ids cannot be
@@ -174,7 +174,9 @@ class Scheduler {
   std::vector<FinishedRequest> cancelled_;
   SchedulerStats stats_;
   int64_t start_ns_ = 0;
-  std::vector<float> logits_;  // the step's logit rows, when a request wants logprobs or controls
+  // The step's returned logit rows: those of the requests with logprobs, prompt logprobs or
+  // controls
+  std::vector<float> logits_;
   std::vector<float> controlled_row_;  // one of them changed by a request's controls
 };
 

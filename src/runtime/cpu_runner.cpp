@@ -119,8 +119,12 @@ class CpuRunner final : public Runner {
       }
     }
     const int64_t vocab = config().vocab_size;
-    std::span<float> logits = outputs.logits;
-    if (logits.empty() && !outputs.tokens.empty()) {
+    // Every row's logits straight into the caller's span where it takes them all; otherwise into
+    // the runner's buffer, the returned rows copied out after.
+    const bool all_returned =
+        batch.num_returned_logit_rows() == static_cast<int64_t>(logit_tokens.size());
+    std::span<float> logits = all_returned ? outputs.logits : std::span<float>();
+    if (logits.empty() && (!outputs.tokens.empty() || !outputs.logits.empty())) {
       const size_t size = logit_tokens.size() * static_cast<size_t>(vocab);
       if (sampled_logits_.size() < size) sampled_logits_.resize(size);
       logits = std::span<float>(sampled_logits_).first(size);
@@ -131,6 +135,15 @@ class CpuRunner final : public Runner {
                         workspace_);
     for (size_t s = 0; s < segments.size(); ++s) {
       pool.set_length(sequences[s], segments[s].pos0 + segments[s].num_tokens);
+    }
+    if (!outputs.logits.empty() && logits.data() != outputs.logits.data()) {
+      auto to = outputs.logits.begin();
+      auto from = logits.begin();
+      for (const SequenceChunk& chunk : batch.chunks) {
+        const auto size = static_cast<ptrdiff_t>(chunk.num_logit_rows() * vocab);
+        if (chunk.return_logits) to = std::copy(from, from + size, to);
+        from += size;
+      }
     }
     if (outputs.tokens.empty()) return;
     // Row r predicts the token after batch token logit_tokens[r].

@@ -13,12 +13,30 @@ int64_t StepBatch::num_tokens() const {
   return total;
 }
 
+int64_t SequenceChunk::num_logit_rows() const {
+  switch (logits) {
+    case LogitRows::kNone:
+      return 0;
+    case LogitRows::kLast:
+      return 1;
+    case LogitRows::kAll:
+      return static_cast<int64_t>(tokens.size());
+  }
+  throw InvalidArgument("step: a chunk's LogitRows value " +
+                        std::to_string(static_cast<int>(logits)) +
+                        " is not one of kNone, kLast, kAll");
+}
+
 int64_t StepBatch::num_logit_rows() const {
   int64_t rows = 0;
-  for (const SequenceChunk& chunk : chunks) {
-    if (chunk.logits == LogitRows::kLast) rows += 1;
-    if (chunk.logits == LogitRows::kAll) rows += static_cast<int64_t>(chunk.tokens.size());
-  }
+  for (const SequenceChunk& chunk : chunks) rows += chunk.num_logit_rows();
+  return rows;
+}
+
+int64_t StepBatch::num_returned_logit_rows() const {
+  int64_t rows = 0;
+  for (const SequenceChunk& chunk : chunks)
+    rows += chunk.return_logits ? chunk.num_logit_rows() : 0;
   return rows;
 }
 
@@ -27,19 +45,18 @@ void check_step(const StepBatch& batch, const PagePool& pool, const ModelConfig&
   if (batch.chunks.empty()) throw InvalidArgument("step: the batch has no sequences");
   const CacheShape expected{config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim};
   if (!(pool.shape() == expected)) {
-    throw ShapeError("step: the pool's cache shape (layers " +
-                     std::to_string(pool.shape().num_layers) + ", rank " +
-                     std::to_string(pool.shape().kv_lora_rank) + ", rope " +
-                     std::to_string(pool.shape().rope_dim) + ") does not match the model's (" +
-                     std::to_string(expected.num_layers) + ", " +
-                     std::to_string(expected.kv_lora_rank) + ", " +
-                     std::to_string(expected.rope_dim) + ")");
+    throw ShapeError(
+        "step: the pool's cache shape (layers " + std::to_string(pool.shape().num_layers) +
+        ", rank " + std::to_string(pool.shape().kv_lora_rank) + ", rope " +
+        std::to_string(pool.shape().rope_dim) + ") does not match the model's (" +
+        std::to_string(expected.num_layers) + ", " + std::to_string(expected.kv_lora_rank) + ", " +
+        std::to_string(expected.rope_dim) + ")");
   }
   std::set<SequenceId> seen;
   for (size_t i = 0; i < batch.chunks.size(); ++i) {
     const SequenceChunk& chunk = batch.chunks[i];
-    const std::string where = "step: chunk " + std::to_string(i) + " (sequence " +
-                              std::to_string(chunk.sequence) + ")";
+    const std::string where =
+        "step: chunk " + std::to_string(i) + " (sequence " + std::to_string(chunk.sequence) + ")";
     if (!pool.has_sequence(chunk.sequence)) throw InvalidArgument(where + " is not in the pool");
     if (!seen.insert(chunk.sequence).second) {
       throw InvalidArgument(where + " appears twice in one step");
@@ -54,8 +71,8 @@ void check_step(const StepBatch& batch, const PagePool& pool, const ModelConfig&
     }
     const int64_t end = pool.length(chunk.sequence) + static_cast<int64_t>(chunk.tokens.size());
     if (end > pool.capacity(chunk.sequence)) {
-      throw CapacityError(where + ": positions up to " + std::to_string(end) + " but its pages hold " +
-                          std::to_string(pool.capacity(chunk.sequence)) +
+      throw CapacityError(where + ": positions up to " + std::to_string(end) +
+                          " but its pages hold " + std::to_string(pool.capacity(chunk.sequence)) +
                           " tokens (reserve them first)");
     }
     if (!outputs.tokens.empty() && chunk.logits != LogitRows::kNone) {
@@ -63,10 +80,11 @@ void check_step(const StepBatch& batch, const PagePool& pool, const ModelConfig&
     }
   }
   const int64_t rows = batch.num_logit_rows();
+  const int64_t returned = batch.num_returned_logit_rows();
   if (!outputs.logits.empty() &&
-      static_cast<int64_t>(outputs.logits.size()) != rows * config.vocab_size) {
+      static_cast<int64_t>(outputs.logits.size()) != returned * config.vocab_size) {
     throw ShapeError("step: logits span holds " + std::to_string(outputs.logits.size()) +
-                     " floats, the batch returns " + std::to_string(rows) + " rows of " +
+                     " floats, the batch returns " + std::to_string(returned) + " rows of " +
                      std::to_string(config.vocab_size));
   }
   if (!outputs.tokens.empty() && static_cast<int64_t>(outputs.tokens.size()) != rows) {

@@ -383,17 +383,19 @@ StepReport Scheduler::step() {
   if (scheduled.empty()) return report;
 
   StepBatch batch;
-  int64_t logit_rows = 0;
-  bool want_logits = false;
-  std::vector<int64_t> first_row(scheduled.size());  // each chunk's first row of the outputs
+  int64_t logit_rows = 0, returned_rows = 0;
+  std::vector<int64_t> first_row(scheduled.size());  // each chunk's first row of the tokens
+  // And of the logits, for the chunks whose logits come back (-1: none).
+  std::vector<int64_t> first_returned(scheduled.size(), -1);
   for (size_t i = 0; i < scheduled.size(); ++i) {
     const Scheduled& s = scheduled[i];
     const bool completes = s.first + s.count == s.entry->known();
     // A prefill chunk that scores prompt tokens returns a row per token (its last one, when it
     // completes the sequence's known tokens, is also the row its next token is drawn from).
     const bool scores = s.entry->scores_prompt(s.first, s.count);
-    want_logits = want_logits || scores ||
-                  (completes && (s.entry->request.top_logprobs >= 0 || draws_on_host(*s.entry)));
+    // Only the chunks whose rows the host reads bring their logits back.
+    const bool returns =
+        scores || (completes && (s.entry->request.top_logprobs >= 0 || draws_on_host(*s.entry)));
     batch.chunks.push_back(
         {s.entry->sequence,
          std::span<const int32_t>(s.entry->tokens)
@@ -401,19 +403,22 @@ StepReport Scheduler::step() {
          scores      ? LogitRows::kAll
          : completes ? LogitRows::kLast
                      : LogitRows::kNone,
-         s.entry->request.sampling});
+         s.entry->request.sampling, returns});
+    const int64_t rows = batch.chunks.back().num_logit_rows();
     first_row[i] = logit_rows;
-    logit_rows += scores ? s.count : completes ? 1 : 0;
+    logit_rows += rows;
+    if (returns) first_returned[i] = returned_rows, returned_rows += rows;
   }
   std::vector<int32_t> sampled(static_cast<size_t>(logit_rows));
   const int64_t vocab = runner_.config().vocab_size;
-  if (want_logits) logits_.resize(static_cast<size_t>(logit_rows * vocab));
-  runner_.step(batch, pool_,
-               {want_logits ? std::span<float>(logits_) : std::span<float>(), sampled});
-  const auto logits_row = [&](int64_t row) {
-    return want_logits ? std::span<const float>(logits_).subspan(static_cast<size_t>(row * vocab),
-                                                                 static_cast<size_t>(vocab))
-                       : std::span<const float>();
+  logits_.resize(static_cast<size_t>(returned_rows * vocab));
+  runner_.step(batch, pool_, {logits_, sampled});
+  // Row `offset` of chunk i's logits (empty where the chunk's logits stayed on the device).
+  const auto logits_row = [&](size_t i, int64_t offset) {
+    return first_returned[i] < 0 ? std::span<const float>()
+                                 : std::span<const float>(logits_).subspan(
+                                       static_cast<size_t>((first_returned[i] + offset) * vocab),
+                                       static_cast<size_t>(vocab));
   };
 
   ++stats_.steps;
@@ -434,22 +439,23 @@ StepReport Scheduler::step() {
       stats_.recomputed_tokens +=
           std::max<int64_t>(0, std::min(entry->high_water, s.first + s.count) - s.first);
     }
-    int64_t row = first_row[i];
+    // The chunk's last row: the one its next token is drawn from.
+    const int64_t last = batch.chunks[i].num_logit_rows() - 1;
     if (batch.chunks[i].logits == LogitRows::kAll) {
       // Row j predicts the token after position s.first + j: prompt token p + 1 from row p.
       for (int64_t p = s.first; p < s.first + s.count; ++p) {
         if (p == static_cast<int64_t>(entry->prompt_logprobs.size()) && p + 1 < entry->prompt_len) {
-          entry->prompt_logprobs.push_back(token_logprob(logits_row(row + p - s.first),
+          entry->prompt_logprobs.push_back(token_logprob(logits_row(i, p - s.first),
                                                          entry->tokens[static_cast<size_t>(p + 1)],
                                                          entry->request.prompt_logprobs));
         }
       }
-      row += s.count - 1;
     }
     entry->computed = s.first + s.count;
     if (entry->computed != entry->known()) continue;
-    const std::span<const float> logits = logits_row(row);
-    const int32_t token = draws_on_host(*entry) ? draw_on_host(*entry, logits) : sampled[row];
+    const std::span<const float> logits = logits_row(i, last);
+    const int32_t token =
+        draws_on_host(*entry) ? draw_on_host(*entry, logits) : sampled[first_row[i] + last];
     entry->tokens.push_back(token);
     std::optional<TokenLogprob> logprob;
     if (entry->request.top_logprobs >= 0) {

@@ -318,13 +318,15 @@ void check_against_cpu(const fs::path& model_dir, const std::string& spec, uint6
 }
 
 // A prefill of three sequences, then decode steps (sampled), on an INT4 cache: every step's logits
-// and sampled tokens, and how many steps were replayed from a CUDA graph.
+// (of the sequences that `returned` names) and sampled tokens, and how many steps were replayed
+// from a CUDA graph.
 struct DecodeRun {
   std::vector<float> out;
   int replayed = 0;
 };
 constexpr int kDecodeSteps = 6;
-DecodeRun run_decode_steps(Runner& runner, uint64_t seed) {
+DecodeRun run_decode_steps(Runner& runner, uint64_t seed,
+                           const std::vector<bool>& returned = {true, true, true}) {
   const int64_t vocab = runner.config().vocab_size;
   std::mt19937_64 rng(seed + 1);
   const int sequences = 3, prompt = 70;
@@ -345,13 +347,14 @@ DecodeRun run_decode_steps(Runner& runner, uint64_t seed) {
     prefill.chunks.push_back({seqs.back(), std::span(ids[s]).first(prompt), LogitRows::kNone, {}});
   }
   runner.step(prefill, *pool, {});
-  std::vector<float> logits(static_cast<size_t>(sequences * vocab));
+  const auto returned_rows = std::count(returned.begin(), returned.end(), true);
+  std::vector<float> logits(static_cast<size_t>(returned_rows * vocab));
   std::vector<int32_t> tokens(sequences);
   for (int t = 0; t < kDecodeSteps; ++t) {
     StepBatch decode;
     for (int s = 0; s < sequences; ++s) {
       decode.chunks.push_back({seqs[s], std::span(ids[s]).subspan(prompt + t, 1), LogitRows::kLast,
-                               SamplerOptions{0.8f, 0.9f, 7}});
+                               SamplerOptions{0.8f, 0.9f, 7}, returned[s]});
     }
     runner.step(decode, *pool, {logits, tokens});
     run.out.insert(run.out.end(), logits.begin(), logits.end());
@@ -403,6 +406,37 @@ void check_graphs(const fs::path& model_dir, uint64_t seed) {
   check(differ == 0, "graph replay changed logits or sampled tokens");
   check(without_pdl.replayed == kDecodeSteps - 1 && differ_without_pdl == 0,
         "programmatic dependent launches changed logits or sampled tokens");
+}
+
+// Steps whose chunks bring back only some sequences' logits (return_logits) give those rows and
+// every sampled token bit for bit as steps that bring back all, from their graphs alike: one run of
+// rows in the middle, and two runs (two copies).
+void check_returned_rows(const fs::path& model_dir, uint64_t seed) {
+  const auto runner = make_cuda_runner(model_dir);
+  const int64_t vocab = runner->config().vocab_size;
+  const DecodeRun all = run_decode_steps(*runner, seed);
+  for (const std::vector<bool>& returned :
+       {std::vector<bool>{false, true, false}, std::vector<bool>{true, false, true}}) {
+    const DecodeRun some = run_decode_steps(*runner, seed, returned);
+    // Each step of `all`: 3 rows of logits, then 3 tokens; of `some`: its rows, then 3 tokens.
+    std::vector<float> expected;
+    const auto step_size = static_cast<size_t>(3 * vocab + 3);
+    for (size_t step = 0; step < kDecodeSteps; ++step) {
+      const auto first = all.out.begin() + static_cast<ptrdiff_t>(step * step_size);
+      for (int s = 0; s < 3; ++s) {
+        if (returned[s])
+          expected.insert(expected.end(), first + s * vocab, first + (s + 1) * vocab);
+      }
+      expected.insert(expected.end(), first + 3 * vocab, first + 3 * vocab + 3);
+    }
+    const size_t differ = count_differences(expected, some.out);
+    const std::string what = model_dir.filename().string() + " returned rows " +
+                             (returned[0] ? "first and last" : "middle");
+    std::printf("%-48s %zu of %zu values differ, %d of %d steps replayed\n", what.c_str(), differ,
+                expected.size(), some.replayed, kDecodeSteps);
+    check(differ == 0, what + ": the returned rows or the sampled tokens differ");
+    check(some.replayed >= kDecodeSteps - 1, what + ": decode steps not replayed from a graph");
+  }
 }
 
 // One sequence's logits three ways (BatchInvariance): (alone) its prompt in one chunk, then its
@@ -619,6 +653,7 @@ int main(int argc, char** argv) {
       for (const char* name : {"mla-moe16-v2", "mla-moe16-v3"}) {
         check_fixture(fixtures, name);
         check_graphs(fixtures / name, seed);  // routed and shared experts (mla-tiny has none)
+        check_returned_rows(fixtures / name, seed);
         for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
           check_batch_invariance(fixtures / name, spec, seed);
         }

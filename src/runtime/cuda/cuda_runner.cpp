@@ -1491,8 +1491,27 @@ class CudaRunner final : public Runner {
                                           cudaMemcpyDeviceToHost, stream_));
     }
     if (r > 0 && want_logits_) {
-      QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(outputs.logits.data(), buf_.logits, r * c.vocab_size * 4,
-                                          cudaMemcpyDeviceToHost, stream_));
+      // The returned chunks' rows (in chunk order, as buf_.logits holds them), one copy a run of
+      // consecutive returned rows.
+      int64_t row = 0, to = 0, run_first = 0, run_rows = 0;
+      const auto copy_run = [&] {
+        if (run_rows == 0) return;
+        QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(
+            outputs.logits.data() + to * c.vocab_size, buf_.logits + run_first * c.vocab_size,
+            run_rows * c.vocab_size * 4, cudaMemcpyDeviceToHost, stream_));
+        to += run_rows, run_rows = 0;
+      };
+      for (const SequenceChunk& chunk : batch.chunks) {
+        const int64_t rows = chunk.num_logit_rows();
+        if (!chunk.return_logits) {
+          copy_run();
+        } else if (rows > 0) {
+          if (run_rows == 0) run_first = row;
+          run_rows += rows;
+        }
+        row += rows;
+      }
+      copy_run();
     }
     const int64_t e = c.n_routed_experts;
     if (e > 0) {
