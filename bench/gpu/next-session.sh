@@ -7,6 +7,8 @@
 #      scripts/device-carry.sh`, data/ moved out: the whole slice no longer fits beside the tree)
 #   3  the decode-heavy workload at 512 requests, warm (the shape warm-up) (.carry/deps.tar.xz,
 #      .carry/deps-server.tar.xz)
+#   4  the rescale skip for int content (rescale-skip-int.diff) beside main and FlashMLA at 16
+#      heads, BF16 included (main's transposed kernel) (.anchor)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks the dependencies or .carry/shared; then run with the
 # carries above. Steps 2, 4, 5 and 6 (kernel patches) ran on 2026-12-05 (docs/benchmarks.md,
@@ -15,13 +17,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[13]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1|3 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[134]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 case $step in
   1) needs=(.carry/deps.tar.xz .carry/shared) ;;
   3) needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz) ;;
+  4) needs=(.anchor/bench_flashmla.py) ;;
 esac
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -44,6 +47,12 @@ case $step in
   3)
     SKIP_U=1 TAG=decode-heavy-512 within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
+    ;;
+  4)
+    git apply $patches/rescale-skip-int.diff >"$OUT/run.txt" 2>&1 || status=1
+    ((status)) || BASELINE_DIFF=$patches/rescale-skip-int.diff within bash bench/gpu/run.sh \
+      --heads 16 --formats bf16/bf16,int4g64/int4,int2g64/int4 >>"$OUT/run.txt" 2>&1 || status=1
+    git apply -R $patches/rescale-skip-int.diff
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
