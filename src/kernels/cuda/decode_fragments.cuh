@@ -611,20 +611,33 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       value_factor = scale_exponent - raised < -126 ? 0.0f : power_of_two(scale_exponent - raised);
       scale_exponent = raised;
     }
+    // Int content: the accumulators take the page's factors only where one of the warp's rows'
+    // maximum rose, since a product by 1 changes nothing (their values are 0 or normal: products
+    // of codes times 2^-24 and FP16 P times scales, each at least 2^-48), and once the maxima
+    // settle most pages skip these 68 products for one vote. Fp8's accumulators can be subnormal
+    // (the scale exponent's factor), which the product by 1 flushes: it always rescales, so that
+    // its outputs do not depend on which rows share a block (the batch-invariant test).
+    bool rescaled = L::kFp8;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        min_acc[n][e] *= alpha[n][e];
-        const float rescale = alpha[n][e] * value_factor;
+      for (int e = 0; e < 2; ++e) rescaled |= alpha[n][e] != 1.0f;
+    if (L::kFp8 || __any_sync(0xffffffffu, rescaled)) {
 #pragma unroll
-        for (int gl = 0; gl < 2; ++gl)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            acc[gl][j][n][e] *= rescale;
-            acc[gl][j][n][2 + e] *= rescale;
-          }
-      }
+        for (int e = 0; e < 2; ++e) {
+          min_acc[n][e] *= alpha[n][e];
+          const float rescale = alpha[n][e] * value_factor;
+#pragma unroll
+          for (int gl = 0; gl < 2; ++gl)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              acc[gl][j][n][e] *= rescale;
+              acc[gl][j][n][2 + e] *= rescale;
+            }
+        }
+    }
     // P^T's B fragments of keys 16 ks + [0, 16): rows 0-7 in b[0], b[1], rows 8-15 in b[2], b[3].
     const auto load_probs = [&](int ks, uint32_t(&b)[4]) {
       ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride +
