@@ -18,7 +18,8 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    first format also carries the process's one-time costs, h seconds (kernel loading, GEMM plans),
    in its prefill steps.
    A measured run whose --step-log sits beside its JSON (NAME-steps.csv, as bench/gpu/run-serve.sh
-   writes it) is fitted step by step instead (one sum per kind of step and batch bucket of 16), and
+   writes it, or NAME-steps.csv.xz, as docs/benchmarks/serving keeps the large ones) is fitted
+   step by step instead (one sum per kind of step and batch bucket of 16), and
    a run after a warm-up (the JSON's warmup) carries no G and no h.
 3. It prints each measured run beside the model (the residuals say how far to trust it), then
    replays each --project workload and costs its steps with the model twice: cold, as the runs it
@@ -38,6 +39,7 @@ the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x to
 import argparse
 import csv
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -97,12 +99,15 @@ def features(steps, experts, top_k, first, warm=False):
 
 
 def read_step_log(path):
-    """A measured run's --step-log: {cache: ([(n, K, p), ...], [seconds, ...])}; None without
-    times."""
+    """A measured run's --step-log (or its .xz): {cache: ([(n, K, p), ...], [seconds, ...])};
+    None without one or without times."""
+    opener = open
     if not os.path.exists(path):
-        return None
+        if not os.path.exists(path + ".xz"):
+            return None
+        path, opener = path + ".xz", lzma.open
     logs = {}
-    with open(path) as f:
+    with opener(path, "rt") as f:
         for row in csv.DictReader(f):
             if "step_ms" not in row:
                 return None
