@@ -479,6 +479,69 @@ TEST(Scheduler, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_THROW(scheduler.add(bad), InvalidArgument);
 }
 
+// A runner that passes every step to another and records how many logit rows each step computed
+// and how many it returned to the caller.
+class RowCountingRunner final : public Runner {
+ public:
+  explicit RowCountingRunner(Runner& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string device() const override { return inner_.device(); }
+  std::unique_ptr<PagePool> make_pool(const CacheFormat& format, int64_t num_pages) override {
+    return inner_.make_pool(format, num_pages);
+  }
+  void step(const StepBatch& batch, PagePool& pool, const StepOutputs& outputs) override {
+    rows.push_back({batch.num_logit_rows(),
+                    static_cast<int64_t>(outputs.logits.size()) / config().vocab_size});
+    inner_.step(batch, pool, outputs);
+  }
+  std::vector<std::pair<int64_t, int64_t>> rows;  // each step's (computed, returned) rows
+
+ private:
+  Runner& inner_;
+};
+
+// Only the requests that read logits on the host get their rows back from a step: beside two
+// requests without logprobs, one with them brings back one row a step, and every request's tokens
+// are those of the same requests run without any logprobs.
+TEST(Scheduler, StepsReturnOnlyTheLogitRowsTheHostReads) {
+  const Model& model = testing::mla_tiny();
+  const auto cpu = make_cpu_runner(model);
+  const auto run = [&](bool with_logprobs) {
+    RowCountingRunner runner(*cpu);
+    auto pool = runner.make_pool(CacheFormat::f32(), 8);
+    Scheduler scheduler(runner, *pool, {});
+    for (int i = 0; i < 3; ++i) {
+      Request r;
+      r.prompt = {static_cast<int32_t>(model.config().bos_token_id), 400 + i, 500, 600 + 7 * i};
+      r.max_tokens = 5;
+      r.ignore_eos = true;
+      r.sampling = SamplerOptions{0.9f, 0.95f, static_cast<uint64_t>(11 + i)};
+      if (with_logprobs && i == 1) r.top_logprobs = 2;
+      scheduler.add(r);
+    }
+    std::vector<FinishedRequest> done(3);
+    while (scheduler.has_work()) {
+      for (FinishedRequest& f : scheduler.step().finished) {
+        done[static_cast<size_t>(f.id - 1)] = std::move(f);
+      }
+    }
+    return std::make_pair(std::move(done), runner.rows);
+  };
+  const auto [plain, plain_rows] = run(false);
+  const auto [with, with_rows] = run(true);
+  int64_t returned = 0;
+  for (const auto& [computed, back] : plain_rows) EXPECT_EQ(back, 0) << computed;
+  for (const auto& [computed, back] : with_rows) {
+    EXPECT_LE(back, 1);
+    EXPECT_LE(back, computed);
+    returned += back;
+  }
+  EXPECT_EQ(returned, 5);  // one row for each of the logprobs request's 5 tokens
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(with[i].tokens, plain[i].tokens) << i;
+  EXPECT_EQ(with[1].logprobs.size(), 5u);
+  EXPECT_TRUE(with[0].logprobs.empty());
+}
+
 // Runs `requests` to the end on `runner` with a pool of `pages` pages: each one's tokens (by
 // request order) and the preemptions.
 struct CpuRun {
