@@ -66,6 +66,12 @@ enum class DecodeSplit { kFillDevice, kBatchInvariant };
 inline constexpr int kBatchInvariantMinRunPages = 8;
 inline constexpr int kBatchInvariantMaxRuns = 16;
 
+// Whether a decode call's longest sequence holds more than kLongContextPages pages (16K tokens),
+// which the plan's choice of kernel depends on besides the format, batch and heads: a CUDA graph
+// of decode steps keys on it too, so that every step it replays made the choice it captured.
+inline constexpr int kLongContextPages = 256;
+bool decode_long_context(const std::vector<int32_t>& seq_lens);
+
 // How one decode call is split into thread blocks: each block takes 16, 32 or 64 query rows (s_q x
 // heads) of one sequence and a run of its pages, as many blocks as the format's kernel runs at once
 // on the device; sequences split into several runs are merged by a combine kernel through their

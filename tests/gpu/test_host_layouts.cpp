@@ -14,6 +14,7 @@
 #include "kernels/cuda/sort_scan_runs.h"
 #include "kernels/cuda/swizzle_layouts.h"
 #include "quantmla/error.h"
+#include "quantmla/gpu_mla.h"
 
 namespace {
 
@@ -169,6 +170,23 @@ void check_values_operand() {
   expect(seen.size() == 64u * 512u, "the operands cover the page's 512 content channels once");
 }
 
+// The plan's kernel choice (and a captured decode step's graph key) turns on the longest sequence
+// holding more than kLongContextPages pages: 16,384 tokens fill 256 pages exactly, one more
+// token opens the 257th.
+void check_long_context() {
+  const int32_t edge = gpu::kLongContextPages * gpu::kPageTokens;
+  const std::vector<std::pair<std::vector<int32_t>, bool>> cases = {
+      {{}, false},        {{1}, false},        {{edge}, false},
+      {{edge + 1}, true}, {{5, edge}, false},  {{5, edge + 1, 7}, true},
+      {{131072}, true},   {{edge - 63}, false}};
+  for (const auto& [lens, expected] : cases) {
+    std::string shown;
+    for (const int32_t len : lens) shown += std::to_string(len) + " ";
+    expect(gpu::decode_long_context(lens) == expected,
+           "decode_long_context(" + shown + ") should be " + (expected ? "true" : "false"));
+  }
+}
+
 int main(int argc, char** argv) {
   const uint64_t seed =
       argc > 2 && std::string(argv[1]) == "--seed" ? std::stoull(argv[2]) : std::random_device{}();
@@ -177,6 +195,7 @@ int main(int argc, char** argv) {
   check_expert_layout(rng);
   check_scan_runs();
   check_values_operand();
+  check_long_context();
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -119,10 +119,13 @@ struct PlanLayout {
 // holds with FP16 code operands (2026-12-03: INT4 at batch 16, 32K 0.136, 4K 0.048 ms). FP8:
 // faster at every batch, context, head count and s_q measured (H = 16, batch 1, 4K: 0.023 against
 // 0.026 ms; batch 16, 4K: 0.040 against 0.041; batch 128, 128K: 3.25 against 6.19; H = 128: 1.12x
-// to 1.55x). A plan in a workspace must choose from the batch alone (a captured step keeps its
-// kernel), so the rule is by batch.
-int fragments_min_batch(const CacheFormat& format) {
-  return format.content.codec == Codec::kInt4 ? 32 : 1;
+// to 1.55x). Later H200 runs of INT4 at batch 16 (2026-12-03, six of them) had the fragment kernel
+// 1.3-1.46x faster from 32K (0.131-0.143 ms against 0.171 at 32K, 0.420-0.483 against 0.62 at
+// 128K) but 20% slower at 4K, so INT4 takes it from batch 16 where the longest sequence is over
+// kLongContextPages pages (decode_long_context, which a captured step's graph keys on).
+int fragments_min_batch(const CacheFormat& format, bool long_context) {
+  if (format.content.codec != Codec::kInt4) return 1;
+  return long_context ? 16 : 32;
 }
 
 // Where the plan takes the warpgroup kernel: from 64 heads (its 64-row blocks need no padding at
@@ -137,6 +140,16 @@ constexpr int kWarpgroupMinHeads = 64;
 constexpr int kWarpgroupMinBatchQuantized = 2;
 constexpr int kTransposedMaxHeads = 16;
 
+}  // namespace
+
+bool decode_long_context(const std::vector<int32_t>& seq_lens) {
+  int32_t longest = 0;
+  for (const int32_t len : seq_lens) longest = std::max(longest, len);
+  return (static_cast<int64_t>(longest) + kPageTokens - 1) / kPageTokens > kLongContextPages;
+}
+
+namespace {
+
 // The one place that chooses the kernel of a plan.
 // QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup|transposed forces one (benchmarks and tests time
 // and check each); unset or "auto": the warpgroup kernel
@@ -144,9 +157,9 @@ constexpr int kTransposedMaxHeads = 16;
 // kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
 // rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
 // batch-invariant), else the fragment kernel where it reads the format and the batch has at least
-// fragments_min_batch(format) sequences.
+// fragments_min_batch(format, long_context) sequences.
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
-                                  bool invariant) {
+                                  bool invariant, bool long_context) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
   if (choice == "tiled") return DecodeKernel::kTiled;
@@ -191,7 +204,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // 128K, the tiled one 0.99-1.03x; docs/benchmarks.md). Heads 17-63 stay on the tiled kernel
   // until measured there.
   if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) return DecodeKernel::kTransposed;
-  return fragments_kernel_reads(format) && batch >= fragments_min_batch(format)
+  return fragments_kernel_reads(format) && batch >= fragments_min_batch(format, long_context)
              ? DecodeKernel::kFragments
              : DecodeKernel::kTiled;
 }
@@ -204,7 +217,7 @@ struct DeviceShape {
 };
 
 DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_heads,
-                         DecodeSplit split = DecodeSplit::kFillDevice) {
+                         bool long_context, DecodeSplit split = DecodeSplit::kFillDevice) {
   check_gpu_format(format);  // before any kernel's predicate, which presume a GPU format
   int device = 0;
   DeviceShape shape;
@@ -216,7 +229,7 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
   shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch,
-                                      num_heads, invariant);
+                                      num_heads, invariant, long_context);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
     shape.max_row_tiles = kWarpgroupRows / 16;
@@ -330,7 +343,8 @@ struct MlaDecodePlan::State {
 
 MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_t>& seq_lens,
                              int s_q, int num_heads, int pages_per_split) {
-  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads);
+  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads,
+                                         decode_long_context(seq_lens));
   DecodeSchedule schedule =
       plan_decode(seq_lens, s_q, num_heads, shape.multiprocessors, shape.blocks_per_multiprocessor,
                   pages_per_split, shape.max_row_tiles);
@@ -350,7 +364,8 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
         "GPU decode plan: a batch-invariant plan launches its own grid (its blocks follow the "
         "lengths), not a fixed one");
   }
-  const DeviceShape shape = device_shape(format, batch, s_q, num_heads, split);
+  const DeviceShape shape =
+      device_shape(format, batch, s_q, num_heads, decode_long_context(seq_lens), split);
   DecodeSchedule schedule = workspace_schedule(shape, seq_lens, s_q, num_heads, split);
   const PlanLayout layout =
       fixed_grid ? capacity_layout(shape, batch, s_q, num_heads) : exact_layout(schedule);
@@ -377,14 +392,22 @@ MlaDecodePlan::MlaDecodePlan(const CacheFormat& format, const std::vector<int32_
 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format, int batch, int s_q,
                                       int num_heads) {
-  return capacity_layout(device_shape(format, batch, s_q, num_heads), batch, s_q, num_heads).bytes;
+  // Any lengths: the larger of the two choices the lengths can make.
+  size_t bytes = 0;
+  for (const bool long_context : {false, true}) {
+    bytes =
+        std::max(bytes, capacity_layout(device_shape(format, batch, s_q, num_heads, long_context),
+                                        batch, s_q, num_heads)
+                            .bytes);
+  }
+  return bytes;
 }
 
 size_t MlaDecodePlan::workspace_bytes(const CacheFormat& format,
                                       const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
                                       DecodeSplit split) {
-  const DeviceShape shape =
-      device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads, split);
+  const DeviceShape shape = device_shape(format, static_cast<int>(seq_lens.size()), s_q, num_heads,
+                                         decode_long_context(seq_lens), split);
   return exact_layout(workspace_schedule(shape, seq_lens, s_q, num_heads, split)).bytes;
 }
 

@@ -587,6 +587,7 @@ class CudaRunner final : public Runner {
     int64_t layer_stride;
     std::string format;
     bool logits, sampled;
+    bool long_context;  // gpu::decode_long_context of the lengths: the plan's kernel depends on it
     auto operator<=>(const GraphKey&) const = default;
   };
   struct CapturedStep {
@@ -848,7 +849,8 @@ class CudaRunner final : public Runner {
         config_.num_layers > 1 ? pool.storage().layer_pages(1) - pool.storage().layer_pages(0) : 0,
         pool.format().to_string(),
         want_logits_,
-        want_tokens_};
+        want_tokens_,
+        gpu::decode_long_context(host_seq_lens_)};
     if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) clear_graphs();
     CapturedStep& captured = graphs_[key];
     if (captured.exec == nullptr && captured.runs++ == 0) {
