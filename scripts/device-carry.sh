@@ -45,6 +45,13 @@ fi
 if [ -n "${RUNNER_ONLY:-}" ]; then
   rm -f .carry/shared/reference/passkey-public.json .carry/shared/reference/wikitext2-test.ids.i32
 fi
+# PPL_ONLY=1: the WikiText-2 ids alone, for run-runner.sh's ppl stage (next-session.sh 3), which
+# reads the model from the checkout: the tree without data/, deps.tar.xz and the full slice would
+# pass the device's 64 MiB by a little.
+if [ -n "${PPL_ONLY:-}" ]; then
+  rm -rf .carry/shared/tools .carry/shared/models .carry/shared/reference/passkey-public.json \
+    .carry/shared/reference/valid.ids.i32
+fi
 if [ -n "${CALIBRATED:-}" ]; then
   rm -f .carry/shared/reference/*.ids.i32 .carry/shared/tools/make_gpu_fixtures.py \
     .carry/shared/models/mla-tiny-v2-4k.tar.xz

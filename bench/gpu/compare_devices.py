@@ -13,6 +13,9 @@ def main(args):
     for arg in args:
         label, path = arg.split("=", 1)
         rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
+        if not rows:
+            print(f"{label}: no results in {path}")
+            failed = True
         if len(rows) % 2:
             print(f"{label}: odd number of results in {path}")
             failed = True

@@ -16,8 +16,10 @@ mkdir -p "$out" /tmp/deps
 for tarball in .carry/deps.tar.xz .carry/deps-server.tar.xz; do
   [[ -f $tarball ]] && tar -xJf $tarball -C /tmp/deps
 done
+bash bench/gpu/touch-changed-sources.sh build-gpu-full
 cmake -S . -B build-gpu-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DQUANTMLA_CUDA=ON \
   -DQUANTMLA_DEPS_ROOT=/tmp/deps -DQUANTMLA_BUILD_TESTS=OFF -DQUANTMLA_BUILD_BENCH=OFF \
   >"$out/configure.txt" 2>&1 || { tail -20 "$out/configure.txt"; exit 1; }
 ninja -C build-gpu-full "$@" >"$out/build.txt" 2>&1 ||
   { grep -E "error|Error" -A3 "$out/build.txt" | head -40; exit 1; }
+bash bench/gpu/touch-changed-sources.sh build-gpu-full --record

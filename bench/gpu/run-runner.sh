@@ -96,7 +96,8 @@ both() {
   local file=$1
   shift
   for device in ${DEVICES:-cpu cuda}; do
-    $build/quantmla "$@" --device $device --json 2>>"$out/eval-stderr.txt" >>"$out/$file.jsonl"
+    $build/quantmla "$@" --device $device --json 2>>"$out/eval-stderr.txt" >>"$out/$file.jsonl" ||
+      { echo "$file on $device failed: $(tail -1 "$out/eval-stderr.txt")"; status=1; }
   done
 }
 # The pairs' comparison (compare_devices.py), when both devices ran.
@@ -116,6 +117,8 @@ fi
 prompts=.carry/shared/reference/passkey-public.json
 have_prompts() { [[ -f $prompts ]] || { echo "(pass-key skipped: no $prompts)"; return 1; }; }
 if has ppl; then
+  [[ -n ${FULL:-} || -f $ids ]] ||
+    { echo "ppl: $ids was not carried (scripts/device-carry.sh without RUNNER_ONLY)"; status=1; }
   echo "== eval-ppl, cpu vs cuda (WikiText-2, ctx 1024, first ${PPL_WINDOWS:=100} windows)"
   for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
     both ppl eval-ppl $corpus --ctx 1024 --max-windows $PPL_WINDOWS --cache $spec

@@ -5,7 +5,8 @@
 #   bash bench/gpu/run-serve.sh [NUM_PROMPTS INPUT_LEN OUTPUT_LEN]   (default 256 512 128)
 # DECODE_KERNELS="auto tiled": workload P once per decode kernel (QUANTMLA_DECODE_KERNEL; the
 # "tiled" run's files end in -tiled), to see how much of a kernel's gain reaches the whole job.
-# TAG=NAME: the files are named h200-v2-lite-NAME-... (e.g. TAG=decode-heavy for 128 256 1024).
+# TAG=NAME: the files are named CARD-v2-lite-NAME-... (e.g. TAG=decode-heavy for 128 256 1024),
+# CARD h200 or h100 as nvidia-smi names the card.
 # BATCH_INVARIANT=1: workload P only, with --batch-invariant (the runner's reproducible mode), into
 # ...-pressure-batch-invariant.json: the greedy check with and without preemption in that mode,
 # and what the mode costs beside the default run's figures.
@@ -27,7 +28,12 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 n=${1:-256} input=${2:-512} output=${3:-128}
-name=h200-v2-lite${TAG:+-$TAG}
+case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) in
+  *H200*) card=h200 ;;
+  *H100*) card=h100 ;;
+  *) card=gpu ;;
+esac
+name=$card-v2-lite${TAG:+-$TAG}
 build=build-gpu-full
 bash bench/gpu/device-build.sh quantmla || exit 1
 [[ -f /tmp/v2-lite/config.json ]] ||

@@ -26,6 +26,7 @@ rm -f "$out/phases.txt"
 build=build-gpu
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+bash bench/gpu/touch-changed-sources.sh "$build"
 cmake -S . -B "$build" "${generator[@]}" -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
   -DCMAKE_BUILD_TYPE=Release >"$out/configure.txt"
 s_q=1
@@ -57,7 +58,8 @@ for n in "${!baseline_diffs[@]}"; do
     cmake --build "$build" -j "$(nproc)" --target bench_gpu_decode >"$out/build-$suffix.txt" 2>&1) &
   baselines+=("$dir") && baseline_pids+=($!)
 done
-cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3
+cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3 &&
+  bash bench/gpu/touch-changed-sources.sh "$build" --record
 phase build
 if [[ -n $anchor_pid ]]; then
   wait $anchor_pid || { echo "FlashMLA anchor failed:"; tail -5 "$out/flashmla.txt"; }
