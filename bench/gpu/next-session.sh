@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # The waiting measurements of bench/gpu/patches/README.md as numbered device calls, each under the
 # device tool's 600 s: `bash bench/gpu/next-session.sh STEP` on the GPU machine, the results (and
-# every log) packed into $OUT/results-STEP.tgz. Steps, with what to carry (.carry/deps.tar.xz and
-# .carry/deps-server.tar.xz for 1 and 2, .anchor for 3 and 4):
+# every log) packed into $OUT/results-STEP.tgz. Steps, with what to carry:
 #   1  workload P as bench/serve_projection.py projected it: 512 x 256/1024 in 637 MB (1/32 of the
-#      BF16 peak), warm (the shape warm-up), BF16 and INT2/INT4 (~250 s of serving after the build)
-#   2  the same workload, FP8/BF16 and INT4/INT4 (~200 s): INT4 against FP8 in one process, and
-#      against BF16 across the two calls
-#   3  subnormal-scores.diff beside main and FlashMLA at 16 heads, INT4 and INT2 (~310 s: the
-#      full test_gpu_mla with the reference's new allowance, memcheck, the grid)
-#   4  int4-fragments-long-context.diff beside main and FlashMLA at 16 heads, INT4 (~300 s; the
-#      batch-16 rows at 32K and 128K change kernel). If kept, the CUDA runner's tests next
-#      (`bash bench/gpu/run-runner.sh build,ops,runner`), its graphs keying on the new choice
+#      BF16 peak), warm (the shape warm-up), BF16 and INT2/INT4 (~250 s of serving after the build;
+#      carry .carry/deps.tar.xz and .carry/deps-server.tar.xz). Measured on 2026-12-05 (an H100)
+#      with subnormal-scores.diff's kernels: rerun only if that patch is not merged
+#   2  the same workload, FP8/BF16 and INT4/INT4 (~200 s, the same carry): INT4 against FP8 in one
+#      process, and against BF16 across the two calls
+#   3  subnormal-scores.diff's last gate: the runner's WikiText-2 PPL, cpu against cuda, BF16 /
+#      INT4 / INT2 caches (`run-runner.sh build,ppl` on the patched tree, ~250 s; carry
+#      .carry/deps.tar.xz and .carry/shared as `PPL_ONLY=1 bash scripts/device-carry.sh` makes
+#      it: the WikiText-2 ids). Its kernel timing and tests passed on 2026-12-05
+#   4  why INT2's decode step at the serving batch costs 1.22x BF16's (issue 14's step-time
+#      breakdown): whole blocks left out of every layer (ablate-runner.sh) at the mean batches of
+#      the 637 MB run, BF16 at 25 sequences and INT2/INT4 at 139, ctx 1K, 3-layer V2-Lite (~200 s;
+#      carry .carry/deps.tar.xz)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
-# scripts/device-carry.sh` where .carry/ lacks the dependencies; then run with the carries
-# above. The 2026-12-05 run of the same workload at the 1/8 budget (2.55 GB) is in
-# docs/benchmarks.md (twenty-first session): there INT4 and INT2 met --max-seqs 256. A kernel
-# patch is measured with BASELINE_DIFF=PATCH bash bench/gpu/run.sh on the tree with it applied.
+# scripts/device-carry.sh` where .carry/ lacks the dependencies or the ids; then run with the
+# carries above. A kernel patch is measured with BASELINE_DIFF=PATCH bash bench/gpu/run.sh on the
+# tree with it applied.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
@@ -24,7 +27,8 @@ step=${1:-}
   { echo "usage: bash bench/gpu/next-session.sh 1|2|3|4 (bench/gpu/patches/README.md)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
-((step >= 3)) && needs=(.anchor/bench_flashmla.py)
+((step == 3)) && needs=(.carry/deps.tar.xz .carry/shared/reference/wikitext2-test.ids.i32)
+((step == 4)) && needs=(.carry/deps.tar.xz)
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
@@ -44,13 +48,18 @@ case $step in
     FORMATS=$formats P_DIVISOR=32 SKIP_U=1 TAG=decode-heavy-512-637mb-$step \
       within bash bench/gpu/run-serve.sh 512 256 1024 >"$OUT/serve.txt" 2>&1 || status=1
     ;;
-  3 | 4)
-    patch=$patches/subnormal-scores.diff formats=int4g64/int4,int2g64/int4
-    ((step == 4)) && patch=$patches/int4-fragments-long-context.diff formats=int4g64/int4
-    git apply $patch >"$OUT/run.txt" 2>&1 || status=1
-    ((status)) || BASELINE_DIFF=$patch within bash bench/gpu/run.sh --heads 16 \
-      --formats $formats >>"$OUT/run.txt" 2>&1 || status=1
+  3)
+    patch=$patches/subnormal-scores.diff
+    git apply $patch >"$OUT/runner.txt" 2>&1 || status=1
+    ((status)) || within bash bench/gpu/run-runner.sh build,ppl >>"$OUT/runner.txt" 2>&1 || status=1
     git apply -R $patch
+    ;;
+  4)
+    within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
+    ((status)) || within bash bench/gpu/ablate-runner.sh blocks:25 >"$OUT/blocks-bf16.txt" 2>&1 ||
+      status=1
+    ((status)) || CACHE=content=int2:g64,rope=int4:g64 within bash bench/gpu/ablate-runner.sh \
+      blocks:139 >"$OUT/blocks-int2.txt" 2>&1 || status=1
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
