@@ -145,7 +145,7 @@ constexpr int kTransposedMaxHeads = 16;
 bool decode_long_context(const std::vector<int32_t>& seq_lens) {
   int32_t longest = 0;
   for (const int32_t len : seq_lens) longest = std::max(longest, len);
-  return (static_cast<int64_t>(longest) + kPageTokens - 1) / kPageTokens > kLongContextPages;
+  return longest > kLongContextPages * kPageTokens;  // more than that many full pages
 }
 
 namespace {
