@@ -39,13 +39,13 @@ else
   head -c $((4 * 1024 * 101)) "$shared/reference/wikitext2-test.ids.i32" \
     >.carry/shared/reference/wikitext2-test.ids.i32
 fi
-# RUNNER_ONLY=1: the runner stage's fixtures only (ab-runner.sh, next-session.sh 1): without the
+# RUNNER_ONLY=1: the runner stage's fixtures only (ab-runner.sh, next-session.sh 2): without the
 # pass-key prompts and the WikiText-2 ids the slice is 0.7 MiB, which keeps the tree (58 MiB with
 # data/, docs/ grown since) and deps.tar.xz under the device's 64 MiB.
 if [ -n "${RUNNER_ONLY:-}" ]; then
   rm -f .carry/shared/reference/passkey-public.json .carry/shared/reference/wikitext2-test.ids.i32
 fi
-# PPL_ONLY=1: the WikiText-2 ids alone, for run-runner.sh's ppl stage (next-session.sh 3), which
+# PPL_ONLY=1: the WikiText-2 ids alone, for run-runner.sh's ppl stage, which
 # reads the model from the checkout: the tree without data/, deps.tar.xz and the full slice would
 # pass the device's 64 MiB by a little.
 if [ -n "${PPL_ONLY:-}" ]; then

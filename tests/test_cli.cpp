@@ -124,6 +124,15 @@ TEST_F(CliTest, EvalPplJsonFromIdsAndTextAgree) {
   EXPECT_EQ(a["windows"], 2);
   EXPECT_DOUBLE_EQ(a["ppl"].get<double>(), b["ppl"].get<double>());
   EXPECT_GT(a["ppl"].get<double>(), 1.0);
+  // The same windows fed 16 tokens a step (the runner's chunked path; test_runner.cpp bounds it).
+  const CliResult chunked =
+      run_cli("eval-ppl --ids '" + ids + "' --ctx 128 --max-windows 2 --chunk 16 --json");
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+  const auto c = nlohmann::json::parse(chunked.out);
+  EXPECT_EQ(c["chunk"], 16);
+  EXPECT_EQ(c["tokens"], 254);
+  EXPECT_NEAR(c["ppl"].get<double>() / a["ppl"].get<double>(), 1.0, 1e-6);
+  expect_failure(run_cli("eval-ppl --ids '" + ids + "' --ctx 128 --chunk -1"), {"--chunk"});
 }
 
 TEST_F(CliTest, TokenizeWritesReferenceIds) {

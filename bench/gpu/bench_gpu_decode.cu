@@ -97,8 +97,9 @@ int main(int argc, char** argv) {
   int heads_only = 0;        // 16 or 128: that half of the grid only
   double max_seconds = 420.0;
   bool quick = false;
-  int s_q = 1;              // queries per sequence (2: multi-token prediction)
-  int pages_per_split = 0;  // 0: the plan's own split; N: runs of exactly N pages (tuning)
+  bool short_contexts = false;  // the serving grid: batch 16-128 at 512-2K tokens
+  int s_q = 1;                  // queries per sequence (2: multi-token prediction)
+  int pages_per_split = 0;      // 0: the plan's own split; N: runs of exactly N pages (tuning)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -106,6 +107,8 @@ int main(int argc, char** argv) {
       max_seconds = std::stod(argv[++i]);
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--short-contexts")) {
+      short_contexts = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) {
@@ -118,7 +121,8 @@ int main(int argc, char** argv) {
       pages_per_split = std::stoi(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json FILE] [--max-seconds S] [--quick] [--heads 16|128] "
+                   "usage: %s [--json FILE] [--max-seconds S] [--quick | --short-contexts] "
+                   "[--heads 16|128] "
                    "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--formats NAME,...] "
                    "[--pages-per-split N]\n",
                    argv[0]);
@@ -173,6 +177,12 @@ int main(int argc, char** argv) {
     std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 64, 128};
     std::vector<int> contexts =
         quick ? std::vector<int>{4096, 32768} : std::vector<int>{4096, 32768, 131072};
+    if (short_contexts) {
+      // A serving step's shapes (workload P of docs/benchmarks.md: 256-1280 tokens a sequence),
+      // where the split of the work costs more than at long contexts (decode_schedule.h).
+      batches = {16, 32, 64, 96, 128};
+      contexts = {512, 1024, 2048};
+    }
     if (!only.empty()) {
       // --only names its shape, which need not be on the grid (e.g. the runner's 1K contexts).
       int b = 0, ctx = 0, h = 0;

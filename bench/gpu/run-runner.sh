@@ -14,7 +14,11 @@
 #   nopdl: the runner benchmark again with the kernels launched without programmatic dependent
 #   launch (bench_runner --no-pdl), beside bench's;
 #   fusion: decode at batch 1, 4, 16 with and without the fused decode launches
-#   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches; calib: the same
+#   ppl: WikiText-2 ctx 1024 on mla-tiny, cpu vs cuda, BF16 / INT4 / INT2 caches, each window as
+#   one prefill step (which never reaches the decode kernel: chunks of 128 tokens or more take the
+#   prefill attention), then the CUDA runner fed one token a step (eval-ppl --chunk 1: every
+#   position through the decode kernel, PPL_DECODE_WINDOWS side by side, default 64, the batch at
+#   which INT4 takes the fragment kernel) against the CPU's whole windows; calib: the same
 #   and pass-key for an INT4/INT4 model calibrated here; passkey: mla-tiny's pass-key, cpu vs cuda;
 #   long: ctx 4096 and all 120 pass-key prompts on .carry/shared/models/mla-tiny-v2-4k; longcalib:
 #   the same for an INT4/INT4 mla-tiny-v2-4k calibrated here (windows of --seq 512); calibrated:
@@ -91,12 +95,16 @@ if has runner; then
   $build/tests/gpu/test_cuda_runner --fixtures /tmp/fixtures --model models/mla-tiny 2>&1 |
     tee "$out/test-cuda-runner.txt" || status=1
 fi
-# One evaluation on both devices: its JSON lines (cpu, then cuda) appended to $out/$1.jsonl.
+# One evaluation on both devices: its JSON lines (cpu, then cuda) appended to $out/$1.jsonl;
+# CUDA_ARGS: further arguments for the cuda run only.
 both() {
   local file=$1
   shift
   for device in ${DEVICES:-cpu cuda}; do
-    $build/quantmla "$@" --device $device --json 2>>"$out/eval-stderr.txt" >>"$out/$file.jsonl" ||
+    local extra=()
+    [[ $device == cuda ]] && extra=(${CUDA_ARGS:-})
+    $build/quantmla "$@" "${extra[@]}" --device $device --json 2>>"$out/eval-stderr.txt" \
+      >>"$out/$file.jsonl" ||
       { echo "$file on $device failed: $(tail -1 "$out/eval-stderr.txt")"; status=1; }
   done
 }
@@ -124,6 +132,13 @@ if has ppl; then
     both ppl eval-ppl $corpus --ctx 1024 --max-windows $PPL_WINDOWS --cache $spec
   done
   compare mla-tiny-ctx1024="$out/ppl.jsonl" || status=1
+  echo "== eval-ppl, cpu whole windows vs cuda one token a step (the decode kernel; first" \
+    "${PPL_DECODE_WINDOWS:=64} windows)"
+  for spec in bf16 content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64; do
+    CUDA_ARGS="--chunk 1" both ppl-decode eval-ppl $corpus --ctx 1024 \
+      --max-windows $PPL_DECODE_WINDOWS --cache $spec
+  done
+  compare mla-tiny-decode-path="$out/ppl-decode.jsonl" || status=1
 fi
 # INT4/INT4 calibration of model $1 (empty: the bundled one) into $2, its log in $out/$3.
 calibrate_int4() {

@@ -23,6 +23,11 @@ struct PerplexityOptions {
   // max_batch_tokens holds).
   int64_t windows_per_step = 0;
   int64_t max_batch_tokens = 8192;
+  // Runner version: tokens of each window a step (0: the whole window in one step, a prefill).
+  // 1 runs every position as a decode step (teacher-forced), through the backend's decode path
+  // rather than its prefill path; the windows then run up to max_sequences side by side.
+  int64_t chunk_tokens = 0;
+  int64_t max_sequences = 256;  // CudaRunnerOptions::max_sequences's default
 };
 
 struct PerplexityResult {

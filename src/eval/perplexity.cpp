@@ -59,36 +59,57 @@ PerplexityResult evaluate_perplexity(Runner& runner, std::span<const int32_t> id
   const ModelConfig& config = runner.config();
   const int64_t ctx = options.ctx;
   const int64_t windows = count_windows(config, ids.size(), ctx, options.max_windows);
+  if (options.chunk_tokens < 0 || options.max_sequences < 1) {
+    throw InvalidArgument("perplexity: chunk_tokens " + std::to_string(options.chunk_tokens) +
+                          " and max_sequences " + std::to_string(options.max_sequences) +
+                          ", expected >= 0 and >= 1");
+  }
+  const int64_t chunk = options.chunk_tokens > 0 ? std::min(options.chunk_tokens, ctx) : ctx;
   const int64_t segment = ctx - 1;
   const int64_t vocab = config.vocab_size;
-  const int64_t per_step = std::clamp<int64_t>(
-      options.windows_per_step > 0 ? options.windows_per_step : options.max_batch_tokens / ctx, 1,
-      windows);
+  const int64_t per_step =
+      std::clamp<int64_t>(options.windows_per_step > 0
+                              ? options.windows_per_step
+                              : std::min(options.max_batch_tokens / chunk, options.max_sequences),
+                          1, windows);
   auto pool = runner.make_pool(options.cache, per_step * PagePool::pages_for_tokens(ctx));
   std::vector<std::vector<int32_t>> batch_windows(static_cast<size_t>(per_step));
-  std::vector<float> logits(static_cast<size_t>(per_step * ctx * vocab));
+  std::vector<SequenceId> sequences(static_cast<size_t>(per_step));
+  std::vector<float> logits(static_cast<size_t>(per_step * chunk * vocab));
   PerplexityResult result;
   for (int64_t first = 0; first < windows; first += per_step) {
     const int64_t count = std::min(per_step, windows - first);
-    StepBatch batch;
     for (int64_t b = 0; b < count; ++b) {
       fill_window(config, ids, ctx, first + b, batch_windows[b]);
-      const SequenceId seq = pool->add_sequence();
-      pool->reserve(seq, ctx);
-      batch.chunks.push_back({seq, batch_windows[b], LogitRows::kAll, {}});
+      sequences[b] = pool->add_sequence();
+      pool->reserve(sequences[b], ctx);
     }
-    const std::span<float> step_logits(logits.data(), static_cast<size_t>(count * ctx * vocab));
-    runner.step(batch, *pool, {step_logits, {}});
-    for (int64_t b = 0; b < count; ++b) {
-      for (int64_t i = 0; i < segment; ++i) {
-        result.total_nll += token_nll(
-            step_logits.subspan(static_cast<size_t>((b * ctx + i) * vocab),
-                                static_cast<size_t>(vocab)),
-            batch_windows[b][i + 1]);
+    // Each window's tokens [begin, begin + len) a step; position i's logits score token i + 1.
+    for (int64_t begin = 0; begin < ctx; begin += chunk) {
+      const int64_t len = std::min(chunk, ctx - begin);
+      StepBatch batch;
+      for (int64_t b = 0; b < count; ++b) {
+        batch.chunks.push_back({sequences[b],
+                                std::span<const int32_t>(batch_windows[b])
+                                    .subspan(static_cast<size_t>(begin), static_cast<size_t>(len)),
+                                LogitRows::kAll,
+                                {}});
       }
+      const std::span<float> step_logits(logits.data(), static_cast<size_t>(count * len * vocab));
+      runner.step(batch, *pool, {step_logits, {}});
+      for (int64_t b = 0; b < count; ++b) {
+        for (int64_t i = begin; i < std::min(begin + len, segment); ++i) {
+          result.total_nll +=
+              token_nll(step_logits.subspan(static_cast<size_t>((b * len + i - begin) * vocab),
+                                            static_cast<size_t>(vocab)),
+                        batch_windows[b][i + 1]);
+        }
+      }
+    }
+    for (int64_t b = 0; b < count; ++b) {
       result.tokens += segment;
       ++result.windows;
-      pool->remove_sequence(batch.chunks[b].sequence);
+      pool->remove_sequence(sequences[b]);
     }
     if (options.progress) options.progress(first + count, windows);
   }

@@ -292,16 +292,19 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         if (mutation == Mutation::kDroppedKey && b == 0 && r == 0 && key == heavy) continue;
         const float* k = keys[b].data() + static_cast<size_t>(key) * kKeyDim;
         double s = 0.0, squares = 0.0;
+        double subnormal_window = 0.0;  // int codes: sum over groups of |scale| sum |terms|
         if (codes) {
           // Each group's scale (Q . codes) + min sum(Q); the terms of both sums add to the squares.
           const CodedKey& c = coded[b][static_cast<size_t>(key)];
           for (int g = 0; g < groups; ++g) {
-            double part = 0.0;
+            double part = 0.0, magnitude = 0.0;
             for (int d = group_size * g; d < group_size * (g + 1); ++d) {
               const double term = q_codes[d] * c.codes[d];
               part = round(part + term);
+              magnitude += std::fabs(term);
               squares += term * term * c.scale[g] * c.scale[g];
             }
+            if (!fp8) subnormal_window += std::fabs(c.scale[g]) * magnitude;
             s = round(round(s + round(c.scale[g] * part)) + c.minimum[g] * q_sums[g]);
             squares += c.minimum[g] * c.minimum[g] * q_squares[g];
           }
@@ -316,6 +319,11 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         // which would allow 20x more.
         step_score[j] = scale_log2 * std::pow(kKeyDim, 1.5) * std::sqrt(squares / kKeyDim) *
                         std::ldexp(1.0, -23);
+        // Int codes enter the scores' MMAs as FP16 subnormals, whose products keep bits only in
+        // a window below the largest addend (the probe: 2^-17.3 of an MMA's sum of magnitudes at
+        // worst). 2^-16 of each MMA's products and accumulator, the accumulator of a group's
+        // four k-steps at most the sum of its products: 2^-14 of the group's sum of magnitudes.
+        step_score[j] += scale_log2 * std::ldexp(subnormal_window, -14);
         step_x[j] = static_cast<float>(s) * scale_log2;
         tile_max = std::max(tile_max, step_x[j]);
       }

@@ -18,6 +18,7 @@ struct EvalPplOptions {
   std::string ids;
   int64_t ctx = 1024;
   int64_t max_windows = 0;
+  int64_t chunk = 0;  // tokens of each window a step; 0: the whole window
   std::string cache;  // "" = recorded in the model's config.json, else f32
   bool json = false;
   TransformOption transform;
@@ -40,6 +41,7 @@ void run_eval_ppl(const EvalPplOptions& options) {
   ppl_options.ctx = options.ctx;
   ppl_options.max_windows = options.max_windows;
   ppl_options.cache = device_cache(options.device, options.model, options.cache, "f32");
+  ppl_options.chunk_tokens = options.chunk;
   ppl_options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   // The CPU runs one window at a time (each fills the cores); the GPU runs many side by side.
   if (options.device == "cpu") ppl_options.windows_per_step = 1;
@@ -49,6 +51,7 @@ void run_eval_ppl(const EvalPplOptions& options) {
                                 {"tokens", result.tokens},
                                 {"windows", result.windows},
                                 {"ctx", options.ctx},
+                                {"chunk", options.chunk},
                                 {"cache", ppl_options.cache.to_string()},
                                 {"transform", options.transform.name},
                                 {"device", runner->device()}};
@@ -77,6 +80,11 @@ void add_eval_ppl(CLI::App& app) {
   cmd->add_option("--cache", options->cache,
                   "Cache format, e.g. content=int4:g64,rope=int4:g64 (f32 = exact); default: the "
                   "spec quantmla calibrate recorded in the model's config.json, else f32");
+  cmd->add_option("--chunk", options->chunk,
+                  "Feed each window N tokens a step (1: every position as a teacher-forced decode "
+                  "step, through the decode attention; 0: the whole window as one prefill)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   add_transform_options(*cmd, options->transform);
   add_device_option(*cmd, options->device);
   cmd->add_flag("--json", options->json, "Print one JSON object {ppl, tokens, windows}");

@@ -12,13 +12,15 @@
 // hold NaN scales and poison P V even where P is 0) and rewrite an int4 RoPE key's FP16
 // {scale, min} word as BF16, then mark the stage ready. Warps 0-3 consume, per page:
 //   1. Scores, transposed: S^T = K Q^T (M = 16 keys a warp, N = the 16 rows). A content group g
-//      contributes scale_g (Q . codes) + min_g sum(Q): its four k-steps multiply the codes, exact
-//      in FP16 (one LOP3 puts 1024 + code * 2^p in each half, one HSUB2 removes the 1024;
-//      fragment_maps.h), by Q in FP16 with channel c divided by 2^p(c) and each row scaled by a
-//      power of two 2^e_r that keeps it in FP16's range; the group's partial sums are then scaled
-//      by the key's scale in FP32. The minimums of all eight groups take one more MMA (A = the
-//      keys' FP16 minimums, B = each row's group sums of Q, split into two FP16 halves). The RoPE
-//      key is dequantized to BF16 as in the tiled kernel and multiplies Q in BF16 (times 2^e_r).
+//      contributes scale_g (Q . codes) + min_g sum(Q): its four k-steps multiply the codes as FP16
+//      subnormals (one mask puts code * 2^(p - 24) in each half; fragment_maps.h), by Q in FP16
+//      with channel c divided by 2^p(c) and each row scaled by a power of two 2^e_r that keeps it
+//      in FP16's range; the group's partial sums are then scaled by the key's scale times 2^24 in
+//      FP32. (Subnormal operands' products keep a 24-bit window below the largest of an MMA's: the
+//      reference allows the scores that, as it does the values.) The minimums of all eight groups
+//      take one more MMA (A = the keys' FP16 minimums, B = each row's group sums of Q, split into
+//      two FP16 halves). The RoPE key is dequantized to BF16 as in the tiled kernel and multiplies
+//      Q in BF16 (times 2^e_r).
 //   2. Online softmax per row (the rows are S^T's columns): the page's maximum over the four warps
 //      through shared memory, P = exp2 in FP32, rounded to FP16 into P^T in shared memory; the
 //      row sums add the rounded P.
@@ -42,7 +44,8 @@
 // E, the accumulators are multiplied by the power of two 2^(E_old - E) with the softmax's rescale,
 // and the outputs by 2^E at the end.
 // The kernel-arithmetic reference (tests/gpu/decode_reference.h, MlaDecodePlan::Operands::
-// kFp16Codes) follows these roundings: exact scores up to FP32 sums, P in FP16, P * scale in FP16.
+// kFp16Codes) follows these roundings: scores up to FP32 sums and the subnormal products' window,
+// P in FP16, P * scale in FP16.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -121,9 +124,10 @@ __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int recor
 }
 
 // Two int4 or two int2 codes, one in the low bits of each half (the masks of biased_codes, shifted
-// by a code's position for exact_code_pair and the values' subnormal operands).
+// by a code's position for the subnormal operands of the scores and the values).
 constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
-constexpr uint32_t kHalf1024 = 0x64006400u;  // FP16 1024.0 twice, as bits
+// What a subnormal code operand's products are multiplied by to restore the code's units.
+constexpr float kSubnormalCodeUnit = 16777216.0f;  // 2^24
 
 // (bits & mask) | bias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
 // that two codes sit in the low bits of the halves and bias kCodeBias, the BF16 pair 128 + code.
@@ -132,15 +136,6 @@ __device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = 
   uint32_t biased;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(bias));
   return biased;
-}
-
-// Two codes at bit p of each half (bits & mask, mask = the pair mask << p) -> the FP16 pair
-// code * 2^p, exact: 1024 + code * 2^p (code * 2^p < 1024) less 1024.
-__device__ __forceinline__ uint32_t exact_code_pair(uint32_t bits, uint32_t mask) {
-  const uint32_t pair = biased_codes(bits, mask, kHalf1024);
-  const __half2 value = __hsub2(*reinterpret_cast<const __half2*>(&pair),
-                                __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
-  return *reinterpret_cast<const uint32_t*>(&value);
 }
 
 __device__ __forceinline__ uint32_t with_half(uint32_t pair, int e, uint32_t value) {
@@ -453,8 +448,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
 #pragma unroll
         for (int group = 0; group < L::kGroups; ++group) {
           const int scales = Content::kCodeBytes + 4 * group;
-          const float scale_lo = f16_low(load_u32(rec_lo + scales));
-          const float scale_hi = f16_low(load_u32(rec_hi + scales));
+          const float scale_lo = f16_low(load_u32(rec_lo + scales)) * kSubnormalCodeUnit;
+          const float scale_hi = f16_low(load_u32(rec_hi + scales)) * kSubnormalCodeUnit;
           uint32_t lo[2], hi[2];
           if constexpr (L::kInt2) {
             lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
@@ -484,8 +479,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
                 word_hi = hi[s >> 1] >> int4_key_word_shift(s);
                 mask = kInt4Pair << (4 * h);
               }
-              a[2 * h] = exact_code_pair(word_lo, mask);
-              a[2 * h + 1] = exact_code_pair(word_hi, mask);
+              a[2 * h] = word_lo & mask;  // the FP16 subnormals code * 2^(p - 24)
+              a[2 * h + 1] = word_hi & mask;
             }
             const uint4 b = qf[32 * (4 * group + s)];
             mma_f16_16x8x16(part[0], a, b.x, b.y);

@@ -90,8 +90,8 @@ QUANTMLA_HOST_DEVICE constexpr int fp8_value_channel(int j, int row) {
 
 // The kernel multiplies with the codes themselves: a register half holds code * 2^p, p the code's
 // bit position in its 16-bit half once the word is shifted as below, so that one mask isolates it
-// (scores: an exact FP16 value, 1024 + code * 2^p less 1024; values: the FP16 subnormal
-// code * 2^(p - 24)). The kernel divides Q's channel (scores) or the output's (values) by 2^p.
+// (the FP16 subnormal code * 2^(p - 24)). The kernel divides Q's channel (scores) or the output's
+// (values) by 2^p.
 // Int4 keys: word 2t + (s >> 1) of k-step s shifted right by
 QUANTMLA_HOST_DEVICE constexpr int int4_key_word_shift(int s) { return 8 * (s & 1); }
 // so that the code of channel c sits at (keys and values alike)
