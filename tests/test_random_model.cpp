@@ -449,6 +449,14 @@ TEST_F(CliMakeRandomModel, WritesAModelTheToolsRun) {
   EXPECT_EQ(json["num_hidden_layers"], 3);
   EXPECT_EQ(json["vocab_size"], 102400);
   EXPECT_FALSE(fs::exists(testing::source_dir() / "unused"));
+  // --config-only needs no --out; writing a model does.
+  const testing::CliResult no_out_needed =
+      testing::run_cli("make-random-model --preset deepseek-v2-lite --layers 3 --config-only");
+  ASSERT_EQ(no_out_needed.exit_code, 0) << no_out_needed.err;
+  EXPECT_EQ(no_out_needed.out, config.out);
+  const testing::CliResult no_out = testing::run_cli("make-random-model --preset deepseek-v2-lite");
+  EXPECT_NE(no_out.exit_code, 0);
+  EXPECT_NE(no_out.err.find("--out"), std::string::npos) << no_out.err;
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ void run_make_random_model(MakeRandomModelArgs& args, const CLI::App& cmd) {
     std::fputs(random_model_config_json(options).c_str(), stdout);
     return;
   }
+  if (options.out_dir.empty()) throw CLI::RequiredError("--out");
   if (args.threads > 0) omp_set_num_threads(args.threads);
 
   ProgressBar bar("writing MiB");
@@ -72,7 +73,8 @@ void add_make_random_model(CLI::App& app) {
       "Write a random-weight BF16 checkpoint with a real model's config (sharded safetensors, "
       "index, tokenizer) that Model::load and transformers read");
   cmd->add_option("--preset", args->library.preset, "Model shape: " + presets)->required();
-  cmd->add_option("--out", args->library.out_dir, "Output model directory")->required();
+  cmd->add_option("--out", args->library.out_dir,
+                  "Output model directory (required but with --config-only)");
   cmd->add_option("--layers", args->layers, "num_hidden_layers (default: the preset's)");
   cmd->add_option("--seed", args->library.seed, "Seed; the same seed gives identical files")
       ->capture_default_str();
