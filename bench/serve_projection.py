@@ -132,7 +132,8 @@ def solve(rows, targets):
                 f = ata[r][col] / ata[col][col]
                 ata[r] = [x - f * y for x, y in zip(ata[r], ata[col])]
                 atb[r] -= f * atb[col]
-    return [atb[i] / ata[i][i] for i in range(m)]
+    # An unknown no row measures (G and h where every fitted run was warm) stays 0.
+    return [atb[i] / ata[i][i] if ata[i][i] != 0 else 0.0 for i in range(m)]
 
 
 def modeled(params, caches, cache, sums):

@@ -525,6 +525,23 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
   int64_t rows = 0;
   while (std::getline(lines, line)) ++rows;
   EXPECT_EQ(rows, steps);
+  // --swap-space (GiB): the same preemptions by swap, nothing recomputed.
+  const fs::path swap_json = scratch_ / "swap.json";
+  const CliResult swapping = run_cli(
+      "bench-serve --schedule-only --model '" + dir.string() +
+      "' --num-prompts 12 --input-len 100 --output-len 100 --cache bf16 --cache-memory 2700KiB "
+      "--max-batched-tokens 64 --swap-space 0.5 --json '" +
+      swap_json.string() + "'");
+  ASSERT_EQ(swapping.exit_code, 0) << swapping.err;
+  const auto swap_out = nlohmann::json::parse(testing::slurp(swap_json));
+  EXPECT_EQ(swap_out["swap_space_bytes"], int64_t{1} << 29);
+  const auto& swapped = swap_out["formats"][0];
+  EXPECT_GT(swapped["preemptions"].get<int64_t>(), 0);
+  EXPECT_EQ(swapped["swapped_out"], swapped["preemptions"]);
+  EXPECT_EQ(swapped["recomputed_tokens"], 0);
+  expect_failure(run_cli("bench-serve --schedule-only --model '" + dir.string() +
+                         "' --num-prompts 2 --input-len 8 --output-len 2 --swap-space -1"),
+                 {"--swap-space"});
 
   expect_failure(run_cli("bench-serve --schedule-only --num-prompts 2 --input-len 8 --output-len "
                          "2 --check-outputs 2"),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 #include <span>
@@ -63,6 +64,46 @@ TEST(PagePool, ReservesAllOrNothingAndFreesEveryPage) {
   pool->remove_sequence(b);
   EXPECT_EQ(pool->free_pages(), 10);
   EXPECT_THROW(PagePool::on_host(kShape, format, 0), InvalidArgument);
+}
+
+// A swap copies a sequence's records out in whole pages and back into other pages: every record
+// of the committed tokens comes back bit for bit, and the length is committed.
+TEST(PagePool, CopiesASequencesRecordsOutAndBackIntoOtherPages) {
+  const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+  auto pool = PagePool::on_host(kShape, format, 8);
+  const SequenceId a = pool->add_sequence();
+  pool->reserve(a, 150);  // 3 pages
+  pool->set_length(a, 130);
+  std::mt19937 rng(7);
+  for (int64_t layer = 0; layer < kShape.num_layers; ++layer) {
+    for (int64_t pos = 0; pos < 150; ++pos) {
+      uint8_t* record = pool->record(layer, a, pos);
+      for (int64_t i = 0; i < pool->record_bytes(); ++i) record[i] = static_cast<uint8_t>(rng());
+    }
+  }
+  EXPECT_EQ(pool->swap_bytes(130), 3 * 64 * 324 * kShape.num_layers);
+  std::vector<uint8_t> host(static_cast<size_t>(pool->swap_bytes(130)));
+  pool->copy_out(a, 130, host);
+  const SequenceId filler = pool->add_sequence();
+  pool->reserve(filler, 64);  // the copy goes to other pages than it came from
+  const SequenceId b = pool->add_sequence();
+  pool->reserve(b, 131);
+  pool->copy_in(b, 130, host);
+  EXPECT_EQ(pool->length(b), 130);
+  EXPECT_NE(pool->block_table(b), pool->block_table(a));
+  for (int64_t layer = 0; layer < kShape.num_layers; ++layer) {
+    for (int64_t pos = 0; pos < 130; ++pos) {
+      ASSERT_EQ(std::memcmp(pool->record(layer, a, pos), pool->record(layer, b, pos),
+                            static_cast<size_t>(pool->record_bytes())),
+                0)
+          << "layer " << layer << " position " << pos;
+    }
+  }
+  EXPECT_THROW(pool->copy_out(a, 131, host), InvalidArgument);  // past the committed length
+  std::vector<uint8_t> short_buffer(host.size() - 1);
+  EXPECT_THROW(pool->copy_out(a, 130, short_buffer), ShapeError);
+  EXPECT_THROW(pool->copy_in(b, 200, host), InvalidArgument);  // past the pages it holds
+  EXPECT_THROW(pool->copy_in(b, 64, host), ShapeError);        // one page's records, not three
 }
 
 // A byte budget turns into pages of the format: a smaller record gives proportionally more.

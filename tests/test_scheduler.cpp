@@ -394,6 +394,10 @@ TEST(Scheduler, StopStringsAndCancellation) {
 // recomputed row comes from a prefill GEMM where it first came from a decode GEMV, so the exact
 // cache keeps the difference at rounding level; a quantized cache can flip a code on it, and a
 // sampled token can flip where its draw falls on a boundary.)
+// Greedy outputs under preemption are those of a roomy pool, whether the victims are recomputed,
+// swapped to host memory and back (a swap space that holds them all: nothing is recomputed), or
+// recomputed because the swap space is too small for them (one page's records: every victim here
+// has computed more than 64 tokens).
 TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
   const Model& model = testing::mla_tiny();
   const auto runner = make_cpu_runner(model);
@@ -408,12 +412,17 @@ TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
     r.ignore_eos = true;
     requests.push_back(r);
   }
-  std::vector<std::vector<std::vector<int32_t>>> outputs;
-  std::vector<int64_t> preemptions;
-  for (const int64_t pages : {int64_t{5}, int64_t{40}}) {
-    auto pool = runner->make_pool(CacheFormat::f32(), pages);
+  const int64_t page_records = runner->make_pool(CacheFormat::f32(), 1)->swap_bytes(kPageTokens);
+  struct Run {
+    int64_t pages, swap_space;
+  };
+  const std::vector<Run> runs = {{40, 0}, {5, 0}, {5, int64_t{1} << 30}, {5, page_records}};
+  std::vector<std::vector<int32_t>> roomy;
+  for (const Run& run : runs) {
+    auto pool = runner->make_pool(CacheFormat::f32(), run.pages);
     SchedulerOptions options;
     options.max_batched_tokens = 96;
+    options.swap_space_bytes = run.swap_space;
     Scheduler scheduler(*runner, *pool, options);
     for (const Request& r : requests) scheduler.add(r);
     std::vector<std::vector<int32_t>> tokens(requests.size());
@@ -421,17 +430,67 @@ TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
       for (const FinishedRequest& f : scheduler.step().finished) {
         tokens[static_cast<size_t>(f.id - 1)] = f.tokens;
       }
+      EXPECT_LE(scheduler.swap_used_bytes(), run.swap_space);
     }
-    outputs.push_back(tokens);
-    preemptions.push_back(scheduler.stats().preemptions);
-    EXPECT_EQ(pool->used_pages(), 0);
+    const SchedulerStats& stats = scheduler.stats();
+    const std::string name =
+        std::to_string(run.pages) + " pages, swap space " + std::to_string(run.swap_space);
+    EXPECT_EQ(pool->used_pages(), 0) << name;
+    EXPECT_EQ(scheduler.swap_used_bytes(), 0) << name;
+    EXPECT_EQ(stats.swapped_in, stats.swapped_out) << name;
+    EXPECT_LE(stats.swapped_out, stats.preemptions) << name;
+    if (run.pages == 40) {
+      EXPECT_EQ(stats.preemptions, 0);
+      roomy = tokens;
+      continue;
+    }
+    EXPECT_GT(stats.preemptions, 0) << name << ": the small pool did not force a preemption";
+    if (run.swap_space < 2 * page_records) {
+      EXPECT_EQ(stats.swapped_out, 0) << name;
+      EXPECT_GT(stats.recomputed_tokens, 0) << name;
+    }
+    if (run.swap_space == int64_t{1} << 30) {
+      EXPECT_EQ(stats.swapped_out, stats.preemptions) << name;
+      EXPECT_EQ(stats.recomputed_tokens, 0) << name;
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(tokens[i].size(), 60u) << name;
+      EXPECT_EQ(tokens[i], roomy[i]) << name << ": request " << i;
+    }
   }
-  EXPECT_GT(preemptions[0], 0) << "the small pool did not force a preemption";
-  EXPECT_EQ(preemptions[1], 0);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(outputs[0][i].size(), 60u);
-    EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i;
+}
+
+// A request cancelled while its records wait in the swap space gives them back.
+TEST(Scheduler, CancellingASwappedRequestFreesItsSwapSpace) {
+  const Model& model = testing::mla_tiny();
+  const auto runner = make_cpu_runner(model);
+  auto pool = runner->make_pool(CacheFormat::f32(), 5);
+  SchedulerOptions options;
+  options.max_batched_tokens = 96;
+  options.swap_space_bytes = int64_t{1} << 30;
+  Scheduler scheduler(*runner, *pool, options);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.prompt.assign(static_cast<size_t>(60 + 10 * i), 7);
+    r.max_tokens = 60;
+    r.ignore_eos = true;
+    ids.push_back(scheduler.add(r));
   }
+  while (scheduler.has_work() && scheduler.swap_used_bytes() == 0) scheduler.step();
+  ASSERT_GT(scheduler.swap_used_bytes(), 0) << "no request was swapped out";
+  for (const RequestId id : ids) scheduler.cancel(id);
+  int64_t cancelled = 0;
+  while (scheduler.has_work()) {
+    for (const FinishedRequest& f : scheduler.step().finished) {
+      cancelled += f.reason == FinishReason::kCancelled;
+    }
+  }
+  EXPECT_GT(cancelled, 0);
+  EXPECT_EQ(scheduler.swap_used_bytes(), 0);
+  EXPECT_EQ(pool->used_pages(), 0);
+  EXPECT_THROW(Scheduler(*runner, *pool, SchedulerOptions{.swap_space_bytes = -1}),
+               InvalidArgument);
 }
 
 // Logprobs are the log-softmax of the runner's own logits: the first generated token's against a
@@ -861,6 +920,18 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
                                    static_cast<int64_t>(requests.size()) +
                                    planned.recomputed_tokens);
   EXPECT_GT(context, 0);
+  // With a swap space that holds every victim: the same preemptions, none recomputed, and the
+  // replay (whose pools copy nothing) takes the real run's schedule too.
+  SchedulerOptions swapping = options;
+  swapping.swap_space_bytes = int64_t{1} << 30;
+  const ServeResult swapped = run_serve_bench(runner, bf16, bytes, requests, swapping);
+  const ServeResult swap_plan = run_serve_bench(*replay, bf16, bytes, requests, swapping);
+  EXPECT_GT(swapped.preemptions, 0);
+  EXPECT_EQ(swapped.swapped_out, swapped.preemptions);
+  EXPECT_EQ(swapped.recomputed_tokens, 0);
+  EXPECT_EQ(swapped.outputs, real.outputs);
+  EXPECT_EQ(std::make_tuple(swap_plan.steps, swap_plan.preemptions, swap_plan.swapped_out),
+            std::make_tuple(swapped.steps, swapped.preemptions, swapped.swapped_out));
   // A warm-up pass runs the same requests on the same pool first, untimed: the timed run then
   // takes the same schedule, and its pool was left empty by the warm-up.
   const int64_t steps_before = runner.steps;

@@ -678,9 +678,9 @@ TEST_F(ServerTest, MetricsParse) {
   }
   for (const char* name :
        {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
-        "vllm:e2e_request_latency_seconds_sum"}) {
+        "vllm:cpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_count", "vllm:e2e_request_latency_seconds_sum"}) {
     EXPECT_NE(m->body.find(name), std::string::npos) << name;
   }
   EXPECT_GT(samples, 20);

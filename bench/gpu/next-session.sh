@@ -13,25 +13,26 @@
 #      ppl stage (the CPU's whole windows against the CUDA runner fed one token a step, 64 windows
 #      side by side; the prefill rows on 20 windows), each tree in its own folder (~400 s; carry
 #      .carry/deps.tar.xz and .carry/shared from `PPL_ONLY=1 bash scripts/device-carry.sh`)
-#   4  workload P at 637 MB, FP8/BF16 and INT4/INT4 (run-serve.sh, ~340 s; carry
-#      .carry/deps.tar.xz and .carry/deps-server.tar.xz): after the patch is merged, against
-#      2026-12-05's 3,256 and 5,833 output tok/s (H100)
-#   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
+#   4  workload P at 637 MB with preemption by swap (bench-serve --swap-space 16), BF16 and
+#      INT4/INT4 (run-serve.sh, ~360 s; carry .carry/deps.tar.xz and .carry/deps-server.tar.xz):
+#      against 2026-12-05's recomputing runs (H100: BF16 2,077, INT4 5,833 output tok/s)
+#   5  the same for INT2/INT4 and FP8/BF16 (~240 s; the same carry): against 9,090 and 3,256
+#   6  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks what a step needs; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-5]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-5 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-6]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-6 (bench/gpu/patches/README.md)" >&2; exit 2; }
 patch=bench/gpu/patches/short-context-one-block.diff
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step == 2)) && needs=(.carry/deps.tar.xz .carry/shared/tools/make_gpu_fixtures.py)
 ((step == 3)) && needs=(.carry/deps.tar.xz .carry/shared/reference/wikitext2-test.ids.i32)
-((step == 4)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
-((step == 5)) && needs=(.anchor/bench_flashmla.py)
+((step == 4 || step == 5)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
+((step == 6)) && needs=(.anchor/bench_flashmla.py)
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
@@ -63,12 +64,14 @@ case $step in
     OUT=$OUT/main PPL_WINDOWS=20 within bash bench/gpu/run-runner.sh build,ppl >"$OUT/ppl-main.txt" \
       2>&1 || status=1
     ;;
-  4)
-    FORMATS="content=fp8,rope=bf16 content=int4:g64,rope=int4:g64" P_DIVISOR=32 SKIP_U=1 \
-      TAG=decode-heavy-512-637mb within bash bench/gpu/run-serve.sh 512 256 1024 \
+  4 | 5)
+    formats="bf16 content=int4:g64,rope=int4:g64"
+    ((step == 5)) && formats="content=int2:g64,rope=int4:g64 content=fp8,rope=bf16"
+    FORMATS=$formats P_DIVISOR=32 SKIP_U=1 SERVE_ARGS="--swap-space 16" \
+      TAG=decode-heavy-512-637mb-swap-$step within bash bench/gpu/run-serve.sh 512 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
-  5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  6) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
 esac
 tail -n 25 "$OUT"/*.txt
 tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"

@@ -27,6 +27,7 @@ struct RequestCallbacks {
 struct EngineSnapshot {
   int64_t running = 0, waiting = 0;
   int64_t used_pages = 0, total_pages = 0;
+  int64_t swap_used_bytes = 0, swap_space_bytes = 0;  // preempted requests' records on the host
   SchedulerStats stats;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t finished_total = 0;

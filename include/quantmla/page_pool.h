@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "quantmla/cache.h"
@@ -25,6 +26,14 @@ class PageStorage {
   virtual PoolMemory memory() const = 0;
   // Layer `layer`'s pages: [num_pages, kPageTokens, record_bytes] (a device pointer for kDevice).
   virtual uint8_t* layer_pages(int64_t layer) = 0;
+  // Copies whole pages of layers [0, num_layers) to host memory, layer by layer (page pages[i] of
+  // layer l to host + (l * pages.size() + i) * page_bytes), or back, and returns once the copy is
+  // done (a swapped-out sequence: PagePool::copy_out, copy_in). Between steps only: a copy does
+  // not wait for a step still running on the device.
+  virtual void read_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                          uint8_t* host);
+  virtual void write_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                           const uint8_t* host);
 };
 
 // Host storage: one zeroed buffer of `layer_bytes` per layer.
@@ -82,6 +91,20 @@ class PagePool {
   // Logical page -> physical page.
   const std::vector<int32_t>& block_table(SequenceId sequence) const;
 
+  // Host bytes that hold the records of a sequence's first `tokens` tokens in every layer, in
+  // whole pages (copy_out / copy_in: a preemption by swap).
+  int64_t swap_bytes(int64_t tokens) const {
+    return pages_for_tokens(tokens) * kPageTokens * record_bytes_ * shape_.num_layers;
+  }
+  // Copies the records of the sequence's first `tokens` tokens (at most its length) of every
+  // layer into `host` (swap_bytes(tokens) bytes, layer by layer, its pages in order); copy_in
+  // writes them back into a sequence whose pages hold `tokens` tokens and commits that length.
+  // A pool without records (PoolMemory::kNone) copies nothing. Throws InvalidArgument for tokens
+  // outside [0, length] (copy_out) or [0, capacity] (copy_in) and ShapeError for a buffer of
+  // another size.
+  void copy_out(SequenceId sequence, int64_t tokens, std::span<uint8_t> host) const;
+  void copy_in(SequenceId sequence, int64_t tokens, std::span<const uint8_t> host);
+
   // Host storage only: the record of token `pos` of `sequence` in `layer`. Throws InvalidArgument
   // for device storage, a layer outside the shape or a position past capacity().
   uint8_t* record(int64_t layer, SequenceId sequence, int64_t pos);
@@ -94,6 +117,8 @@ class PagePool {
   };
   const Sequence& find(SequenceId sequence) const;
   Sequence& find(SequenceId sequence);
+  // The pages that hold a sequence's first `tokens` tokens, after checking a swap buffer's size.
+  std::span<const int32_t> swap_pages(const Sequence& seq, int64_t tokens, size_t host_bytes) const;
 
   CacheShape shape_;
   CacheFormat format_;

@@ -1,7 +1,8 @@
 // Continuous batching over a page pool: requests wait in a FCFS queue, each step decodes every
 // running sequence and fills the rest of a token budget with prefill chunks, requests are admitted
 // only when their whole prompt fits, and a decode that finds no free page preempts the most
-// recently admitted request by recompute. Backend-independent: it drives any Runner.
+// recently admitted request: by swap (its records copied to host memory and back at readmission)
+// while the swap space holds them, else by recompute. Backend-independent: it drives any Runner.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +74,7 @@ struct FinishedRequest {
   std::vector<TokenLogprob> prompt_logprobs;
   FinishReason reason = FinishReason::kLength;
   double arrival_s = 0, first_token_s = -1, finish_s = 0;
-  int64_t preemptions = 0;  // times it was preempted and recomputed
+  int64_t preemptions = 0;  // times it was preempted (swapped or recomputed)
 };
 
 struct SchedulerOptions {
@@ -85,6 +86,10 @@ struct SchedulerOptions {
   // Positions a request may reach, prompt + max_tokens (vLLM's --max-model-len): 0 for the
   // model's max_position_embeddings, else at most that.
   int64_t max_model_len = 0;
+  // Host memory for the records of preempted requests (vLLM's --swap-space): a preemption copies
+  // the victim's computed records there while they fit and back at its readmission, instead of
+  // recomputing them; 0: preemption by recompute only.
+  int64_t swap_space_bytes = 0;
 };
 
 // The positions a request may reach under `options` on a model of `config` (max_model_len, or
@@ -98,6 +103,8 @@ struct SchedulerStats {
   int64_t prefill_tokens = 0;     // tokens run in prefill chunks, recomputation included
   int64_t recomputed_tokens = 0;  // prefill tokens that were already computed before a preemption
   int64_t preemptions = 0;
+  int64_t swapped_out = 0;     // of the preemptions, those by swap
+  int64_t swapped_in = 0;      // readmissions from the swap space
   int64_t peak_running = 0;    // most sequences holding pages at once
   int64_t decode_batches = 0;  // steps with at least one decode (for the mean decode batch)
 };
@@ -149,6 +156,8 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const SchedulerStats& stats() const { return stats_; }
   const SchedulerOptions& options() const { return options_; }
+  // Bytes of the swap space that preempted requests' records hold now.
+  int64_t swap_used_bytes() const { return swap_used_; }
   double now_s() const;
 
  private:
@@ -156,6 +165,7 @@ class Scheduler {
   std::shared_ptr<Entry> find(RequestId id) const;
   bool try_admit(const std::shared_ptr<Entry>& entry);
   void preempt(const std::shared_ptr<Entry>& victim);
+  void release_swap(Entry& entry);
   bool ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens);
   bool stops(const Entry& entry, int32_t token) const;
   bool draws_on_host(const Entry& entry) const;
@@ -169,6 +179,7 @@ class Scheduler {
   RequestId next_id_ = 1;
   int64_t admissions_ = 0;
   int64_t rounds_ = 0;  // step() calls, to mark the entries one of them scheduled
+  int64_t swap_used_ = 0;
   std::deque<std::shared_ptr<Entry>> waiting_;
   std::vector<std::shared_ptr<Entry>> running_;  // in admission order
   std::vector<FinishedRequest> cancelled_;

@@ -1,5 +1,6 @@
 #include "quantmla/page_pool.h"
 
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -15,13 +16,39 @@ class HostPageStorage final : public PageStorage {
       : layers_(static_cast<size_t>(num_layers),
                 std::vector<uint8_t>(static_cast<size_t>(layer_bytes))) {}
   PoolMemory memory() const override { return PoolMemory::kHost; }
-  uint8_t* layer_pages(int64_t layer) override { return layers_[static_cast<size_t>(layer)].data(); }
+  uint8_t* layer_pages(int64_t layer) override {
+    return layers_[static_cast<size_t>(layer)].data();
+  }
 
  private:
   std::vector<std::vector<uint8_t>> layers_;
 };
 
 }  // namespace
+
+void PageStorage::read_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                             uint8_t* host) {
+  if (memory() == PoolMemory::kNone) return;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    const uint8_t* base = layer_pages(layer);
+    for (const int32_t page : pages) {
+      std::memcpy(host, base + page * page_bytes, static_cast<size_t>(page_bytes));
+      host += page_bytes;
+    }
+  }
+}
+
+void PageStorage::write_pages(int64_t num_layers, std::span<const int32_t> pages,
+                              int64_t page_bytes, const uint8_t* host) {
+  if (memory() == PoolMemory::kNone) return;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    uint8_t* base = layer_pages(layer);
+    for (const int32_t page : pages) {
+      std::memcpy(base + page * page_bytes, host, static_cast<size_t>(page_bytes));
+      host += page_bytes;
+    }
+  }
+}
 
 std::unique_ptr<PageStorage> make_host_page_storage(int64_t num_layers, int64_t layer_bytes) {
   return std::make_unique<HostPageStorage>(num_layers, layer_bytes);
@@ -46,9 +73,8 @@ PagePool::PagePool(const CacheShape& shape, const CacheFormat& format, int64_t n
 
 std::unique_ptr<PagePool> PagePool::on_host(const CacheShape& shape, const CacheFormat& format,
                                             int64_t num_pages) {
-  const int64_t layer_bytes =
-      std::max<int64_t>(num_pages, 0) * kPageTokens *
-      format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
+  const int64_t layer_bytes = std::max<int64_t>(num_pages, 0) * kPageTokens *
+                              format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
   return std::make_unique<PagePool>(shape, format, num_pages,
                                     make_host_page_storage(shape.num_layers, layer_bytes));
 }
@@ -112,6 +138,39 @@ void PagePool::set_length(SequenceId sequence, int64_t tokens) {
 
 const std::vector<int32_t>& PagePool::block_table(SequenceId sequence) const {
   return find(sequence).block_table;
+}
+
+std::span<const int32_t> PagePool::swap_pages(const Sequence& seq, int64_t tokens,
+                                              size_t host_bytes) const {
+  if (static_cast<int64_t>(host_bytes) != swap_bytes(tokens)) {
+    throw ShapeError("page pool: " + std::to_string(host_bytes) + " bytes for the records of " +
+                     std::to_string(tokens) + " tokens, expected " +
+                     std::to_string(swap_bytes(tokens)));
+  }
+  return {seq.block_table.data(), static_cast<size_t>(pages_for_tokens(tokens))};
+}
+
+void PagePool::copy_out(SequenceId sequence, int64_t tokens, std::span<uint8_t> host) const {
+  const Sequence& seq = find(sequence);
+  if (tokens < 0 || tokens > seq.length) {
+    throw InvalidArgument("page pool: copy of " + std::to_string(tokens) + " tokens of sequence " +
+                          std::to_string(sequence) + ", which holds " + std::to_string(seq.length));
+  }
+  storage_->read_pages(shape_.num_layers, swap_pages(seq, tokens, host.size()),
+                       kPageTokens * record_bytes_, host.data());
+}
+
+void PagePool::copy_in(SequenceId sequence, int64_t tokens, std::span<const uint8_t> host) {
+  Sequence& seq = find(sequence);
+  const int64_t held = static_cast<int64_t>(seq.block_table.size()) * kPageTokens;
+  if (tokens < 0 || tokens > held) {
+    throw InvalidArgument("page pool: copy of " + std::to_string(tokens) +
+                          " tokens into sequence " + std::to_string(sequence) +
+                          ", whose pages hold " + std::to_string(held));
+  }
+  storage_->write_pages(shape_.num_layers, swap_pages(seq, tokens, host.size()),
+                        kPageTokens * record_bytes_, host.data());
+  seq.length = tokens;
 }
 
 const uint8_t* PagePool::record(int64_t layer, SequenceId sequence, int64_t pos) const {

@@ -60,6 +60,8 @@ void ServingEngine::publish() {
   s.waiting = scheduler_.num_waiting();
   s.used_pages = pool_.used_pages();
   s.total_pages = pool_.num_pages();
+  s.swap_used_bytes = scheduler_.swap_used_bytes();
+  s.swap_space_bytes = scheduler_.options().swap_space_bytes;
   s.stats = scheduler_.stats();
   s.prompt_tokens_total = prompt_tokens_total_;
   s.generation_tokens_total = generation_tokens_total_;

@@ -1,5 +1,6 @@
 // The scheduler: FCFS admission by whole prompt, decodes first, chunked prefill in the rest of the
-// token budget, preemption by recompute of the most recently admitted request.
+// token budget, preemption of the most recently admitted request by swap (while the swap space
+// holds it) or recompute.
 #include "quantmla/scheduler.h"
 
 #include <algorithm>
@@ -71,6 +72,11 @@ struct Scheduler::Entry {
   bool has_sequence = false;
   int64_t computed = 0;    // tokens of `tokens` whose rows are in the pool
   int64_t high_water = 0;  // most tokens computed before a preemption (recomputation counts)
+  // A preemption by swap: the records of the first swapped_tokens tokens in host memory
+  // (swapped_bytes of the swap space; the buffer stays empty over a pool without records).
+  int64_t swapped_tokens = 0;
+  int64_t swapped_bytes = 0;
+  std::vector<uint8_t> swapped;
   int64_t admission = 0;
   int64_t preemptions = 0;
   int64_t scheduled_round = 0;  // the step() call that last scheduled it (Scheduler::rounds_)
@@ -106,10 +112,12 @@ Scheduler::Scheduler(Runner& runner, PagePool& pool, const SchedulerOptions& opt
       options_(options),
       detokenize_(std::move(detokenize)),
       start_ns_(steady_ns()) {
-  if (options.max_batched_tokens < 1 || options.max_seqs < 1 || options.watermark_pages < 0) {
+  if (options.max_batched_tokens < 1 || options.max_seqs < 1 || options.watermark_pages < 0 ||
+      options.swap_space_bytes < 0) {
     throw InvalidArgument("scheduler: max_batched_tokens " + str(options.max_batched_tokens) +
                           ", max_seqs " + str(options.max_seqs) + ", watermark_pages " +
-                          str(options.watermark_pages) + " (need >= 1, >= 1, >= 0)");
+                          str(options.watermark_pages) + ", swap_space_bytes " +
+                          str(options.swap_space_bytes) + " (need >= 1, >= 1, >= 0, >= 0)");
   }
   effective_max_model_len(options, runner.config());  // throws for a length past the model's
 }
@@ -220,8 +228,23 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
   entry->has_sequence = true;
   pool_.reserve(entry->sequence, entry->known());
   entry->computed = 0;
+  if (entry->swapped_bytes > 0) {
+    if (pool_.memory() != PoolMemory::kNone) {
+      pool_.copy_in(entry->sequence, entry->swapped_tokens, entry->swapped);
+    }
+    entry->computed = entry->swapped_tokens;
+    ++stats_.swapped_in;
+    release_swap(*entry);
+  }
   entry->admission = ++admissions_;
   return true;
+}
+
+void Scheduler::release_swap(Entry& entry) {
+  swap_used_ -= entry.swapped_bytes;
+  entry.swapped_bytes = 0;
+  entry.swapped_tokens = 0;
+  entry.swapped = {};  // the memory itself, not only the size
 }
 
 bool Scheduler::ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens) {
@@ -232,10 +255,23 @@ bool Scheduler::ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens
   return true;
 }
 
-// Recompute: the pages go back at once, the generated tokens stay, and the request waits at the
-// front of the queue to prefill everything again. Sampling draws depend on (seed, position)
-// only, so its output is the one it would have produced unpreempted.
+// The pages go back at once, the generated tokens stay, and the request waits at the front of the
+// queue. By swap, where the swap space has room for its computed records: they are copied to host
+// memory and back at readmission, and it goes on from there. Else by recompute: it prefills
+// everything again. Sampling draws depend on (seed, position) only, so either way its output is
+// the one it would have produced unpreempted.
 void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
+  const int64_t bytes = pool_.swap_bytes(victim->computed);
+  if (victim->computed > 0 && swap_used_ + bytes <= options_.swap_space_bytes) {
+    if (pool_.memory() != PoolMemory::kNone) {
+      victim->swapped.resize(static_cast<size_t>(bytes));
+      pool_.copy_out(victim->sequence, victim->computed, victim->swapped);
+    }
+    victim->swapped_tokens = victim->computed;
+    victim->swapped_bytes = bytes;
+    swap_used_ += bytes;
+    ++stats_.swapped_out;
+  }
   pool_.remove_sequence(victim->sequence);
   victim->has_sequence = false;
   victim->high_water = std::max(victim->high_water, victim->computed);
@@ -294,6 +330,7 @@ FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishRea
     pool_.remove_sequence(entry->sequence);
     entry->has_sequence = false;
   }
+  release_swap(*entry);  // a swapped request cancelled while it waits
   if (auto it = std::find(running_.begin(), running_.end(), entry); it != running_.end()) {
     running_.erase(it);
   }
@@ -377,7 +414,8 @@ StepReport Scheduler::step() {
     if (!try_admit(entry)) break;
     waiting_.pop_front();
     running_.push_back(entry);
-    schedule(entry, 0, std::min(entry->known(), budget));
+    // From its first token, or after what a swap brought back.
+    schedule(entry, entry->computed, std::min(entry->known() - entry->computed, budget));
   }
   stats_.peak_running = std::max<int64_t>(stats_.peak_running, running_.size());
   if (scheduled.empty()) return report;

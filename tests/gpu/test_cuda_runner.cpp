@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <span>
@@ -578,6 +579,43 @@ void check_workspace_refusal(const fs::path& model_dir) {
   check(finite && pool->length(s) == tokens, "the runner is not usable after a refused workspace");
 }
 
+// A swap (PagePool::copy_out / copy_in on a device pool): a sequence's records copied to the host
+// and into another sequence's pages come back bit for bit, and its next decode step gives the
+// original's logits bit for bit (the same step shape alone).
+void check_swap(const fs::path& model_dir, const std::string& spec, uint64_t seed) {
+  const auto runner = make_cuda_runner(model_dir);
+  const int64_t vocab = runner->config().vocab_size;
+  std::mt19937_64 rng(seed);
+  const int64_t tokens = 150;
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  auto pool = runner->make_pool(CacheFormat::parse(spec), 16);
+  const SequenceId a = pool->add_sequence();
+  pool->reserve(a, tokens + 1);
+  runner->step(StepBatch{{{a, ids, LogitRows::kNone, {}}}}, *pool, {});
+  std::vector<uint8_t> out(static_cast<size_t>(pool->swap_bytes(tokens)));
+  pool->copy_out(a, tokens, out);
+  const SequenceId filler = pool->add_sequence();
+  pool->reserve(filler, 200);  // the copy lands on other pages
+  const SequenceId b = pool->add_sequence();
+  pool->reserve(b, tokens + 1);
+  pool->copy_in(b, tokens, out);
+  std::vector<uint8_t> again(out.size());
+  pool->copy_out(b, tokens, again);
+  const std::vector<int32_t> next = {ids[0]};
+  std::vector<float> logits_a(static_cast<size_t>(vocab)), logits_b(logits_a.size());
+  runner->step(StepBatch{{{a, next, LogitRows::kLast, {}}}}, *pool, {logits_a, {}});
+  runner->step(StepBatch{{{b, next, LogitRows::kLast, {}}}}, *pool, {logits_b, {}});
+  const bool records_same = again == out;
+  const bool logits_same =
+      std::memcmp(logits_a.data(), logits_b.data(), logits_a.size() * sizeof(float)) == 0;
+  std::printf("%-48s records %s, next logits %s\n",
+              (model_dir.filename().string() + " swap " + spec).c_str(),
+              records_same ? "equal" : "DIFFER", logits_same ? "equal" : "DIFFER");
+  check(records_same, spec + ": a swapped sequence's records did not come back bit for bit");
+  check(logits_same, spec + ": a swapped sequence's next logits differ from the original's");
+}
+
 // Bad steps are refused before any work, with the runner and the pool still usable after.
 void check_refusals(const fs::path& model_dir) {
   const auto cuda = make_cuda_runner(model_dir);
@@ -669,6 +707,9 @@ int main(int argc, char** argv) {
       check_against_cpu(model, "bf16", seed, absorbed, " (absorbed prefill)");
       check_graphs(model, seed);
       check_batch_invariance(model, "content=int2:g64,rope=int4:g64", seed);
+      for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
+        check_swap(model, spec, seed);
+      }
       check_workspace_refusal(model);
       check_refusals(model);
     }

@@ -235,6 +235,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                             {"steps", r.steps},
                             {"preemptions", r.preemptions},
                             {"recomputed_tokens", r.recomputed_tokens},
+                            {"swapped_out", r.swapped_out},
                             {"completed", r.completed},
                             {"failed", r.failed},
                             {"output_tokens", r.output_tokens},
@@ -265,6 +266,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                                 {"seed", options.workload.seed},
                                 {"max_batched_tokens", options.scheduler.max_batched_tokens},
                                 {"max_seqs", options.scheduler.max_seqs},
+                                {"swap_space_bytes", options.scheduler.swap_space_bytes},
                                 {"batch_invariant", options.batch_invariant},
                                 {"schedule_only", options.schedule_only},
                                 {"warmup", to_string(warmup)},
@@ -340,6 +342,7 @@ void add_bench_serve(CLI::App& app) {
                   "Sequences one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  add_swap_space(*cmd, o->scheduler.swap_space_bytes);
   cmd->add_option("--check-outputs", o->check_outputs,
                   "Rerun the first K requests without cache pressure and compare greedy outputs")
       ->capture_default_str()

@@ -148,6 +148,7 @@ void add_serve(CLI::App& app) {
                   "Tokens one step runs (vLLM's name as an alias)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  add_swap_space(*cmd, o->scheduler.swap_space_bytes);
   cmd->add_option("--max-model-len", o->scheduler.max_model_len,
                   "Positions a request may reach, prompt + max_tokens (vLLM's flag; 0: the "
                   "model's max_position_embeddings, at most that)")

@@ -55,6 +55,10 @@ CacheFormat device_cache(const std::string& device, const std::string& model_dir
 int64_t cache_budget_bytes(const std::string& text, std::optional<double> gpu_memory_utilization,
                            const Runner& runner);
 
+// --swap-space GiB (vLLM's flag) into `bytes`: host memory for preempted requests' records
+// (SchedulerOptions::swap_space_bytes; 0, the default, preempts by recompute only).
+void add_swap_space(CLI::App& cmd, int64_t& bytes);
+
 // --gpu-memory-utilization, exclusive with --cache-memory.
 void add_gpu_memory_utilization(CLI::App& cmd, CLI::Option* cache_memory,
                                 std::optional<double>& utilization);

@@ -175,6 +175,16 @@ int64_t cache_budget_bytes(const std::string& text, std::optional<double> gpu_me
   return parse_byte_size(text);
 }
 
+void add_swap_space(CLI::App& cmd, int64_t& bytes) {
+  cmd.add_option_function<double>(
+         "--swap-space",
+         [&bytes](double gib) { bytes = static_cast<int64_t>(gib * double(int64_t{1} << 30)); },
+         "GiB of host memory for the cache records of preempted requests (vLLM's flag): a "
+         "preemption copies them out and back instead of recomputing them while they fit; 0: "
+         "recompute only (the default)")
+      ->check(CLI::Range(0.0, 1024.0));
+}
+
 void add_gpu_memory_utilization(CLI::App& cmd, CLI::Option* cache_memory,
                                 std::optional<double>& utilization) {
   cmd.add_option("--gpu-memory-utilization", utilization,

@@ -932,7 +932,11 @@ struct OpenAiServer::Impl {
           static_cast<double>(s.waiting));
     gauge("vllm:kv_cache_usage_perc", "Fraction of the cache pages in use (1 = full).", "gauge",
           s.total_pages > 0 ? static_cast<double>(s.used_pages) / s.total_pages : 0.0);
-    gauge("vllm:num_preemptions_total", "Preemptions by recompute.", "counter",
+    gauge(
+        "vllm:cpu_cache_usage_perc",
+        "Fraction of the swap space that preempted requests' records hold (1 = full).", "gauge",
+        s.swap_space_bytes > 0 ? static_cast<double>(s.swap_used_bytes) / s.swap_space_bytes : 0.0);
+    gauge("vllm:num_preemptions_total", "Preemptions (by swap or recompute).", "counter",
           static_cast<double>(s.stats.preemptions));
     gauge("vllm:prompt_tokens_total", "Prompt tokens of submitted requests.", "counter",
           static_cast<double>(s.prompt_tokens_total));

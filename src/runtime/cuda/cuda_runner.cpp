@@ -100,13 +100,62 @@ class DevicePageStorage final : public PageStorage {
   DevicePageStorage(int64_t num_layers, int64_t layer_bytes) : layer_bytes_(layer_bytes) {
     QUANTMLA_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(num_layers * layer_bytes)));
   }
-  ~DevicePageStorage() override { cudaFree(base_); }
+  ~DevicePageStorage() override {
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    cudaFree(base_);
+  }
   PoolMemory memory() const override { return PoolMemory::kDevice; }
   uint8_t* layer_pages(int64_t layer) override { return base_ + layer * layer_bytes_; }
+  void read_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                  uint8_t* host) override {
+    copy(num_layers, pages, page_bytes, host, /*to_host=*/true);
+  }
+  void write_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                   const uint8_t* host) override {
+    // Read only: copy() writes the host side only when copying to the host.
+    copy(num_layers, pages, page_bytes, const_cast<uint8_t*>(host), /*to_host=*/false);
+  }
 
  private:
+  // Every page of every layer in one cudaMemcpyBatchAsync on a stream of the pool's own (a swap
+  // moves a sequence's pages at preemption and readmission, between steps: every step has ended
+  // when it returns, its tokens having come back to the host), one cudaMemcpyAsync a page where
+  // the driver refuses the batch.
+  void copy(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes, uint8_t* host,
+            bool to_host) {
+    if (copy_stream_ == nullptr) {
+      QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    }
+    const size_t count = static_cast<size_t>(num_layers) * pages.size();
+    std::vector<void*> dsts(count), srcs(count);
+    std::vector<size_t> sizes(count, static_cast<size_t>(page_bytes));
+    for (int64_t layer = 0; layer < num_layers; ++layer) {
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const size_t k = static_cast<size_t>(layer) * pages.size() + i;
+        uint8_t* device = layer_pages(layer) + pages[i] * page_bytes;
+        uint8_t* staged = host + static_cast<int64_t>(k) * page_bytes;
+        dsts[k] = to_host ? staged : device;
+        srcs[k] = to_host ? device : staged;
+      }
+    }
+    if (count == 0) return;
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), count, &attributes, &first, 1,
+                             copy_stream_) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the copies go one by one instead
+      for (size_t k = 0; k < count; ++k) {
+        QUANTMLA_CUDA_CHECK(
+            cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDefault, copy_stream_));
+      }
+    }
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
+
   uint8_t* base_ = nullptr;
   int64_t layer_bytes_;
+  cudaStream_t copy_stream_ = nullptr;
 };
 
 struct DeviceLinear {
