@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -76,7 +77,7 @@ struct Scheduler::Entry {
   // (swapped_bytes of the swap space; the buffer stays empty over a pool without records).
   int64_t swapped_tokens = 0;
   int64_t swapped_bytes = 0;
-  std::vector<uint8_t> swapped;
+  std::unique_ptr<uint8_t[]> swapped;  // not zeroed first: the copy writes every byte
   int64_t admission = 0;
   int64_t preemptions = 0;
   int64_t scheduled_round = 0;  // the step() call that last scheduled it (Scheduler::rounds_)
@@ -230,7 +231,8 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
   entry->computed = 0;
   if (entry->swapped_bytes > 0) {
     if (pool_.memory() != PoolMemory::kNone) {
-      pool_.copy_in(entry->sequence, entry->swapped_tokens, entry->swapped);
+      pool_.copy_in(entry->sequence, entry->swapped_tokens,
+                    {entry->swapped.get(), static_cast<size_t>(entry->swapped_bytes)});
     }
     entry->computed = entry->swapped_tokens;
     ++stats_.swapped_in;
@@ -244,7 +246,7 @@ void Scheduler::release_swap(Entry& entry) {
   swap_used_ -= entry.swapped_bytes;
   entry.swapped_bytes = 0;
   entry.swapped_tokens = 0;
-  entry.swapped = {};  // the memory itself, not only the size
+  entry.swapped.reset();
 }
 
 bool Scheduler::ensure_pages(const std::shared_ptr<Entry>& entry, int64_t tokens) {
@@ -264,8 +266,9 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
   const int64_t bytes = pool_.swap_bytes(victim->computed);
   if (victim->computed > 0 && swap_used_ + bytes <= options_.swap_space_bytes) {
     if (pool_.memory() != PoolMemory::kNone) {
-      victim->swapped.resize(static_cast<size_t>(bytes));
-      pool_.copy_out(victim->sequence, victim->computed, victim->swapped);
+      victim->swapped = std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(bytes));
+      pool_.copy_out(victim->sequence, victim->computed,
+                     {victim->swapped.get(), static_cast<size_t>(bytes)});
     }
     victim->swapped_tokens = victim->computed;
     victim->swapped_bytes = bytes;
