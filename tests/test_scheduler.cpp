@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <map>
 #include <random>
@@ -67,13 +68,23 @@ class FakeRunner final : public Runner {
     shapes.push_back(shape);
     size_t row = 0;
     for (const SequenceChunk& chunk : batch.chunks) {
-      std::vector<int32_t>& history = histories[chunk.sequence];
-      history.resize(static_cast<size_t>(pool.length(chunk.sequence)));  // a reused id restarts
-      history.insert(history.end(), chunk.tokens.begin(), chunk.tokens.end());
-      pool.set_length(chunk.sequence, static_cast<int64_t>(history.size()));
+      // The "cache" is the tokens themselves, one a record, so that whatever moves the records (a
+      // swap) moves what the next tokens depend on.
+      sequences.insert(chunk.sequence);
+      const int64_t start = pool.length(chunk.sequence);
+      for (size_t i = 0; i < chunk.tokens.size(); ++i) {
+        std::memcpy(pool.record(0, chunk.sequence, start + static_cast<int64_t>(i)),
+                    &chunk.tokens[i], sizeof(int32_t));
+      }
+      const int64_t length = start + static_cast<int64_t>(chunk.tokens.size());
+      pool.set_length(chunk.sequence, length);
       if (chunk.logits == LogitRows::kLast && !outputs.tokens.empty()) {
         uint64_t h = 1469598103934665603ull;
-        for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+        for (int64_t pos = 0; pos < length; ++pos) {
+          int32_t t = 0;
+          std::memcpy(&t, pool.record(0, chunk.sequence, pos), sizeof(int32_t));
+          h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+        }
         outputs.tokens[row] = static_cast<int32_t>(h % static_cast<uint64_t>(config_.vocab_size));
       }
       if (chunk.logits != LogitRows::kNone) ++row;
@@ -84,7 +95,7 @@ class FakeRunner final : public Runner {
   void check_pages(const PagePool& pool) {
     std::set<int32_t> owned;
     int64_t total = 0;
-    for (const auto& [sequence, history] : histories) {
+    for (const SequenceId sequence : sequences) {
       if (!pool.has_sequence(sequence)) continue;
       for (int32_t page : pool.block_table(sequence)) {
         if (!owned.insert(page).second) ++pages_owned_twice;
@@ -96,7 +107,7 @@ class FakeRunner final : public Runner {
   }
 
   ModelConfig config_;
-  std::map<SequenceId, std::vector<int32_t>> histories;
+  std::set<SequenceId> sequences;  // every sequence a step ran
   int64_t steps = 0;
   struct StepShape {
     bool decode = true;  // every chunk one token
@@ -133,6 +144,7 @@ struct RunResult {
   int64_t finished_twice = 0;
   int64_t steps = 0;
   SchedulerStats stats;
+  int64_t swap_left = 0;  // swap space still held at the end
 };
 
 // Runs every request of `mix` to the end, checking the step invariants on the way.
@@ -158,12 +170,14 @@ RunResult run_mix(Runner& runner, PagePool& pool, const SchedulerOptions& option
     EXPECT_LE(report.tokens, options.max_batched_tokens);
     EXPECT_LE(report.sequences, options.max_seqs);
     EXPECT_LE(scheduler.num_running(), options.max_seqs);
+    EXPECT_LE(scheduler.swap_used_bytes(), options.swap_space_bytes);
     for (const FinishedRequest& f : report.finished) {
       if (!result.finished.emplace(f.id, f).second) ++result.finished_twice;
     }
   }
   EXPECT_FALSE(scheduler.has_work()) << "requests still waiting after " << result.steps << " steps";
   result.stats = scheduler.stats();
+  result.swap_left = scheduler.swap_used_bytes();
   return result;
 }
 
@@ -213,16 +227,25 @@ TEST(Scheduler, RandomMixesKeepEveryInvariant) {
     // A pool where every request fits alone but few fit together: preemptions happen.
     const int64_t pages = 8 + static_cast<int64_t>(rng() % 24);
     auto pool = runner.make_pool(CacheFormat::parse("bf16"), pages);
+    // Preemption by recompute, by swap into room for 0-12 pages' records, or by swap alone.
+    const int64_t page_records = pool->swap_bytes(kPageTokens);
+    options.swap_space_bytes = round % 3 == 0   ? 0
+                               : round % 3 == 1 ? page_records * static_cast<int64_t>(rng() % 13)
+                                                : int64_t{1} << 30;
     const bool cancel = round % 2 == 1;
     SCOPED_TRACE("round " + std::to_string(round) + ": budget " +
                  std::to_string(options.max_batched_tokens) + ", max_seqs " +
-                 std::to_string(options.max_seqs) + ", pages " + std::to_string(pages));
+                 std::to_string(options.max_seqs) + ", pages " + std::to_string(pages) +
+                 ", swap space " + std::to_string(options.swap_space_bytes));
     const RunResult pressed = run_mix(runner, *pool, options, mix, cancel);
     expect_finished_properly(mix, pressed, static_cast<int32_t>(runner.config().eos_token_id),
                              cancel);
     EXPECT_EQ(runner.pages_owned_twice, 0);
     EXPECT_EQ(pool->used_pages(), 0) << "pages not returned";
     EXPECT_EQ(pool->num_sequences(), 0);
+    EXPECT_LE(pressed.stats.swapped_in, pressed.stats.swapped_out);  // less the cancelled ones
+    EXPECT_EQ(pressed.swap_left, 0) << "swap space not returned";
+    if (options.swap_space_bytes == 0) EXPECT_EQ(pressed.stats.swapped_out, 0);
 
     // The same requests with room for all of them: no preemption, the same outputs.
     FakeRunner roomy_runner;
@@ -236,11 +259,14 @@ TEST(Scheduler, RandomMixesKeepEveryInvariant) {
       EXPECT_EQ(f.tokens, free_run.finished.at(id).tokens)
           << "request " << id << " preempted " << f.preemptions << " times";
     }
-    std::printf("round %d: %lld steps, %lld preemptions, %lld recomputed tokens, peak %lld\n",
-                round, static_cast<long long>(pressed.steps),
-                static_cast<long long>(pressed.stats.preemptions),
-                static_cast<long long>(pressed.stats.recomputed_tokens),
-                static_cast<long long>(pressed.stats.peak_running));
+    std::printf(
+        "round %d: %lld steps, %lld preemptions (%lld by swap), %lld recomputed tokens, peak "
+        "%lld\n",
+        round, static_cast<long long>(pressed.steps),
+        static_cast<long long>(pressed.stats.preemptions),
+        static_cast<long long>(pressed.stats.swapped_out),
+        static_cast<long long>(pressed.stats.recomputed_tokens),
+        static_cast<long long>(pressed.stats.peak_running));
   }
 }
 
