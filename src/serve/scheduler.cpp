@@ -74,9 +74,8 @@ struct Scheduler::Entry {
   int64_t computed = 0;    // tokens of `tokens` whose rows are in the pool
   int64_t high_water = 0;  // most tokens computed before a preemption (recomputation counts)
   // A preemption by swap: the records of the first swapped_tokens tokens in host memory
-  // (swapped_bytes of the swap space; the buffer stays empty over a pool without records).
+  // (PagePool::swap_bytes of them; the buffer stays empty over a pool without records).
   int64_t swapped_tokens = 0;
-  int64_t swapped_bytes = 0;
   std::unique_ptr<uint8_t[]> swapped;  // not zeroed first: the copy writes every byte
   int64_t admission = 0;
   int64_t preemptions = 0;
@@ -229,10 +228,11 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
   entry->has_sequence = true;
   pool_.reserve(entry->sequence, entry->known());
   entry->computed = 0;
-  if (entry->swapped_bytes > 0) {
+  if (entry->swapped_tokens > 0) {
     if (pool_.memory() != PoolMemory::kNone) {
-      pool_.copy_in(entry->sequence, entry->swapped_tokens,
-                    {entry->swapped.get(), static_cast<size_t>(entry->swapped_bytes)});
+      pool_.copy_in(
+          entry->sequence, entry->swapped_tokens,
+          {entry->swapped.get(), static_cast<size_t>(pool_.swap_bytes(entry->swapped_tokens))});
     }
     entry->computed = entry->swapped_tokens;
     ++stats_.swapped_in;
@@ -243,8 +243,7 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
 }
 
 void Scheduler::release_swap(Entry& entry) {
-  swap_used_ -= entry.swapped_bytes;
-  entry.swapped_bytes = 0;
+  swap_used_ -= pool_.swap_bytes(entry.swapped_tokens);
   entry.swapped_tokens = 0;
   entry.swapped.reset();
 }
@@ -271,7 +270,6 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
                      {victim->swapped.get(), static_cast<size_t>(bytes)});
     }
     victim->swapped_tokens = victim->computed;
-    victim->swapped_bytes = bytes;
     swap_used_ += bytes;
     ++stats_.swapped_out;
   }

@@ -123,10 +123,11 @@ class DevicePageStorage final : public PageStorage {
   // the driver refuses the batch.
   void copy(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes, uint8_t* host,
             bool to_host) {
+    const size_t count = static_cast<size_t>(num_layers) * pages.size();
+    if (count == 0) return;
     if (copy_stream_ == nullptr) {
       QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     }
-    const size_t count = static_cast<size_t>(num_layers) * pages.size();
     std::vector<void*> dsts(count), srcs(count);
     std::vector<size_t> sizes(count, static_cast<size_t>(page_bytes));
     for (int64_t layer = 0; layer < num_layers; ++layer) {
@@ -138,7 +139,6 @@ class DevicePageStorage final : public PageStorage {
         srcs[k] = to_host ? device : staged;
       }
     }
-    if (count == 0) return;
     cudaMemcpyAttributes attributes{};
     attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t first = 0;
