@@ -21,9 +21,14 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    writes it, or NAME-steps.csv.xz, as docs/benchmarks/serving keeps the large ones) is fitted
    step by step instead (one sum per kind of step and batch bucket of 16), and
    a run after a warm-up (the JSON's warmup) carries no G and no h.
-3. It prints each measured run beside the model (the residuals say how far to trust it), then
-   replays each --project workload and costs its steps with the model twice: cold, as the runs it
-   was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve --warmup full).
+3. It prints each measured run beside the model (the residuals say how far to trust it), and
+   for each run with a step log its output tok/s over the whole job and over its queued part (the
+   steps up to the last one that left a request waiting, which the replay tells; the times are
+   the run's own), then replays each --project workload and costs its steps with the model twice:
+   cold, as the runs it was fitted to (G and h as they fall), and warm (G = 0, h = 0: bench-serve
+   --warmup full). A finite job ends in a drain of ~output-len steps at falling batches, a larger
+   share of the formats that hold more requests at once; the queued part is the steady state of a
+   server whose queue does not empty.
 
   python3 bench/serve_projection.py --quantmla build/quantmla --model DIR \
       --measured docs/benchmarks/serving/h200-v2-lite-pressure.json ... \
@@ -51,7 +56,8 @@ GRAPH_MAP, GRAPH_TOKENS = 64, 256  # CudaRunner::kMaxGraphs, CudaRunnerOptions::
 
 def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_bytes, mbt, seqs,
            caches, extra=()):
-    """Step logs of a schedule-only replay: {cache: [(n, K, p), ...]}, and its JSON."""
+    """Step logs of a schedule-only replay: {cache: [(n, K, p), ...]}, {cache: the output tokens
+    of its queued steps (those up to the last that left a request waiting) a step}, its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         log, out = os.path.join(tmp, "steps.csv"), os.path.join(tmp, "run.json")
         cmd = [quantmla, "bench-serve", "--schedule-only", "--model", model, "--num-prompts",
@@ -63,13 +69,18 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
             cmd += ["--cache", c]
         cmd += list(extra)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        steps = {}
+        steps, queued = {}, {}
         with open(log) as f:
             for row in csv.DictReader(f):
                 steps.setdefault(row["cache"], []).append(
                     (int(row["decodes"]), int(row["decode_context"]), int(row["prefill_tokens"])))
+                queued.setdefault(row["cache"], []).append(
+                    (int(row["generated"]), int(row["waiting"])))
+        for cache, rows in queued.items():
+            last = max((i + 1 for i, (_, waiting) in enumerate(rows) if waiting > 0), default=0)
+            queued[cache] = [generated for generated, _ in rows[:last]]
         with open(out) as f:
-            return steps, json.load(f)
+            return steps, queued, json.load(f)
 
 
 def step_terms(steps, experts, top_k, first, warm=False):
@@ -149,6 +160,37 @@ def design_row(caches, cache, sums):
     return row
 
 
+def print_queued_parts(args):
+    """Each measured run with a step log: output tok/s over the whole job and over its queued
+    part (the steps up to the last that left a request waiting: the replay, which takes the same
+    schedule, says which; the times are the run's own)."""
+    printed = False
+    for path in args.measured:
+        logged = read_step_log(path.removesuffix(".json") + "-steps.csv")
+        if logged is None:
+            continue
+        with open(path) as f:
+            m = json.load(f)
+        formats = [r["cache"] for r in m["formats"]]
+        steps, queued, _ = replay(args.quantmla, args.model, m["requests"], m["input_len"],
+                                  m["output_len"], m["random_range_ratio"], m["seed"],
+                                  m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
+                                  formats, ["--swap-space", str(m.get("swap_space_bytes", 0) / 2**30)])
+        if not printed:
+            print(f"\n{'measured run':<44} {'cache':<32} {'steps':>6} {'queued':>6} "
+                  f"{'out tok/s':>9} {'queued/s':>9}")
+            printed = True
+        for r in m["formats"]:
+            cache = r["cache"]
+            measured_steps, seconds = logged[cache]
+            if steps[cache] != measured_steps:
+                sys.exit(f"{path} {cache}: the replay's steps differ from the run's step log")
+            generated = queued[cache]
+            rate = sum(generated) / sum(seconds[:len(generated)]) if generated else 0.0
+            print(f"{os.path.basename(path).removesuffix('.json'):<44} {cache:<32} "
+                  f"{len(seconds):6d} {len(generated):6d} {r['output_tok_s']:9.0f} {rate:9.0f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quantmla", default="build/quantmla")
@@ -198,7 +240,7 @@ def main():
                     if total > 0:
                         runs.append((f"{label} n<={16 * bucket}", cache, kind, sums, total))
             continue
-        steps, replayed = replay(args.quantmla, args.model, m["requests"], m["input_len"],
+        steps, _, replayed = replay(args.quantmla, args.model, m["requests"], m["input_len"],
                                  m["output_len"], m["random_range_ratio"], m["seed"],
                                  m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
                                  formats)
@@ -229,6 +271,8 @@ def main():
         print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
               f"{100 * (t / seconds - 1):+5.1f}%")
 
+    print_queued_parts(args)
+
     unknown = sorted(set(speedups) - set(caches))
     if unknown:
         sys.exit(f"--attention-speedup: {', '.join(unknown)} not among the measured formats "
@@ -248,26 +292,37 @@ def main():
                                                     config["qk_rope_head_dim"]) * 2
         budget = parts[3] if len(parts) > 3 else requests * (input_len + output_len) * bf16_bytes // 8
         mbt, seqs = (parts[4], parts[5]) if len(parts) > 5 else (2048, 256)
-        steps, replayed = replay(args.quantmla, args.model, requests, input_len, output_len, 0.0,
-                                 0, budget, mbt, seqs, caches, args.project_args.split())
+        steps, queued, replayed = replay(args.quantmla, args.model, requests, input_len,
+                                         output_len, 0.0, 0, budget, mbt, seqs, caches,
+                                         args.project_args.split())
         for warm in (False, True):
             print(f"\nprojection (a model, not a measurement), {'warm' if warm else 'cold'}: "
                   f"{requests} x {input_len}/{output_len}, {budget} bytes, "
                   f"--max-batched-tokens {mbt} --max-seqs {seqs} {args.project_args}")
+            # "queued": the steps up to the last that left a request waiting (before the drain).
             print(f"{'cache':<32} {'pages':>6} {'peak':>5} {'batch':>6} {'preem':>6} "
-                  f"{'decode s':>9} {'prefill s':>9} {'out tok/s':>9} {'vs bf16':>7} {'vs fp8':>7}")
-            tok_s = {}
+                  f"{'decode s':>9} {'prefill s':>9} {'out tok/s':>9} {'vs bf16':>7} {'vs fp8':>7} "
+                  f"{'queued/s':>9} {'vs bf16':>7}")
+            tok_s, queued_tok_s = {}, {}
             for index, r in enumerate(replayed["formats"]):
-                sums = features(steps[r["cache"]], experts, top_k, index == 0, warm)
-                dec = modeled(projected, caches, r["cache"], sums["decode"])
-                pre = modeled(projected, caches, r["cache"], sums["prefill"])
-                tok_s[r["cache"]] = r["output_tokens"] / (dec + pre)
-                base = tok_s[caches[0]]
+                cache = r["cache"]
+                sums = features(steps[cache], experts, top_k, index == 0, warm)
+                dec = modeled(projected, caches, cache, sums["decode"])
+                pre = modeled(projected, caches, cache, sums["prefill"])
+                tok_s[cache] = r["output_tokens"] / (dec + pre)
+                generated = queued[cache]
+                queued_s = sum(modeled(projected, caches, cache, term) for _, _, term in
+                               list(step_terms(steps[cache], experts, top_k, index == 0,
+                                               warm))[:len(generated)])
+                queued_tok_s[cache] = sum(generated) / queued_s if queued_s > 0 else 0.0
+                base, queued_base = tok_s[caches[0]], queued_tok_s[caches[0]]
                 fp8 = next((v for k, v in tok_s.items() if "fp8" in k), None)
-                print(f"{r['cache']:<32} {r['pages']:6d} {r['peak_seqs']:5d} "
+                print(f"{cache:<32} {r['pages']:6d} {r['peak_seqs']:5d} "
                       f"{r['mean_batch']:6.1f} {r['preemptions']:6d} {dec:9.2f} {pre:9.2f} "
-                      f"{tok_s[r['cache']]:9.0f} {tok_s[r['cache']] / base:6.2f}x "
-                      + (f"{tok_s[r['cache']] / fp8:6.2f}x" if fp8 else ""))
+                      f"{tok_s[cache]:9.0f} {tok_s[cache] / base:6.2f}x "
+                      + (f"{tok_s[cache] / fp8:6.2f}x " if fp8 else " " * 8)
+                      + f"{queued_tok_s[cache]:9.0f} "
+                      + (f"{queued_tok_s[cache] / queued_base:6.2f}x" if queued_base > 0 else ""))
 
 
 if __name__ == "__main__":

@@ -513,6 +513,9 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
     EXPECT_EQ(f["output_tokens"], 12 * 100);
     EXPECT_FALSE(f.contains("output_tok_s")) << "no time was measured";
     EXPECT_FALSE(f.contains("wall_s"));
+    EXPECT_GT(f["queued_steps"].get<int64_t>(), 0) << "12 requests queue for the budget";
+    EXPECT_LT(f["queued_steps"].get<int64_t>(), f["steps"].get<int64_t>()) << "then drain";
+    EXPECT_FALSE(f.contains("queued_output_tok_s")) << "no time was measured";
     steps += f["steps"].get<int64_t>();
   }
   EXPECT_GT(out["formats"][0]["preemptions"].get<int64_t>(), 0) << "the budget is meant to bind";
@@ -521,9 +524,18 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
   std::istringstream lines(testing::slurp(log));
   std::string line;
   std::getline(lines, line);
-  EXPECT_EQ(line, "cache,step,decodes,decode_context,prefill_tokens");
+  EXPECT_EQ(line, "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting");
   int64_t rows = 0;
-  while (std::getline(lines, line)) ++rows;
+  const int64_t most_pages = std::max(out["formats"][0]["pages"].get<int64_t>(),
+                                      out["formats"][1]["pages"].get<int64_t>());
+  while (std::getline(lines, line)) {
+    ++rows;
+    // The last column but one: the pages held after the step, within the larger pool.
+    const std::string head = line.substr(0, line.rfind(','));
+    const int64_t pages_used = std::stoll(head.substr(head.rfind(',') + 1));
+    EXPECT_GE(pages_used, 0) << line;
+    EXPECT_LE(pages_used, most_pages) << line;
+  }
   EXPECT_EQ(rows, steps);
   // --swap-space (GiB): the same preemptions by swap, nothing recomputed.
   const fs::path swap_json = scratch_ / "swap.json";

@@ -874,6 +874,29 @@ TEST(ServeBench, WorkloadAndFiguresAddUp) {
   EXPECT_EQ(result.decode_steps + result.prefill_steps, result.steps);
   EXPECT_GT(result.prefill_steps, 0);
   EXPECT_LE(result.decode_steps_s + result.prefill_steps_s, result.wall_s);
+  // The step log's generated tokens add up to the outputs, its pages stay within the pool, and
+  // the queued part (steps up to the last that left a request waiting) is a proper prefix: 30
+  // requests wait for 10 pages at first, and the last ones to finish run with nothing waiting.
+  int64_t generated = 0;
+  for (const StepRecord& s : result.step_log) {
+    generated += s.generated;
+    EXPECT_LE(s.pages_used, result.pages);
+  }
+  EXPECT_EQ(generated, outputs);
+  EXPECT_EQ(result.step_log.back().pages_used, 0) << "every page back at the end";
+  EXPECT_EQ(result.step_log.back().waiting, 0);
+  ASSERT_GT(result.queued_steps, 0);
+  ASSERT_LT(result.queued_steps, result.steps);
+  EXPECT_GT(result.step_log[static_cast<size_t>(result.queued_steps - 1)].waiting, 0);
+  for (size_t i = static_cast<size_t>(result.queued_steps); i < result.step_log.size(); ++i) {
+    EXPECT_EQ(result.step_log[i].waiting, 0) << "step " << i;
+  }
+  EXPECT_GT(result.queued_output_tokens, 0);
+  EXPECT_LT(result.queued_output_tokens, outputs);
+  EXPECT_GT(result.queued_s, 0.0);
+  EXPECT_LT(result.queued_s, result.wall_s);
+  EXPECT_DOUBLE_EQ(result.queued_output_tok_s,
+                   static_cast<double>(result.queued_output_tokens) / result.queued_s);
   for (size_t i = 0; i < requests.size(); ++i) {
     EXPECT_EQ(static_cast<int64_t>(result.outputs[i].size()), requests[i].max_tokens);
   }
@@ -926,8 +949,10 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
   for (size_t i = 0; i < planned.step_log.size(); ++i) {
     const StepRecord& p = planned.step_log[i];
     const StepRecord& r = real.step_log[i];
-    EXPECT_EQ(std::make_tuple(p.decodes, p.decode_context, p.prefill_tokens),
-              std::make_tuple(r.decodes, r.decode_context, r.prefill_tokens))
+    EXPECT_EQ(std::make_tuple(p.decodes, p.decode_context, p.prefill_tokens, p.generated,
+                              p.pages_used, p.waiting),
+              std::make_tuple(r.decodes, r.decode_context, r.prefill_tokens, r.generated,
+                              r.pages_used, r.waiting))
         << "step " << i;
     EXPECT_LE(p.decodes + p.prefill_tokens, options.max_batched_tokens);
     // The shortest prompt is 48 tokens (floor(120 x (1 - 0.6))); a decode also attends the token

@@ -29,9 +29,12 @@ struct ServeWorkload {
 std::vector<Request> make_workload(const ServeWorkload& workload, const ModelConfig& config);
 
 // One step of a run: its decodes, the keys they attend over (summed), its prefill tokens (prompt
-// chunks and recomputation) and its wall time.
+// chunks and recomputation), the tokens it generated, what it left behind, and its wall time.
 struct StepRecord {
   int64_t decodes = 0, decode_context = 0, prefill_tokens = 0;
+  int64_t generated = 0;   // output tokens (decodes and the prefill chunks that completed)
+  int64_t pages_used = 0;  // pages held after the step (sequences' pages, partial last ones too)
+  int64_t waiting = 0;     // requests waiting to be admitted after the step (preempted too)
   double seconds = 0;
 };
 
@@ -51,6 +54,13 @@ struct ServeResult {
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_steps_s = 0, prefill_steps_s = 0;
   int64_t output_tokens = 0, prompt_tokens = 0;
+  // The run while requests waited: its steps up to the last one that left a request waiting. A
+  // finite job ends in a drain (nothing left to admit, the running requests finishing one by one
+  // at falling batches, ~output-len steps in every format), which is a larger share of a format
+  // that holds more requests at once; this part is the steady state of a server whose queue never
+  // empties (its pages or --max-seqs binding).
+  int64_t queued_steps = 0, queued_output_tokens = 0;
+  double queued_s = 0, queued_output_tok_s = 0;
   std::vector<StepRecord> step_log;           // every step, in order
   std::vector<std::vector<int32_t>> outputs;  // per request, in submission order (empty: failed)
 };

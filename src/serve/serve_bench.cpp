@@ -197,8 +197,10 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (report.tokens > 0) {
-      result.step_log.push_back(
-          {report.decodes, report.decode_context, report.tokens - report.decodes, step_s});
+      result.step_log.push_back({report.decodes, report.decode_context,
+                                 report.tokens - report.decodes,
+                                 static_cast<int64_t>(report.generated.size()), pool->used_pages(),
+                                 scheduler.num_waiting(), step_s});
     }
     for (FinishedRequest& f : report.finished) {
       ++result.completed;
@@ -219,6 +221,16 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     }
   }
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < result.step_log.size(); ++i) {
+    if (result.step_log[i].waiting > 0) result.queued_steps = static_cast<int64_t>(i) + 1;
+  }
+  for (int64_t i = 0; i < result.queued_steps; ++i) {
+    result.queued_output_tokens += result.step_log[static_cast<size_t>(i)].generated;
+    result.queued_s += result.step_log[static_cast<size_t>(i)].seconds;
+  }
+  if (result.queued_s > 0) {
+    result.queued_output_tok_s = static_cast<double>(result.queued_output_tokens) / result.queued_s;
+  }
   for (const StepRecord& step : result.step_log) {
     if (step.prefill_tokens > 0) {
       ++result.prefill_steps;

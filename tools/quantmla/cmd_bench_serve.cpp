@@ -37,28 +37,29 @@ struct BenchServeOptions {
 
 // --schedule-only: the schedule's figures (no time was measured).
 void print_schedule_row(const ServeResult& r) {
-  std::printf("%-34s %7lld %5lld %6.1f %6lld %7lld %7lld %6lld %8lld %9lld %4lld/%lld\n",
+  std::printf("%-34s %7lld %5lld %6.1f %6lld %7lld %7lld %6lld %6lld %8lld %9lld %4lld/%lld\n",
               r.cache.c_str(), static_cast<long long>(r.pages), static_cast<long long>(r.peak_seqs),
-              r.mean_batch, static_cast<long long>(r.steps), static_cast<long long>(r.decode_steps),
-              static_cast<long long>(r.prefill_steps), static_cast<long long>(r.preemptions),
-              static_cast<long long>(r.recomputed_tokens),
+              r.mean_batch, static_cast<long long>(r.steps), static_cast<long long>(r.queued_steps),
+              static_cast<long long>(r.decode_steps), static_cast<long long>(r.prefill_steps),
+              static_cast<long long>(r.preemptions), static_cast<long long>(r.recomputed_tokens),
               static_cast<long long>(r.prompt_tokens + r.recomputed_tokens),
               static_cast<long long>(r.completed), static_cast<long long>(r.completed + r.failed));
   std::fflush(stdout);
 }
 
-// --step-log: one CSV line a step (its decodes, the keys they attend over, its prefill tokens, and
-// its wall time when the model ran), to see how the step time grows with the batch or to cost a
-// schedule.
+// --step-log: one CSV line a step (its decodes, the keys they attend over, its prefill tokens, the
+// tokens it generated, the pages held and the requests waiting after it, and its wall time when
+// the model ran), to see how the step time grows with the batch or to cost a schedule.
 void write_step_log(const std::string& path, const std::vector<ServeResult>& results, bool timed) {
   std::ofstream file(path, std::ios::trunc);
   if (!file) throw IoError("cannot write " + path);
-  file << "cache,step,decodes,decode_context,prefill_tokens" << (timed ? ",step_ms" : "") << "\n";
+  file << "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting"
+       << (timed ? ",step_ms" : "") << "\n";
   for (const ServeResult& r : results) {
     for (size_t i = 0; i < r.step_log.size(); ++i) {
       const StepRecord& s = r.step_log[i];
       file << '"' << r.cache << "\"," << i << ',' << s.decodes << ',' << s.decode_context << ','
-           << s.prefill_tokens;
+           << s.prefill_tokens << ',' << s.generated << ',' << s.pages_used << ',' << s.waiting;
       if (timed) file << ',' << s.seconds * 1e3;
       file << '\n';
     }
@@ -68,12 +69,13 @@ void write_step_log(const std::string& path, const std::vector<ServeResult>& res
 
 void print_row(const ServeResult& r) {
   std::printf(
-      "%-34s %7lld %7.2f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f %8.0f%% "
-      "%4lld/%lld\n",
+      "%-34s %7lld %7.2f %9.1f %9.1f %9.1f %5lld %6.1f %6lld %8lld %8.0f %8.0f %7.1f %7.1f "
+      "%8.0f%% %4lld/%lld\n",
       r.cache.c_str(), static_cast<long long>(r.pages), r.wall_s, r.output_tok_s, r.total_tok_s,
-      static_cast<long long>(r.peak_seqs), r.mean_batch, static_cast<long long>(r.preemptions),
-      static_cast<long long>(r.recomputed_tokens), r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms,
-      r.tpot_p99_ms, 100.0 * r.prefill_steps_s / r.wall_s, static_cast<long long>(r.completed),
+      r.queued_output_tok_s, static_cast<long long>(r.peak_seqs), r.mean_batch,
+      static_cast<long long>(r.preemptions), static_cast<long long>(r.recomputed_tokens),
+      r.ttft_p50_ms, r.ttft_p99_ms, r.tpot_p50_ms, r.tpot_p99_ms,
+      100.0 * r.prefill_steps_s / r.wall_s, static_cast<long long>(r.completed),
       static_cast<long long>(r.completed + r.failed));
   std::fflush(stdout);
 }
@@ -160,12 +162,14 @@ void run_bench_serve(const BenchServeOptions& options) {
                options.batch_invariant ? " (batch-invariant)" : "", static_cast<long long>(bytes),
                to_string(warmup));
   if (options.schedule_only) {
-    std::printf("%-34s %7s %5s %6s %6s %7s %7s %6s %8s %9s %s\n", "cache", "pages", "peak", "batch",
-                "steps", "decode", "prefill", "preem", "recomp", "prefilled", "done");
+    std::printf("%-34s %7s %5s %6s %6s %6s %7s %7s %6s %8s %9s %s\n", "cache", "pages", "peak",
+                "batch", "steps", "queued", "decode", "prefill", "preem", "recomp", "prefilled",
+                "done");
   } else {
-    std::printf("%-34s %7s %7s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache", "pages",
-                "wall s", "out tok/s", "tot tok/s", "peak", "batch", "preem", "recomp", "ttft p50",
-                "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
+    // "queued tok/s": output tok/s over the steps that left requests waiting (before the drain).
+    std::printf("%-34s %7s %7s %9s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache",
+                "pages", "wall s", "out tok/s", "tot tok/s", "queued/s", "peak", "batch", "preem",
+                "recomp", "ttft p50", "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
   }
   std::vector<ServeResult> results;
   for (const std::string& spec : caches) {
@@ -241,7 +245,9 @@ void run_bench_serve(const BenchServeOptions& options) {
                             {"output_tokens", r.output_tokens},
                             {"prompt_tokens", r.prompt_tokens},
                             {"decode_steps", r.decode_steps},
-                            {"prefill_steps", r.prefill_steps}};
+                            {"prefill_steps", r.prefill_steps},
+                            {"queued_steps", r.queued_steps},
+                            {"queued_output_tokens", r.queued_output_tokens}};
       // --schedule-only: the host time of steps that computed nothing is no figure of any device.
       if (!options.schedule_only) {
         row.update({{"wall_s", r.wall_s},
@@ -253,7 +259,9 @@ void run_bench_serve(const BenchServeOptions& options) {
                     {"tpot_p50_ms", r.tpot_p50_ms},
                     {"tpot_p99_ms", r.tpot_p99_ms},
                     {"decode_steps_s", r.decode_steps_s},
-                    {"prefill_steps_s", r.prefill_steps_s}});
+                    {"prefill_steps_s", r.prefill_steps_s},
+                    {"queued_s", r.queued_s},
+                    {"queued_output_tok_s", r.queued_output_tok_s}});
       }
       formats.push_back(row);
     }
@@ -356,9 +364,9 @@ void add_bench_serve(CLI::App& app) {
       ->check(CLI::IsMember({"none", "shapes", "full"}));
   cmd->add_option("--json", o->json, "Write the results as JSON to this file");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
-  cmd->add_option(
-      "--step-log", o->step_log,
-      "Write every step (cache, step, decodes, their keys, prefill tokens, ms) to this CSV");
+  cmd->add_option("--step-log", o->step_log,
+                  "Write every step (cache, step, decodes, their keys, prefill tokens, tokens "
+                  "generated, pages held, requests waiting, ms) to this CSV");
   cmd->add_option("--url", o->online.url,
                   "Online: send the requests to a running server (http://HOST:PORT) instead; "
                   "--model then only gives the vocabulary (config.json)");
