@@ -19,19 +19,24 @@
 #   5  the same for INT2/INT4 and FP8/BF16 (~240 s; the same carry): against 9,090 and 3,256
 #   6  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
+#   7  workload P made longer, 768 x 256/1024 in the same 637 MB (1/48 of its BF16 peak), with
+#      swap, BF16 alone (~400 s: on a machine that ran step 4 or 5, whose build and model it
+#      reuses; the same carry): the final drain, ~1,024 steps in every format, is then a smaller
+#      share of the low-bit formats' jobs (serve_projection.py: INT4 3.05x, INT2 4.58x BF16)
+#   8  the same for INT4/INT4 and INT2/INT4 (~230 s; the same carry)
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks what a step needs; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-6]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-6 (bench/gpu/patches/README.md)" >&2; exit 2; }
+[[ $step =~ ^[1-8]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-8 (bench/gpu/patches/README.md)" >&2; exit 2; }
 patch=bench/gpu/patches/short-context-one-block.diff
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step == 2)) && needs=(.carry/deps.tar.xz .carry/shared/tools/make_gpu_fixtures.py)
 ((step == 3)) && needs=(.carry/deps.tar.xz .carry/shared/reference/wikitext2-test.ids.i32)
-((step == 4 || step == 5)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
+((step == 4 || step == 5 || step >= 7)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 6)) && needs=(.anchor/bench_flashmla.py)
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -72,6 +77,13 @@ case $step in
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
   6) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  7 | 8)
+    formats=bf16
+    ((step == 8)) && formats="content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64"
+    FORMATS=$formats P_DIVISOR=48 SKIP_U=1 SERVE_ARGS="--swap-space 16" \
+      TAG=decode-heavy-768-637mb-swap-$step within bash bench/gpu/run-serve.sh 768 256 1024 \
+      >"$OUT/serve.txt" 2>&1 || status=1
+    ;;
 esac
 tail -n 25 "$OUT"/*.txt
 tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"
