@@ -161,6 +161,11 @@ struct CudaRunnerOptions {
   // step's size: the skinny kernel, fused_decode, the expanded prefill attention, CUDA graphs.
   // Slower (docs/serving.md has the figures); for reproducible outputs.
   bool batch_invariant = false;
+  // Pinned host memory each pool allocates at its first swap (preemption by swap, --swap-space)
+  // and moves a swapped sequence's pages through, as many whole pages at a time as it holds (at
+  // least one): copies from pageable memory would each be a synchronous transfer staged by the
+  // driver.
+  int64_t swap_staging_bytes = int64_t{32} << 20;
 };
 
 // The CUDA runner: the checkpoint at `model_dir` uploaded to the GPU as BF16. Throws

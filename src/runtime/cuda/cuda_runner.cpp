@@ -97,11 +97,13 @@ class DeviceArena {
 
 class DevicePageStorage final : public PageStorage {
  public:
-  DevicePageStorage(int64_t num_layers, int64_t layer_bytes) : layer_bytes_(layer_bytes) {
+  DevicePageStorage(int64_t num_layers, int64_t layer_bytes, int64_t staging_bytes)
+      : layer_bytes_(layer_bytes), staging_bytes_(staging_bytes) {
     QUANTMLA_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(num_layers * layer_bytes)));
   }
   ~DevicePageStorage() override {
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    cudaFreeHost(staging_);
     cudaFree(base_);
   }
   PoolMemory memory() const override { return PoolMemory::kDevice; }
@@ -117,44 +119,61 @@ class DevicePageStorage final : public PageStorage {
   }
 
  private:
-  // Every page of every layer in one cudaMemcpyBatchAsync on a stream of the pool's own (a swap
-  // moves a sequence's pages at preemption and readmission, between steps: every step has ended
-  // when it returns, its tokens having come back to the host), one cudaMemcpyAsync a page where
-  // the driver refuses the batch.
+  // A swap moves a sequence's pages at preemption and readmission, between steps (every step has
+  // ended when it returns, its tokens having come back to the host). The caller's buffer is
+  // pageable, through which each page's copy would be a synchronous transfer staged by the
+  // driver, so the pages go through a pinned staging buffer of the pool's own (allocated at the
+  // first swap, CudaRunnerOptions::swap_staging_bytes), as many whole pages at a time as it holds:
+  // one cudaMemcpyBatchAsync of those pages on a stream of the pool's own (one cudaMemcpyAsync a
+  // page where the driver refuses the batch), and one memcpy between staging and the caller.
   void copy(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes, uint8_t* host,
             bool to_host) {
-    const size_t count = static_cast<size_t>(num_layers) * pages.size();
+    const int64_t count = num_layers * static_cast<int64_t>(pages.size());
     if (count == 0) return;
+    const int64_t chunk = std::max<int64_t>(1, staging_bytes_ / page_bytes);
     if (copy_stream_ == nullptr) {
       QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     }
-    std::vector<void*> dsts(count), srcs(count);
-    std::vector<size_t> sizes(count, static_cast<size_t>(page_bytes));
-    for (int64_t layer = 0; layer < num_layers; ++layer) {
-      for (size_t i = 0; i < pages.size(); ++i) {
-        const size_t k = static_cast<size_t>(layer) * pages.size() + i;
-        uint8_t* device = layer_pages(layer) + pages[i] * page_bytes;
-        uint8_t* staged = host + static_cast<int64_t>(k) * page_bytes;
-        dsts[k] = to_host ? staged : device;
-        srcs[k] = to_host ? device : staged;
-      }
+    if (staging_ == nullptr) {  // page_bytes is the pool's own: every swap takes the same chunks
+      QUANTMLA_CUDA_CHECK(cudaMallocHost(&staging_, static_cast<size_t>(chunk * page_bytes)));
     }
-    cudaMemcpyAttributes attributes{};
-    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t first = 0;
-    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), count, &attributes, &first, 1,
-                             copy_stream_) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: the copies go one by one instead
-      for (size_t k = 0; k < count; ++k) {
-        QUANTMLA_CUDA_CHECK(
-            cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDefault, copy_stream_));
+    std::vector<void*> dsts(static_cast<size_t>(chunk)), srcs(dsts.size());
+    std::vector<size_t> sizes(dsts.size(), static_cast<size_t>(page_bytes));
+    for (int64_t first = 0; first < count; first += chunk) {
+      const int64_t n = std::min(chunk, count - first);
+      const size_t bytes = static_cast<size_t>(n * page_bytes);
+      uint8_t* const outside = host + first * page_bytes;  // pages in (layer, page) order
+      if (!to_host) std::memcpy(staging_, outside, bytes);
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t index = first + k;
+        const int64_t layer = index / static_cast<int64_t>(pages.size());
+        const int32_t page = pages[static_cast<size_t>(index % static_cast<int64_t>(pages.size()))];
+        uint8_t* device = layer_pages(layer) + page * page_bytes;
+        uint8_t* staged = staging_ + k * page_bytes;
+        dsts[static_cast<size_t>(k)] = to_host ? staged : device;
+        srcs[static_cast<size_t>(k)] = to_host ? device : staged;
       }
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attributes_first = 0;
+      if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), static_cast<size_t>(n),
+                               &attributes, &attributes_first, 1, copy_stream_) != cudaSuccess) {
+        cudaGetLastError();  // not sticky: the copies go one by one instead
+        for (int64_t k = 0; k < n; ++k) {
+          QUANTMLA_CUDA_CHECK(cudaMemcpyAsync(dsts[static_cast<size_t>(k)],
+                                              srcs[static_cast<size_t>(k)], sizes[0],
+                                              cudaMemcpyDefault, copy_stream_));
+        }
+      }
+      QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+      if (to_host) std::memcpy(outside, staging_, bytes);
     }
-    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
 
   uint8_t* base_ = nullptr;
   int64_t layer_bytes_;
+  int64_t staging_bytes_;
+  uint8_t* staging_ = nullptr;  // pinned: staging_bytes_ / page_bytes whole pages, at least one
   cudaStream_t copy_stream_ = nullptr;
 };
 
@@ -456,6 +475,10 @@ class CudaRunner final : public Runner {
     const Rope rope(config_);
     attention_factor_ = rope.attention_factor();
     const TensorStore store = TensorStore::open_dir(dir);
+    if (options.swap_staging_bytes < 1) {
+      throw InvalidArgument("CUDA runner: swap_staging_bytes " +
+                            std::to_string(options.swap_staging_bytes) + " must be positive");
+    }
     if (options.prefill_expanded_max_context < 0) {
       throw InvalidArgument("CUDA runner: prefill_expanded_max_context " +
                             std::to_string(options.prefill_expanded_max_context) + " must be >= 0");
@@ -560,9 +583,10 @@ class CudaRunner final : public Runner {
     const CacheShape shape{config_.num_layers, config_.kv_lora_rank, config_.qk_rope_head_dim};
     const int64_t layer_bytes = std::max<int64_t>(num_pages, 1) * kPageTokens *
                                 format.record_bytes(shape.kv_lora_rank, shape.rope_dim);
-    auto pool = std::make_unique<PagePool>(
-        shape, format, num_pages,
-        std::make_unique<DevicePageStorage>(shape.num_layers, layer_bytes));
+    auto pool =
+        std::make_unique<PagePool>(shape, format, num_pages,
+                                   std::make_unique<DevicePageStorage>(
+                                       shape.num_layers, layer_bytes, options_.swap_staging_bytes));
     std::fprintf(stderr, "cuda runner: cache pool of %lld pages (%lld tokens) in %s, %.3f GiB\n",
                  static_cast<long long>(num_pages), static_cast<long long>(num_pages * kPageTokens),
                  format.to_string().c_str(),
