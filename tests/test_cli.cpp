@@ -578,12 +578,12 @@ TEST_F(CliTest, BenchServeWarmsUpShapesOnTheRunner) {
                  {"--warmup"});
 }
 
-// vLLM's names of the scheduler limits are aliases of ours.
+// vLLM's names of the scheduler limits and of the JSON file are aliases of ours.
 TEST_F(CliTest, BenchServeTakesVllmLimitNames) {
   const fs::path json = scratch_ / "vllm-names.json";
   const CliResult result = run_cli(
       "bench-serve --num-prompts 2 --input-len 8 --output-len 2 --max-num-seqs 3 "
-      "--max-num-batched-tokens 600 --json '" +
+      "--max-num-batched-tokens 600 --output-json '" +
       json.string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const auto out = nlohmann::json::parse(testing::slurp(json));

@@ -362,7 +362,8 @@ void add_bench_serve(CLI::App& app) {
          "with --device cuda (CUDA graphs and kernels ready, as in a server that has run "
          "a while; measured to give full's figures), none elsewhere")
       ->check(CLI::IsMember({"none", "shapes", "full"}));
-  cmd->add_option("--json", o->json, "Write the results as JSON to this file");
+  cmd->add_option("--json,--output-json", o->json,
+                  "Write the results as JSON to this file (vLLM's name as an alias)");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
   cmd->add_option("--step-log", o->step_log,
                   "Write every step (cache, step, decodes, their keys, prefill tokens, tokens "
