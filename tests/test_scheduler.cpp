@@ -452,13 +452,18 @@ TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
     Scheduler scheduler(*runner, *pool, options);
     for (const Request& r : requests) scheduler.add(r);
     std::vector<std::vector<int32_t>> tokens(requests.size());
+    int64_t most_swap_seen = 0;  // between steps (the peak can fall within a step)
     while (scheduler.has_work()) {
       for (const FinishedRequest& f : scheduler.step().finished) {
         tokens[static_cast<size_t>(f.id - 1)] = f.tokens;
       }
       EXPECT_LE(scheduler.swap_used_bytes(), run.swap_space);
+      most_swap_seen = std::max(most_swap_seen, scheduler.swap_used_bytes());
     }
     const SchedulerStats& stats = scheduler.stats();
+    EXPECT_GE(stats.peak_swap_bytes, most_swap_seen);
+    EXPECT_LE(stats.peak_swap_bytes, run.swap_space);
+    EXPECT_EQ(stats.peak_swap_bytes > 0, stats.swapped_out > 0);
     const std::string name =
         std::to_string(run.pages) + " pages, swap space " + std::to_string(run.swap_space);
     EXPECT_EQ(pool->used_pages(), 0) << name;
@@ -517,6 +522,80 @@ TEST(Scheduler, CancellingASwappedRequestFreesItsSwapSpace) {
   EXPECT_EQ(pool->used_pages(), 0);
   EXPECT_THROW(Scheduler(*runner, *pool, SchedulerOptions{.swap_space_bytes = -1}),
                InvalidArgument);
+}
+
+// Host storage whose copies back into the pool fail while `fail_writes` is set (a device copy
+// that fails at readmission).
+class FlakyStorage final : public PageStorage {
+ public:
+  FlakyStorage(int64_t num_layers, int64_t layer_bytes)
+      : host_(make_host_page_storage(num_layers, layer_bytes)) {}
+  PoolMemory memory() const override { return PoolMemory::kHost; }
+  uint8_t* layer_pages(int64_t layer) override { return host_->layer_pages(layer); }
+  void write_pages(int64_t num_layers, std::span<const int32_t> pages, int64_t page_bytes,
+                   const uint8_t* host) override {
+    if (*fail_writes) throw IoError("copy into the pool failed (test)");
+    host_->write_pages(num_layers, pages, page_bytes, host);
+  }
+  std::shared_ptr<bool> fail_writes = std::make_shared<bool>(false);
+
+ private:
+  std::unique_ptr<PageStorage> host_;
+};
+
+// A readmission whose copy back fails: the step throws, and nothing is lost: the request stays
+// queued with its swapped records, its pages go back, and the next steps finish every request
+// with the outputs of a run where nothing failed.
+TEST(Scheduler, AFailedSwapInLosesNothing) {
+  std::vector<Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.prompt.assign(static_cast<size_t>(60 + 10 * i), 7 + i);
+    r.max_tokens = 60;
+    r.ignore_eos = true;
+    requests.push_back(r);
+  }
+  const CacheShape shape{1, 8, 8};
+  const CacheFormat format = CacheFormat::parse("bf16");
+  const int64_t pages = 5;
+  SchedulerOptions options;
+  options.max_batched_tokens = 96;
+  options.swap_space_bytes = int64_t{1} << 30;
+  const auto run = [&](bool fail_once) {
+    FakeRunner runner;
+    auto storage = std::make_unique<FlakyStorage>(
+        shape.num_layers, pages * PagePool::bytes_per_page(shape, format) / shape.num_layers);
+    const std::shared_ptr<bool> fail_writes = storage->fail_writes;
+    PagePool pool(shape, format, pages, std::move(storage));
+    Scheduler scheduler(runner, pool, options);
+    for (const Request& r : requests) scheduler.add(r);
+    std::vector<std::vector<int32_t>> tokens(requests.size());
+    *fail_writes = fail_once;
+    int64_t failures = 0, steps = 0;
+    // Stranded pages would leave a request that never fits: bounded, so that it fails, not hangs.
+    while (scheduler.has_work() && ++steps < 10000) {
+      try {
+        for (const FinishedRequest& f : scheduler.step().finished) {
+          tokens[static_cast<size_t>(f.id - 1)] = f.tokens;
+        }
+      } catch (const IoError&) {
+        ++failures;
+        *fail_writes = false;
+        EXPECT_GT(scheduler.num_waiting(), 0) << "the request whose copy failed left the queue";
+      }
+    }
+    EXPECT_LT(steps, 10000) << "the requests never finished";
+    EXPECT_EQ(failures, fail_once ? 1 : 0);
+    EXPECT_EQ(pool.used_pages(), 0) << "pages stranded";
+    EXPECT_EQ(pool.num_sequences(), 0);
+    EXPECT_EQ(scheduler.swap_used_bytes(), 0);
+    EXPECT_GT(scheduler.stats().swapped_in, 0);
+    return tokens;
+  };
+  const auto clean = run(false);
+  const auto failed_once = run(true);
+  EXPECT_EQ(failed_once, clean);
+  for (const auto& t : clean) EXPECT_EQ(t.size(), 60u);
 }
 
 // Logprobs are the log-softmax of the runner's own logits: the first generated token's against a

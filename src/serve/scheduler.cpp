@@ -230,9 +230,17 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
   entry->computed = 0;
   if (entry->swapped_tokens > 0) {
     if (pool_.memory() != PoolMemory::kNone) {
-      pool_.copy_in(
-          entry->sequence, entry->swapped_tokens,
-          {entry->swapped.get(), static_cast<size_t>(pool_.swap_bytes(entry->swapped_tokens))});
+      try {
+        pool_.copy_in(
+            entry->sequence, entry->swapped_tokens,
+            {entry->swapped.get(), static_cast<size_t>(pool_.swap_bytes(entry->swapped_tokens))});
+      } catch (...) {
+        // The request stays first in the queue with its swapped records, and its pages go back:
+        // a later step admits it again (a retry's new sequence would otherwise strand them).
+        pool_.remove_sequence(entry->sequence);
+        entry->has_sequence = false;
+        throw;
+      }
     }
     entry->computed = entry->swapped_tokens;
     ++stats_.swapped_in;
@@ -271,6 +279,7 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
     }
     victim->swapped_tokens = victim->computed;
     swap_used_ += bytes;
+    stats_.peak_swap_bytes = std::max(stats_.peak_swap_bytes, swap_used_);
     ++stats_.swapped_out;
   }
   pool_.remove_sequence(victim->sequence);

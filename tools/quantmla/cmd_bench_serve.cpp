@@ -240,6 +240,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                             {"preemptions", r.preemptions},
                             {"recomputed_tokens", r.recomputed_tokens},
                             {"swapped_out", r.swapped_out},
+                            {"peak_swap_bytes", r.peak_swap_bytes},
                             {"completed", r.completed},
                             {"failed", r.failed},
                             {"output_tokens", r.output_tokens},
