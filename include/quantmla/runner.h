@@ -164,7 +164,7 @@ struct CudaRunnerOptions {
   // Pinned host memory each pool allocates at its first swap (preemption by swap, --swap-space)
   // and moves a swapped sequence's pages through, as many whole pages at a time as it holds (at
   // least one): copies from pageable memory would each be a synchronous transfer staged by the
-  // driver.
+  // driver (what a pool falls back to where pinned memory is refused).
   int64_t swap_staging_bytes = int64_t{32} << 20;
 };
 

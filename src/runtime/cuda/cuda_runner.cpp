@@ -130,26 +130,33 @@ class DevicePageStorage final : public PageStorage {
             bool to_host) {
     const int64_t count = num_layers * static_cast<int64_t>(pages.size());
     if (count == 0) return;
-    const int64_t chunk = std::max<int64_t>(1, staging_bytes_ / page_bytes);
     if (copy_stream_ == nullptr) {
       QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     }
-    if (staging_ == nullptr) {  // page_bytes is the pool's own: every swap takes the same chunks
-      QUANTMLA_CUDA_CHECK(cudaMallocHost(&staging_, static_cast<size_t>(chunk * page_bytes)));
+    // page_bytes is the pool's own: every swap takes the same rounds. Where pinned memory is
+    // refused (a locked-memory limit), the copies go straight from the caller's memory, slower.
+    const int64_t staging_pages = std::max<int64_t>(1, staging_bytes_ / page_bytes);
+    if (staging_ == nullptr && !staging_refused_ &&
+        cudaMallocHost(&staging_, static_cast<size_t>(staging_pages * page_bytes)) != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      staging_ = nullptr;
+      staging_refused_ = true;
     }
+    const int64_t chunk = staging_ != nullptr ? staging_pages : count;
     std::vector<void*> dsts(static_cast<size_t>(chunk)), srcs(dsts.size());
     std::vector<size_t> sizes(dsts.size(), static_cast<size_t>(page_bytes));
     for (int64_t first = 0; first < count; first += chunk) {
       const int64_t n = std::min(chunk, count - first);
       const size_t bytes = static_cast<size_t>(n * page_bytes);
       uint8_t* const outside = host + first * page_bytes;  // pages in (layer, page) order
-      if (!to_host) std::memcpy(staging_, outside, bytes);
+      uint8_t* const near = staging_ != nullptr ? staging_ : outside;
+      if (!to_host && near != outside) std::memcpy(near, outside, bytes);
       for (int64_t k = 0; k < n; ++k) {
         const int64_t index = first + k;
         const int64_t layer = index / static_cast<int64_t>(pages.size());
         const int32_t page = pages[static_cast<size_t>(index % static_cast<int64_t>(pages.size()))];
         uint8_t* device = layer_pages(layer) + page * page_bytes;
-        uint8_t* staged = staging_ + k * page_bytes;
+        uint8_t* staged = near + k * page_bytes;
         dsts[static_cast<size_t>(k)] = to_host ? staged : device;
         srcs[static_cast<size_t>(k)] = to_host ? device : staged;
       }
@@ -166,7 +173,7 @@ class DevicePageStorage final : public PageStorage {
         }
       }
       QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
-      if (to_host) std::memcpy(outside, staging_, bytes);
+      if (to_host && near != outside) std::memcpy(outside, near, bytes);
     }
   }
 
@@ -174,6 +181,7 @@ class DevicePageStorage final : public PageStorage {
   int64_t layer_bytes_;
   int64_t staging_bytes_;
   uint8_t* staging_ = nullptr;  // pinned: staging_bytes_ / page_bytes whole pages, at least one
+  bool staging_refused_ = false;
   cudaStream_t copy_stream_ = nullptr;
 };
 
