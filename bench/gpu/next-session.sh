@@ -20,10 +20,13 @@
 #   6  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
 #   7  workload P made longer, 768 x 256/1024 in the same 637 MB (1/48 of its BF16 peak), with
-#      swap, BF16 alone (~400 s: on a machine that ran step 4 or 5, whose build and model it
+#      swap, BF16 alone (~400 s: on a machine that ran step 8, 4 or 5, whose build and model it
 #      reuses; the same carry): the final drain, ~1,024 steps in every format, is then a smaller
 #      share of the low-bit formats' jobs (serve_projection.py: INT4 3.05x, INT2 4.58x BF16)
-#   8  the same for INT4/INT4 and INT2/INT4 (~230 s; the same carry)
+#   8  the same for INT4/INT4 and INT2/INT4 (~230 s with a cold machine's build and model ~430 s;
+#      the same carry)
+# Order, where the device time is short: 8 then 7 (issue 14's targets, and the first GPU run of
+# preemption by swap), then 1 and 2 (the waiting patch's gates), then 3, 4 or 5, 6.
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks what a step needs; then run with the carries above.
 set -uo pipefail
