@@ -166,7 +166,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                 "batch", "steps", "queued", "decode", "prefill", "preem", "recomp", "prefilled",
                 "done");
   } else {
-    // "queued tok/s": output tok/s over the steps that left requests waiting (before the drain).
+    // "queued/s": output tok/s over the steps that left requests waiting (before the drain).
     std::printf("%-34s %7s %7s %9s %9s %9s %5s %6s %6s %8s %8s %8s %7s %7s %9s %s\n", "cache",
                 "pages", "wall s", "out tok/s", "tot tok/s", "queued/s", "peak", "batch", "preem",
                 "recomp", "ttft p50", "ttft p99", "tpot 50", "tpot 99", "prefill %", "done");
