@@ -3,12 +3,15 @@
 // the achieved GEMM rate beside cuBLAS's, and memory at load. Prints a table, writes JSON.
 //   bench_runner --model DIR [--json FILE] [--repeats N] [--only decode:B[:CTX]|prefill:P]
 //   [--no-pdl] [--no-fusion] [--quick] [--prefill] [--experts cublas|ours-gated|ours]
-//   [--cache SPEC]
+//   [--cache SPEC] [--swap]
 //   (--only: one shape, for profiling: decode of B sequences at ctx CTX, default 1024, with the
 //   BF16 cache (or --cache's format), or a prefill of P 2K-token prompts; --no-fusion:
 //   CudaRunnerOptions::fused_decode off; --quick: decode of 1, 4 and 16 sequences at 1K, no
 //   prefill; --prefill: the prefill rows only; --experts: CudaRunnerOptions::expert_products,
-//   default the runner's own)
+//   default the runner's own; --swap: only the time a preemption by swap takes, a sequence's
+//   records out of the pool and back in, each format, through the pool's pinned staging buffer
+//   and without it (CudaRunnerOptions::swap_staging_bytes 0: from pageable memory), the model
+//   loaded once for each)
 //
 // Method. The device's ceilings are measured in the same run: copy bandwidth (a 4 GiB device copy,
 // bytes read + written over the time) and the cuBLAS BF16 rate (8192^3 through the runner's own
@@ -135,6 +138,60 @@ struct PrefillRow {
   int64_t prompts, prompt_tokens;
   double step_ms = 0, tokens_per_s = 0, gemm_tflops = 0;
 };
+struct SwapRow {
+  std::string cache;
+  int64_t tokens = 0, bytes = 0;
+  bool staged = true;  // through the pool's pinned staging buffer (else from pageable memory)
+  double out_ms = 0, in_ms = 0;
+};
+
+// --swap: PagePool::copy_out and copy_in of one sequence of `tokens` tokens (what a preemption by
+// swap and its readmission move), median of `repeats` after two warm-ups, each format, with the
+// runner's pinned staging buffer and without. The records' values do not matter to a copy, so
+// the pages are left as allocated.
+std::vector<SwapRow> time_swaps(const std::string& model_dir, CudaRunnerOptions options,
+                                int repeats) {
+  std::vector<SwapRow> rows;
+  for (const bool staged : {true, false}) {
+    if (!staged) options.swap_staging_bytes = 0;
+    auto runner = make_cuda_runner(model_dir, options);
+    for (const char* spec : {"bf16", "content=fp8,rope=bf16", "content=int4:g64,rope=int4:g64",
+                             "content=int2:g64,rope=int4:g64"}) {
+      for (const int64_t tokens : {int64_t{640}, int64_t{1280}}) {
+        auto pool =
+            runner->make_pool(CacheFormat::parse(spec), 2 * PagePool::pages_for_tokens(tokens));
+        const SequenceId victim = pool->add_sequence();
+        pool->reserve(victim, tokens);
+        pool->set_length(victim, tokens);
+        SwapRow row{spec, tokens, pool->swap_bytes(tokens), staged};
+        std::vector<uint8_t> host(static_cast<size_t>(row.bytes));
+        std::vector<double> out_ms, in_ms;
+        for (int r = 0; r < repeats + 2; ++r) {
+          auto start = std::chrono::steady_clock::now();
+          pool->copy_out(victim, tokens, host);
+          const double out = seconds_since(start) * 1e3;
+          const SequenceId back = pool->add_sequence();
+          pool->reserve(back, tokens);
+          start = std::chrono::steady_clock::now();
+          pool->copy_in(back, tokens, host);
+          const double in = seconds_since(start) * 1e3;
+          pool->remove_sequence(back);
+          if (r >= 2) out_ms.push_back(out), in_ms.push_back(in);
+        }
+        row.out_ms = bench::median(out_ms);
+        row.in_ms = bench::median(in_ms);
+        std::printf(
+            "swap %-32s %5lld tokens (%6.2f MB), %-9s: out %7.3f ms (%5.1f GB/s), in "
+            "%7.3f ms (%5.1f GB/s)\n",
+            spec, static_cast<long long>(tokens), row.bytes / 1e6, staged ? "staged" : "pageable",
+            row.out_ms, row.bytes / (row.out_ms * 1e6), row.in_ms, row.bytes / (row.in_ms * 1e6));
+        std::fflush(stdout);
+        rows.push_back(row);
+      }
+    }
+  }
+  return rows;
+}
 
 }  // namespace
 
@@ -148,6 +205,7 @@ int main(int argc, char** argv) {
   bool fused = true;          // --no-fusion: the separate kernels of decode steps
   bool quick = false;         // --quick: decode of 1, 4 and 16 sequences at 1K only
   bool prefill_only = false;  // --prefill: no decode rows
+  bool swap_only = false;     // --swap: the swap copies only
   std::string experts;        // --experts: CudaRunnerOptions::expert_products (empty: the runner's)
   std::string only_cache = "bf16";  // --cache: the cache format of an --only decode shape
   for (int i = 1; i < argc; ++i) {
@@ -156,6 +214,7 @@ int main(int argc, char** argv) {
     if (flag == "--no-fusion") fused = false;
     if (flag == "--quick") quick = true;
     if (flag == "--prefill") prefill_only = true;
+    if (flag == "--swap") swap_only = true;
     if (i + 1 >= argc) break;
     if (flag == "--only") {
       const std::string value = argv[++i];
@@ -192,7 +251,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: bench_runner --model DIR [--json FILE] [--repeats N] [--only "
         "decode:B[:CTX]|prefill:P] [--cache SPEC] [--no-pdl] [--no-fusion] [--quick] [--prefill] "
-        "[--experts cublas|ours-gated|ours]\n");
+        "[--experts cublas|ours-gated|ours] [--swap]\n");
     return 2;
   }
   try {
@@ -207,6 +266,23 @@ int main(int argc, char** argv) {
     options.max_sequences = 256;
     options.programmatic_launch = programmatic;
     options.fused_decode = fused;
+    if (swap_only) {
+      const std::vector<SwapRow> swaps = time_swaps(model_dir, options, repeats);
+      if (!json_path.empty()) {
+        std::ofstream out(json_path);
+        out << "{\n  \"device\": \"" << prop.name << "\",\n  \"model\": \"" << model_dir
+            << "\",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"swap\": [\n";
+        for (size_t i = 0; i < swaps.size(); ++i) {
+          const SwapRow& r = swaps[i];
+          out << "    {\"cache\": \"" << r.cache << "\", \"tokens\": " << r.tokens
+              << ", \"bytes\": " << r.bytes << ", \"staged\": " << (r.staged ? "true" : "false")
+              << ", \"out_ms\": " << r.out_ms << ", \"in_ms\": " << r.in_ms << "}"
+              << (i + 1 < swaps.size() ? ",\n" : "\n");
+        }
+        out << "  ]\n}\n";
+      }
+      return 0;
+    }
     std::printf("routed experts of prefill steps: %s\n", experts.c_str());
     if (!programmatic) std::printf("kernels launched without programmatic dependent launch\n");
     if (!fused) std::printf("decode steps launch the separate kernels (no fusion)\n");

@@ -164,7 +164,8 @@ struct CudaRunnerOptions {
   // Pinned host memory each pool allocates at its first swap (preemption by swap, --swap-space)
   // and moves a swapped sequence's pages through, as many whole pages at a time as it holds (at
   // least one): copies from pageable memory would each be a synchronous transfer staged by the
-  // driver (what a pool falls back to where pinned memory is refused).
+  // driver. 0: no staging, the copies straight from the scheduler's pageable memory (what a pool
+  // falls back to where pinned memory is refused; bench_runner --swap times both).
   int64_t swap_staging_bytes = int64_t{32} << 20;
 };
 

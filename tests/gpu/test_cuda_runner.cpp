@@ -582,9 +582,10 @@ void check_workspace_refusal(const fs::path& model_dir) {
 // A swap (PagePool::copy_out / copy_in on a device pool): a sequence's records copied to the host
 // and into another sequence's pages come back bit for bit, and its next decode step gives the
 // original's logits bit for bit (the same step shape alone).
-// `staging_pages`: the pinned staging buffer in pages (CudaRunnerOptions::swap_staging_bytes; 0
-// for its default, which holds the whole sequence): fewer than the copy's layers x pages moves
-// them in several rounds, the last a partial one where they do not divide.
+// `staging_pages`: the pinned staging buffer in pages (CudaRunnerOptions::swap_staging_bytes; -1
+// for its default, which holds the whole sequence; 0 for none, the copies from pageable memory):
+// fewer than the copy's layers x pages moves them in several rounds, the last a partial one where
+// they do not divide.
 void check_swap(const fs::path& model_dir, const std::string& spec, uint64_t seed,
                 int64_t staging_pages) {
   const CacheFormat format = CacheFormat::parse(spec);
@@ -592,7 +593,8 @@ void check_swap(const fs::path& model_dir, const std::string& spec, uint64_t see
   const int64_t page_bytes =
       kPageTokens * format.record_bytes(config.kv_lora_rank, config.qk_rope_head_dim);
   CudaRunnerOptions options;
-  if (staging_pages > 0) options.swap_staging_bytes = staging_pages * page_bytes + page_bytes / 2;
+  if (staging_pages >= 0) options.swap_staging_bytes = staging_pages * page_bytes + page_bytes / 2;
+  if (staging_pages == 0) options.swap_staging_bytes = 0;
   const auto runner = make_cuda_runner(model_dir, options);
   const int64_t vocab = runner->config().vocab_size;
   std::mt19937_64 rng(seed);
@@ -619,12 +621,17 @@ void check_swap(const fs::path& model_dir, const std::string& spec, uint64_t see
   const bool records_same = again == out;
   const bool logits_same =
       std::memcmp(logits_a.data(), logits_b.data(), logits_a.size() * sizeof(float)) == 0;
-  std::printf("%-48s staging %lld pages: records %s, next logits %s\n",
-              (model_dir.filename().string() + " swap " + spec).c_str(),
-              static_cast<long long>(staging_pages), records_same ? "equal" : "DIFFER",
-              logits_same ? "equal" : "DIFFER");
-  check(records_same, spec + ": a swapped sequence's records did not come back bit for bit");
-  check(logits_same, spec + ": a swapped sequence's next logits differ from the original's");
+  const std::string staging = staging_pages < 0 ? "default staging"
+                              : staging_pages == 0
+                                  ? "no staging"
+                                  : std::to_string(staging_pages) + "-page staging";
+  std::printf("%-48s %-16s: records %s, next logits %s\n",
+              (model_dir.filename().string() + " swap " + spec).c_str(), staging.c_str(),
+              records_same ? "equal" : "DIFFER", logits_same ? "equal" : "DIFFER");
+  check(records_same,
+        spec + ", " + staging + ": a swapped sequence's records did not come back bit for bit");
+  check(logits_same,
+        spec + ", " + staging + ": a swapped sequence's next logits differ from the original's");
 }
 
 // Bad steps are refused before any work, with the runner and the pool still usable after.
@@ -677,11 +684,11 @@ void check_refusals(const fs::path& model_dir) {
           "the refusal names the unknown operation");
   }
   unsetenv("QUANTMLA_ABLATE");
-  CudaRunnerOptions no_staging;
-  no_staging.swap_staging_bytes = 0;
+  CudaRunnerOptions negative_staging;
+  negative_staging.swap_staging_bytes = -1;
   try {
-    make_cuda_runner(model_dir, no_staging);
-    check(false, "swap_staging_bytes 0: not refused");
+    make_cuda_runner(model_dir, negative_staging);
+    check(false, "swap_staging_bytes -1: not refused");
   } catch (const InvalidArgument& e) {
     std::printf("refused as expected (swap_staging_bytes): %s\n", e.what());
   }
@@ -727,10 +734,11 @@ int main(int argc, char** argv) {
       check_graphs(model, seed);
       check_batch_invariance(model, "content=int2:g64,rope=int4:g64", seed);
       for (const char* spec : {"bf16", "content=int4:g64,rope=int4:g64"}) {
-        check_swap(model, spec, seed, 0);
+        check_swap(model, spec, seed, -1);
         // 150 tokens: 3 pages a layer; 4 pages a round leave a partial last one at any layer
         // count that is not a multiple of 4.
         check_swap(model, spec, seed, 4);
+        check_swap(model, spec, seed, 0);
       }
       check_workspace_refusal(model);
       check_refusals(model);

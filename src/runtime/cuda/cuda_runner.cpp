@@ -133,10 +133,11 @@ class DevicePageStorage final : public PageStorage {
     if (copy_stream_ == nullptr) {
       QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     }
-    // page_bytes is the pool's own: every swap takes the same rounds. Where pinned memory is
-    // refused (a locked-memory limit), the copies go straight from the caller's memory, slower.
+    // page_bytes is the pool's own: every swap takes the same rounds. Without staging
+    // (swap_staging_bytes 0), or where pinned memory is refused (a locked-memory limit), the
+    // copies go straight from the caller's memory, slower.
     const int64_t staging_pages = std::max<int64_t>(1, staging_bytes_ / page_bytes);
-    if (staging_ == nullptr && !staging_refused_ &&
+    if (staging_bytes_ > 0 && staging_ == nullptr && !staging_refused_ &&
         cudaMallocHost(&staging_, static_cast<size_t>(staging_pages * page_bytes)) != cudaSuccess) {
       cudaGetLastError();  // not sticky
       staging_ = nullptr;
@@ -181,6 +182,7 @@ class DevicePageStorage final : public PageStorage {
   int64_t layer_bytes_;
   int64_t staging_bytes_;
   uint8_t* staging_ = nullptr;  // pinned: staging_bytes_ / page_bytes whole pages, at least one
+                                // (none while staging_bytes_ is 0)
   bool staging_refused_ = false;
   cudaStream_t copy_stream_ = nullptr;
 };
@@ -483,9 +485,9 @@ class CudaRunner final : public Runner {
     const Rope rope(config_);
     attention_factor_ = rope.attention_factor();
     const TensorStore store = TensorStore::open_dir(dir);
-    if (options.swap_staging_bytes < 1) {
+    if (options.swap_staging_bytes < 0) {
       throw InvalidArgument("CUDA runner: swap_staging_bytes " +
-                            std::to_string(options.swap_staging_bytes) + " must be positive");
+                            std::to_string(options.swap_staging_bytes) + " must be >= 0");
     }
     if (options.prefill_expanded_max_context < 0) {
       throw InvalidArgument("CUDA runner: prefill_expanded_max_context " +
