@@ -553,6 +553,7 @@ TEST_F(CliTest, BenchServeScheduleOnlyNeedsOnlyTheConfig) {
   EXPECT_EQ(swapped["recomputed_tokens"], 0);
   EXPECT_GT(swapped["peak_swap_bytes"].get<int64_t>(), 0);
   EXPECT_LE(swapped["peak_swap_bytes"].get<int64_t>(), int64_t{1} << 29);
+  EXPECT_GE(swapped["swapped_out_bytes"].get<int64_t>(), swapped["peak_swap_bytes"].get<int64_t>());
   expect_failure(run_cli("bench-serve --schedule-only --model '" + dir.string() +
                          "' --num-prompts 2 --input-len 8 --output-len 2 --swap-space -1"),
                  {"--swap-space"});

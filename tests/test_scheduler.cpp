@@ -464,6 +464,8 @@ TEST(Scheduler, PreemptedRequestsMatchUnpreemptedOnTheCpuRunner) {
     EXPECT_GE(stats.peak_swap_bytes, most_swap_seen);
     EXPECT_LE(stats.peak_swap_bytes, run.swap_space);
     EXPECT_EQ(stats.peak_swap_bytes > 0, stats.swapped_out > 0);
+    EXPECT_GE(stats.swapped_out_bytes, stats.peak_swap_bytes);
+    EXPECT_EQ(stats.swapped_out_bytes > 0, stats.swapped_out > 0);
     const std::string name =
         std::to_string(run.pages) + " pages, swap space " + std::to_string(run.swap_space);
     EXPECT_EQ(pool->used_pages(), 0) << name;

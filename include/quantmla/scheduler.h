@@ -103,11 +103,12 @@ struct SchedulerStats {
   int64_t prefill_tokens = 0;     // tokens run in prefill chunks, recomputation included
   int64_t recomputed_tokens = 0;  // prefill tokens that were already computed before a preemption
   int64_t preemptions = 0;
-  int64_t swapped_out = 0;      // of the preemptions, those by swap
-  int64_t swapped_in = 0;       // readmissions from the swap space
-  int64_t peak_running = 0;     // most sequences holding pages at once
-  int64_t peak_swap_bytes = 0;  // most swap space held at once (for sizing --swap-space)
-  int64_t decode_batches = 0;   // steps with at least one decode (for the mean decode batch)
+  int64_t swapped_out = 0;        // of the preemptions, those by swap
+  int64_t swapped_in = 0;         // readmissions from the swap space
+  int64_t peak_running = 0;       // most sequences holding pages at once
+  int64_t peak_swap_bytes = 0;    // most swap space held at once (for sizing --swap-space)
+  int64_t swapped_out_bytes = 0;  // records copied to the swap space (as many come back)
+  int64_t decode_batches = 0;     // steps with at least one decode (for the mean decode batch)
 };
 
 // What one step ran (tests check the budget and the invariants through it).

@@ -46,8 +46,9 @@ struct ServeResult {
   int64_t peak_seqs = 0;
   double mean_batch = 0;  // mean sequences decoded per step that decoded
   int64_t preemptions = 0, recomputed_tokens = 0, steps = 0;
-  int64_t swapped_out = 0;      // of the preemptions, those by swap (--swap-space)
-  int64_t peak_swap_bytes = 0;  // most swap space held at once
+  int64_t swapped_out = 0;        // of the preemptions, those by swap (--swap-space)
+  int64_t peak_swap_bytes = 0;    // most swap space held at once
+  int64_t swapped_out_bytes = 0;  // records copied out by the swaps (as many come back)
   double ttft_p50_ms = 0, ttft_p99_ms = 0, tpot_p50_ms = 0, tpot_p99_ms = 0;
   int64_t completed = 0, failed = 0;  // failed: refused at submission (never fits)
   // Where the wall time went, by kind of step: steps of decodes only, and steps that carried

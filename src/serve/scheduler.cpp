@@ -280,6 +280,7 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
     victim->swapped_tokens = victim->computed;
     swap_used_ += bytes;
     stats_.peak_swap_bytes = std::max(stats_.peak_swap_bytes, swap_used_);
+    stats_.swapped_out_bytes += bytes;
     ++stats_.swapped_out;
   }
   pool_.remove_sequence(victim->sequence);

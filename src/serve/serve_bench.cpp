@@ -253,6 +253,7 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
   result.recomputed_tokens = stats.recomputed_tokens;
   result.swapped_out = stats.swapped_out;
   result.peak_swap_bytes = stats.peak_swap_bytes;
+  result.swapped_out_bytes = stats.swapped_out_bytes;
   result.steps = stats.steps;
   result.ttft_p50_ms = percentile(ttft, 0.5);
   result.ttft_p99_ms = percentile(ttft, 0.99);

@@ -241,6 +241,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                             {"recomputed_tokens", r.recomputed_tokens},
                             {"swapped_out", r.swapped_out},
                             {"peak_swap_bytes", r.peak_swap_bytes},
+                            {"swapped_out_bytes", r.swapped_out_bytes},
                             {"completed", r.completed},
                             {"failed", r.failed},
                             {"output_tokens", r.output_tokens},
