@@ -9,12 +9,14 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    decodes n, the keys they attend over K, and its prefill tokens p.
 2. One step-time model is fitted to the measured runs' wall time of decode-only steps and of steps
    with prefill, by least squares on relative errors:
-       t = a + b n + tau p + c E(n + p) + d_format K + g G
+       t = a + b n + tau p + c E(n + p) + d_format K + g G + s S
    E(T) = 1 - (1 - k / N)^T, the expected share of the N routed experts that T tokens choosing k
    each read (their weights are most of a step's bytes); d per cache format (attention reads the
    cache); G = 1 for a decode step that is not a graph replay (the first and second occurrence of
    its batch size for the pool, the CUDA runner's policy with its map of 64 graphs cleared whole
-   when full); a, b, tau, c and g shared by every format (the same weights and GEMMs). Each run's
+   when full); S the GB the step's swaps copied out and in (the step log's swap_bytes; 0 in logs
+   from before that column); a, b, tau, c, g and s shared by every format (the same weights and
+   GEMMs; s stays 0 until a measured run has swapped). Each run's
    first format also carries the process's one-time costs, h seconds (kernel loading, GEMM plans),
    in its prefill steps.
    A measured run whose --step-log sits beside its JSON (NAME-steps.csv, as bench/gpu/run-serve.sh
@@ -40,7 +42,8 @@ default budget is 1/8 of the workload's peak tokens in BF16 (the issue's workloa
 --attention-speedup CACHE=FACTOR (repeatable) asks what if that format's decode attention were
 FACTOR times faster: its fitted d is divided by FACTOR in the projections (never in the fit), e.g.
 the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x today's).
-"""
+--swap-gbps R costs the projected swaps' copies at R GB/s each way instead of the fitted s (e.g.
+bench_runner --swap's rate, before a measured run has swapped)."""
 import argparse
 import csv
 import json
@@ -50,7 +53,8 @@ import subprocess
 import sys
 import tempfile
 
-SHARED = ["a", "b", "tau", "c", "g", "h"]
+SHARED = ["a", "b", "tau", "c", "g", "h", "s"]
+TERMS = len(SHARED) + 1  # and K, whose coefficient d is the format's
 GRAPH_MAP, GRAPH_TOKENS = 64, 256  # CudaRunner::kMaxGraphs, CudaRunnerOptions::max_graph_tokens
 
 
@@ -72,8 +76,7 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
         steps, queued = {}, {}
         with open(log) as f:
             for row in csv.DictReader(f):
-                steps.setdefault(row["cache"], []).append(
-                    (int(row["decodes"]), int(row["decode_context"]), int(row["prefill_tokens"])))
+                steps.setdefault(row["cache"], []).append(step_of(row))
                 queued.setdefault(row["cache"], []).append(
                     (int(row["generated"]), int(row["waiting"])))
         for cache, rows in queued.items():
@@ -83,12 +86,19 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
             return steps, queued, json.load(f)
 
 
+def step_of(row):
+    """A step log's row as (n, K, p, S): S the GB its swaps copied (0 in logs from before the
+    column)."""
+    return (int(row["decodes"]), int(row["decode_context"]), int(row["prefill_tokens"]),
+            int(row.get("swap_bytes") or 0) / 1e9)
+
+
 def step_terms(steps, experts, top_k, first, warm=False):
     """Each step's kind ("decode" or "prefill"), its batch bucket (16 decodes wide) and the model's
-    terms [1, n, p, E, G, h, K]; `first`: the run's first format (h on its first step); warm: a run
-    after a warm-up pass (no graph captures, no one-time costs)."""
+    terms [1, n, p, E, G, h, S, K]; `first`: the run's first format (h on its first step); warm: a
+    run after a warm-up pass (no graph captures, no one-time costs)."""
     graphs = {}  # batch size -> uncaptured runs so far (2: captured)
-    for index, (n, keys, p) in enumerate(steps):
+    for index, (n, keys, p, swap_gb) in enumerate(steps):
         share = 1.0 - (1.0 - top_k / experts) ** (n + p)
         not_replayed = 0.0
         if p == 0 and 0 < n <= GRAPH_TOKENS and not warm:
@@ -98,19 +108,20 @@ def step_terms(steps, experts, top_k, first, warm=False):
             not_replayed = 1.0 if graphs[n] <= 2 else 0.0
         one_time = 1.0 if first and index == 0 and not warm else 0.0
         kind = "prefill" if p > 0 else "decode"
-        yield kind, (n + 15) // 16, [1.0, n, p, share, not_replayed, one_time, keys / 1000.0]
+        yield kind, (n + 15) // 16, [1.0, n, p, share, not_replayed, one_time, swap_gb,
+                                     keys / 1000.0]
 
 
 def features(steps, experts, top_k, first, warm=False):
     """The terms summed over decode-only steps and over steps with prefill."""
-    sums = {"decode": [0.0] * 7, "prefill": [0.0] * 7}
+    sums = {"decode": [0.0] * TERMS, "prefill": [0.0] * TERMS}
     for kind, _, term in step_terms(steps, experts, top_k, first, warm):
         sums[kind] = [s + t for s, t in zip(sums[kind], term)]
     return sums
 
 
 def read_step_log(path):
-    """A measured run's --step-log (or its .xz): {cache: ([(n, K, p), ...], [seconds, ...])};
+    """A measured run's --step-log (or its .xz): {cache: ([(n, K, p, S), ...], [seconds, ...])};
     None without one or without times."""
     opener = open
     if not os.path.exists(path):
@@ -123,8 +134,7 @@ def read_step_log(path):
             if "step_ms" not in row:
                 return None
             steps, seconds = logs.setdefault(row["cache"], ([], []))
-            steps.append((int(row["decodes"]), int(row["decode_context"]),
-                          int(row["prefill_tokens"])))
+            steps.append(step_of(row))
             seconds.append(float(row["step_ms"]) / 1e3)
     return logs
 
@@ -201,7 +211,12 @@ def main():
                     help="more bench-serve flags for the projected runs' replays")
     ap.add_argument("--attention-speedup", action="append", default=[], metavar="CACHE=FACTOR",
                     help="project with that format's attention term d divided by FACTOR")
+    ap.add_argument("--swap-gbps", type=float, default=0.0,
+                    help="project with the swaps' copies at this rate (GB/s each way) instead of "
+                         "the fitted s")
     args = ap.parse_args()
+    if args.swap_gbps < 0:
+        sys.exit(f"--swap-gbps {args.swap_gbps}: expected a rate > 0")
     speedups = {}
     for spec in args.attention_speedup:
         cache, _, factor = spec.rpartition("=")
@@ -234,7 +249,7 @@ def main():
                 buckets = {}
                 for (kind, bucket, term), t in zip(
                         step_terms(steps, experts, top_k, index == 0, warm), seconds):
-                    sums, total = buckets.get((kind, bucket), ([0.0] * 7, 0.0))
+                    sums, total = buckets.get((kind, bucket), ([0.0] * TERMS, 0.0))
                     buckets[(kind, bucket)] = ([a + b for a, b in zip(sums, term)], total + t)
                 for (kind, bucket), (sums, total) in sorted(buckets.items()):
                     if total > 0:
@@ -284,6 +299,10 @@ def main():
         print("projected with d per 1K keys: " + ", ".join(
             f"{c} {v * 1e3:.4g}" for c, v in zip(caches, projected[len(SHARED):])) +
               " (--attention-speedup: a what-if, not a fitted value)")
+    if args.swap_gbps > 0:
+        projected[SHARED.index("s")] = 1.0 / args.swap_gbps
+        print(f"projected with the swaps' copies at {args.swap_gbps:g} GB/s each way "
+              "(--swap-gbps: a what-if, not a fitted value)")
 
     for spec in args.project:
         parts = [int(x) for x in spec.split(":")]

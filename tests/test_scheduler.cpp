@@ -1064,6 +1064,15 @@ TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
   EXPECT_EQ(swapped.outputs, real.outputs);
   EXPECT_EQ(std::make_tuple(swap_plan.steps, swap_plan.preemptions, swap_plan.swapped_out),
             std::make_tuple(swapped.steps, swapped.preemptions, swapped.swapped_out));
+  // Step by step the same copies, and every byte copied out comes back once (nothing cancelled).
+  ASSERT_EQ(swap_plan.step_log.size(), swapped.step_log.size());
+  int64_t copied = 0;
+  for (size_t i = 0; i < swapped.step_log.size(); ++i) {
+    EXPECT_EQ(swap_plan.step_log[i].swap_bytes, swapped.step_log[i].swap_bytes) << "step " << i;
+    copied += swapped.step_log[i].swap_bytes;
+  }
+  EXPECT_GT(swapped.swapped_out_bytes, 0);
+  EXPECT_EQ(copied, 2 * swapped.swapped_out_bytes);
   // A warm-up pass runs the same requests on the same pool first, untimed: the timed run then
   // takes the same schedule, and its pool was left empty by the warm-up.
   const int64_t steps_before = runner.steps;

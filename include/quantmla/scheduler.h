@@ -113,10 +113,11 @@ struct SchedulerStats {
 
 // What one step ran (tests check the budget and the invariants through it).
 struct StepReport {
-  int64_t tokens = 0;                     // tokens of the step
-  int64_t sequences = 0;                  // chunks of the step
-  int64_t decodes = 0;                    // of them single-token decodes of running sequences
-  int64_t decode_context = 0;             // keys the decodes attend over, summed over them
+  int64_t tokens = 0;          // tokens of the step
+  int64_t sequences = 0;       // chunks of the step
+  int64_t decodes = 0;         // of them single-token decodes of running sequences
+  int64_t decode_context = 0;  // keys the decodes attend over, summed over them
+  int64_t swap_bytes = 0;      // records copied out by its preemptions and in by its readmissions
   std::vector<FinishedRequest> finished;  // requests that ended in this step
   // Every token generated in this step, with its request (streaming), in step order.
   struct Generated {
@@ -182,6 +183,7 @@ class Scheduler {
   int64_t admissions_ = 0;
   int64_t rounds_ = 0;  // step() calls, to mark the entries one of them scheduled
   int64_t swap_used_ = 0;
+  int64_t step_swap_bytes_ = 0;  // copied out and in during the step under way
   std::deque<std::shared_ptr<Entry>> waiting_;
   std::vector<std::shared_ptr<Entry>> running_;  // in admission order
   std::vector<FinishedRequest> cancelled_;

@@ -35,6 +35,7 @@ struct StepRecord {
   int64_t generated = 0;   // output tokens (decodes and the prefill chunks that completed)
   int64_t pages_used = 0;  // pages held after the step (sequences' pages, partial last ones too)
   int64_t waiting = 0;     // requests waiting to be admitted after the step (preempted too)
+  int64_t swap_bytes = 0;  // records the step's swaps copied out and in (StepReport)
   double seconds = 0;
 };
 

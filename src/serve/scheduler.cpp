@@ -243,6 +243,7 @@ bool Scheduler::try_admit(const std::shared_ptr<Entry>& entry) {
       }
     }
     entry->computed = entry->swapped_tokens;
+    step_swap_bytes_ += pool_.swap_bytes(entry->swapped_tokens);
     ++stats_.swapped_in;
     release_swap(*entry);
   }
@@ -281,6 +282,7 @@ void Scheduler::preempt(const std::shared_ptr<Entry>& victim) {
     swap_used_ += bytes;
     stats_.peak_swap_bytes = std::max(stats_.peak_swap_bytes, swap_used_);
     stats_.swapped_out_bytes += bytes;
+    step_swap_bytes_ += bytes;
     ++stats_.swapped_out;
   }
   pool_.remove_sequence(victim->sequence);
@@ -363,6 +365,7 @@ FinishedRequest Scheduler::finish(const std::shared_ptr<Entry>& entry, FinishRea
 
 StepReport Scheduler::step() {
   StepReport report;
+  step_swap_bytes_ = 0;
   report.finished = std::move(cancelled_);
   cancelled_.clear();
   struct Scheduled {
@@ -429,6 +432,7 @@ StepReport Scheduler::step() {
     schedule(entry, entry->computed, std::min(entry->known() - entry->computed, budget));
   }
   stats_.peak_running = std::max<int64_t>(stats_.peak_running, running_.size());
+  report.swap_bytes = step_swap_bytes_;
   if (scheduled.empty()) return report;
 
   StepBatch batch;

@@ -200,7 +200,7 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
       result.step_log.push_back({report.decodes, report.decode_context,
                                  report.tokens - report.decodes,
                                  static_cast<int64_t>(report.generated.size()), pool->used_pages(),
-                                 scheduler.num_waiting(), step_s});
+                                 scheduler.num_waiting(), report.swap_bytes, step_s});
     }
     for (FinishedRequest& f : report.finished) {
       ++result.completed;

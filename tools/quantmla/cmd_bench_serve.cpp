@@ -48,18 +48,20 @@ void print_schedule_row(const ServeResult& r) {
 }
 
 // --step-log: one CSV line a step (its decodes, the keys they attend over, its prefill tokens, the
-// tokens it generated, the pages held and the requests waiting after it, and its wall time when
-// the model ran), to see how the step time grows with the batch or to cost a schedule.
+// tokens it generated, the pages held and the requests waiting after it, the bytes its swaps
+// copied, and its wall time when the model ran), to see how the step time grows with the batch
+// or to cost a schedule.
 void write_step_log(const std::string& path, const std::vector<ServeResult>& results, bool timed) {
   std::ofstream file(path, std::ios::trunc);
   if (!file) throw IoError("cannot write " + path);
-  file << "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting"
+  file << "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting,swap_bytes"
        << (timed ? ",step_ms" : "") << "\n";
   for (const ServeResult& r : results) {
     for (size_t i = 0; i < r.step_log.size(); ++i) {
       const StepRecord& s = r.step_log[i];
       file << '"' << r.cache << "\"," << i << ',' << s.decodes << ',' << s.decode_context << ','
-           << s.prefill_tokens << ',' << s.generated << ',' << s.pages_used << ',' << s.waiting;
+           << s.prefill_tokens << ',' << s.generated << ',' << s.pages_used << ',' << s.waiting
+           << ',' << s.swap_bytes;
       if (timed) file << ',' << s.seconds * 1e3;
       file << '\n';
     }
@@ -369,7 +371,7 @@ void add_bench_serve(CLI::App& app) {
   cmd->add_option("--plot", o->plot, "Write an SVG plot of throughput and concurrency");
   cmd->add_option("--step-log", o->step_log,
                   "Write every step (cache, step, decodes, their keys, prefill tokens, tokens "
-                  "generated, pages held, requests waiting, ms) to this CSV");
+                  "generated, pages held, requests waiting, swap bytes, ms) to this CSV");
   cmd->add_option("--url", o->online.url,
                   "Online: send the requests to a running server (http://HOST:PORT) instead; "
                   "--model then only gives the vocabulary (config.json)");
