@@ -25,7 +25,8 @@
 #      share of the low-bit formats' jobs (serve_projection.py: INT4 3.05x, INT2 4.58x BF16)
 #   8  the same for INT4/INT4 and INT2/INT4 (~230 s with a cold machine's build and model ~430 s;
 #      the same carry), then bench_runner --swap: the time a swap's copies take a sequence, each
-#      format, through the pinned staging buffer and from pageable memory (~40 s)
+#      format, through the pinned staging buffer and from pageable memory (~40 s;
+#      SKIP_SWAP_BENCH=1 leaves it out)
 # Order, where the device time is short: 8 then 7 (issue 14's targets, and the first GPU run of
 # preemption by swap), then 1 and 2 (the waiting patch's gates), then 3, 4 or 5, 6.
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
@@ -87,7 +88,7 @@ case $step in
     FORMATS=$formats P_DIVISOR=48 SKIP_U=1 SERVE_ARGS="--swap-space 16" \
       TAG=decode-heavy-768-637mb-swap-$step within bash bench/gpu/run-serve.sh 768 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
-    if ((step == 8)); then
+    if ((step == 8)) && [[ -z ${SKIP_SWAP_BENCH:-} ]]; then
       { within bash bench/gpu/device-build.sh bench_runner &&
         within build-gpu-full/bench/gpu/bench_runner --model /tmp/v2-lite --swap --repeats 10 \
           --json "$OUT/swap.json"; } >"$OUT/swap.txt" 2>&1 || status=1
