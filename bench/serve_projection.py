@@ -60,8 +60,9 @@ GRAPH_MAP, GRAPH_TOKENS = 64, 256  # CudaRunner::kMaxGraphs, CudaRunnerOptions::
 
 def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_bytes, mbt, seqs,
            caches, extra=()):
-    """Step logs of a schedule-only replay: {cache: [(n, K, p), ...]}, {cache: the output tokens
-    of its queued steps (those up to the last that left a request waiting) a step}, its JSON."""
+    """Step logs of a schedule-only replay: {cache: [(n, K, p, S), ...]}, {cache: the output tokens
+    of its queued steps (bench-serve's queued_steps: those up to the last that left a request
+    waiting) a step}, its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         log, out = os.path.join(tmp, "steps.csv"), os.path.join(tmp, "run.json")
         cmd = [quantmla, "bench-serve", "--schedule-only", "--model", model, "--num-prompts",
@@ -73,17 +74,24 @@ def replay(quantmla, model, requests, input_len, output_len, ratio, seed, cache_
             cmd += ["--cache", c]
         cmd += list(extra)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        steps, queued = {}, {}
+        steps, generated = {}, {}
         with open(log) as f:
             for row in csv.DictReader(f):
                 steps.setdefault(row["cache"], []).append(step_of(row))
-                queued.setdefault(row["cache"], []).append(
-                    (int(row["generated"]), int(row["waiting"])))
-        for cache, rows in queued.items():
-            last = max((i + 1 for i, (_, waiting) in enumerate(rows) if waiting > 0), default=0)
-            queued[cache] = [generated for generated, _ in rows[:last]]
+                generated.setdefault(row["cache"], []).append(int(row["generated"]))
         with open(out) as f:
-            return steps, queued, json.load(f)
+            replayed = json.load(f)
+        queued = {r["cache"]: generated[r["cache"]][:r["queued_steps"]]
+                  for r in replayed["formats"]}
+        return steps, queued, replayed
+
+
+def replay_measured(args, m):
+    """replay() of a measured bench-serve JSON's workload, budget, limits and swap space."""
+    return replay(args.quantmla, args.model, m["requests"], m["input_len"], m["output_len"],
+                  m["random_range_ratio"], m["seed"], m["cache_memory_bytes"],
+                  m["max_batched_tokens"], m["max_seqs"], [r["cache"] for r in m["formats"]],
+                  ["--swap-space", str(m.get("swap_space_bytes", 0) / 2**30)])
 
 
 def step_of(row):
@@ -181,11 +189,7 @@ def print_queued_parts(args):
             continue
         with open(path) as f:
             m = json.load(f)
-        formats = [r["cache"] for r in m["formats"]]
-        steps, queued, _ = replay(args.quantmla, args.model, m["requests"], m["input_len"],
-                                  m["output_len"], m["random_range_ratio"], m["seed"],
-                                  m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
-                                  formats, ["--swap-space", str(m.get("swap_space_bytes", 0) / 2**30)])
+        steps, queued, _ = replay_measured(args, m)
         if not printed:
             print(f"\n{'measured run':<44} {'cache':<32} {'steps':>6} {'queued':>6} "
                   f"{'out tok/s':>9} {'queued/s':>9}")
@@ -255,10 +259,7 @@ def main():
                     if total > 0:
                         runs.append((f"{label} n<={16 * bucket}", cache, kind, sums, total))
             continue
-        steps, _, replayed = replay(args.quantmla, args.model, m["requests"], m["input_len"],
-                                 m["output_len"], m["random_range_ratio"], m["seed"],
-                                 m["cache_memory_bytes"], m["max_batched_tokens"], m["max_seqs"],
-                                 formats)
+        steps, _, replayed = replay_measured(args, m)
         for index, (r, again) in enumerate(zip(m["formats"], replayed["formats"])):
             if (r["steps"], r["preemptions"]) != (again["steps"], again["preemptions"]):
                 sys.exit(f"{path} {r['cache']}: the replay took {again['steps']} steps and "

@@ -593,8 +593,8 @@ void check_swap(const fs::path& model_dir, const std::string& spec, uint64_t see
   const int64_t page_bytes =
       kPageTokens * format.record_bytes(config.kv_lora_rank, config.qk_rope_head_dim);
   CudaRunnerOptions options;
-  if (staging_pages >= 0) options.swap_staging_bytes = staging_pages * page_bytes + page_bytes / 2;
   if (staging_pages == 0) options.swap_staging_bytes = 0;
+  if (staging_pages > 0) options.swap_staging_bytes = staging_pages * page_bytes + page_bytes / 2;
   const auto runner = make_cuda_runner(model_dir, options);
   const int64_t vocab = runner->config().vocab_size;
   std::mt19937_64 rng(seed);
