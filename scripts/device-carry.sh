@@ -39,7 +39,7 @@ else
   head -c $((4 * 1024 * 101)) "$shared/reference/wikitext2-test.ids.i32" \
     >.carry/shared/reference/wikitext2-test.ids.i32
 fi
-# RUNNER_ONLY=1: the runner stage's fixtures only (ab-runner.sh, next-session.sh 2): without the
+# RUNNER_ONLY=1: the runner stage's fixtures only (for ab-runner.sh RUNNER_TEST=1): without the
 # pass-key prompts and the WikiText-2 ids the slice is 0.7 MiB, which keeps the tree (58 MiB with
 # data/, docs/ grown since) and deps.tar.xz under the device's 64 MiB.
 if [ -n "${RUNNER_ONLY:-}" ]; then

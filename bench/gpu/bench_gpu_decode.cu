@@ -6,7 +6,9 @@
 //
 // Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
 // kernels), L2 flushed before each repeat by a 256 MB memset, median of the repeats after one
-// warm-up call. "cache MB" counts the
+// warm-up call. --range-ratio R gives each sequence a length uniform in [CTX (1 - R), CTX (1 + R)]
+// (vllm bench's --random-range-ratio; drawn once per shape from --seed, printed), the mixed
+// contexts of a serving step instead of one for all. "cache MB" counts the
 // records of every visible token (the bytes the kernel must read); GB/s is that over the time;
 // TFLOP/s counts 2 x heads x tokens x (576 + 512). Physical cache memory for one 128K-token
 // sequence of a DeepSeek-V3-shaped model (61 layers) comes from cache_physical_bytes, pages and
@@ -100,6 +102,8 @@ int main(int argc, char** argv) {
   bool short_contexts = false;  // the serving grid: batch 16-128 at 512-2K tokens
   int s_q = 1;                  // queries per sequence (2: multi-token prediction)
   int pages_per_split = 0;      // 0: the plan's own split; N: runs of exactly N pages (tuning)
+  double range_ratio = 0.0;     // sequence lengths uniform in [CTX (1 - R), CTX (1 + R)]
+  uint64_t seed = 1;            // of those lengths
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -119,18 +123,26 @@ int main(int argc, char** argv) {
       s_q = std::stoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--pages-per-split") && i + 1 < argc) {
       pages_per_split = std::stoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--range-ratio") && i + 1 < argc) {
+      range_ratio = std::stod(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) {
+      seed = std::stoull(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--max-seconds S] [--quick | --short-contexts] "
                    "[--heads 16|128] "
                    "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--formats NAME,...] "
-                   "[--pages-per-split N]\n",
+                   "[--pages-per-split N] [--range-ratio R] [--seed S]\n",
                    argv[0]);
       return 2;
     }
   }
   if (s_q < 1 || s_q > 2) {
     std::fprintf(stderr, "--s-q %d: 1 or 2\n", s_q);
+    return 2;
+  }
+  if (!(range_ratio >= 0.0 && range_ratio < 1.0)) {
+    std::fprintf(stderr, "--range-ratio %g: expected 0 <= R < 1\n", range_ratio);
     return 2;
   }
   if (!gpu::device_available()) {
@@ -198,7 +210,23 @@ int main(int argc, char** argv) {
     }
     const std::vector<int> head_counts = {16, 128};
     const int max_batch = batches.back();
-    const int max_context = contexts.back();
+    // The longest length a shape can draw: every sequence's pages are filled that far.
+    const int max_context = static_cast<int>(std::floor(contexts.back() * (1.0 + range_ratio)));
+    // Each sequence's length at nominal context `context` (all equal without --range-ratio);
+    // at least s_q, as the kernel needs.
+    const auto draw_lengths = [&](int batch, int context) {
+      const int lo = std::max(s_q, static_cast<int>(std::ceil(context * (1.0 - range_ratio))));
+      const int hi = std::max(lo, static_cast<int>(std::floor(context * (1.0 + range_ratio))));
+      std::mt19937_64 rng(seed);
+      std::uniform_int_distribution<int> length(lo, hi);
+      std::vector<int32_t> lens(static_cast<size_t>(batch));
+      for (int32_t& len : lens) len = lo == hi ? lo : length(rng);
+      return lens;
+    };
+    if (range_ratio > 0.0) {
+      std::printf("sequence lengths uniform in [ctx (1 - %.2f), ctx (1 + %.2f)], seed %llu\n",
+                  range_ratio, range_ratio, static_cast<unsigned long long>(seed));
+    }
     const int max_pages = (max_context + kPageTokens - 1) / kPageTokens;
     const int64_t total_pages = static_cast<int64_t>(max_batch) * max_pages;
 
@@ -273,7 +301,7 @@ int main(int argc, char** argv) {
               skipped.push_back(label);
               continue;
             }
-            const std::vector<int32_t> lens(batch, context);
+            const std::vector<int32_t> lens = draw_lengths(batch, context);
             DeviceArray<int32_t> d_lens(lens);
             gpu::MlaDecodePlan plan(format, lens, s_q, heads, pages_per_split);
             gpu::MlaDecodeParams params;
@@ -320,7 +348,7 @@ int main(int argc, char** argv) {
             QUANTMLA_CUDA_CHECK(cudaGraphExecDestroy(graph_exec));
             QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
             QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
-            const double tokens = static_cast<double>(batch) * context;
+            const double tokens = std::accumulate(lens.begin(), lens.end(), 0.0);
             Row row{run.name,
                     batch,
                     context,
@@ -387,6 +415,8 @@ int main(int argc, char** argv) {
                    iso_date().c_str(), prop.multiProcessorCount);
       std::fprintf(f, "  \"driver\": %d,\n  \"runtime\": %d,\n  \"copy_gbps\": %.1f,\n", driver,
                    runtime, copy_gbps);
+      std::fprintf(f, "  \"range_ratio\": %.3f,\n  \"seed\": %llu,\n", range_ratio,
+                   static_cast<unsigned long long>(seed));
       std::fprintf(f,
                    "  \"timing\": \"CUDA events, L2 flushed (256 MB memset) before each repeat, "
                    "median\",\n");
