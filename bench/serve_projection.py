@@ -23,7 +23,9 @@ For planning a device run, not a result: every figure it prints is labelled a pr
    writes it, or NAME-steps.csv.xz, as docs/benchmarks/serving keeps the large ones) is fitted
    step by step instead (one sum per kind of step and batch bucket of 16), and
    a run after a warm-up (the JSON's warmup) carries no G and no h.
-3. It prints each measured run beside the model (the residuals say how far to trust it), and
+3. It prints each measured run beside the model (the residuals say how far to trust it), where
+   each run's time goes by the model (its terms in groups: the experts' weights, the fixed cost,
+   the attention, the per-token work, captures, swaps; ms a step), and
    for each run with a step log its output tok/s over the whole job and over its queued part (the
    steps up to the last one that left a request waiting, which the replay tells; the times are
    the run's own), then replays each --project workload and costs its steps with the model twice:
@@ -178,6 +180,41 @@ def design_row(caches, cache, sums):
     return row
 
 
+# The model's terms in the groups that the breakdown prints (issue 14: "GEMMs, attention, the
+# rest"): the routed experts' weights, the fixed cost of a step, the decode attention, the
+# per-token work, graph captures and one-time costs, the swaps' copies.
+TERM_GROUPS = [("experts", ["c"]), ("fixed", ["a"]), ("attention", ["d"]),
+               ("per token", ["b", "tau"]), ("captures", ["g", "h"]), ("swap", ["s"])]
+
+
+def print_breakdown(params, caches, runs):
+    """Where each measured run's time goes by the fitted model: each group of terms times its
+    coefficients, summed over the run's steps, in ms a step and as a share of the model's time."""
+    totals = {}  # (run, cache) -> (the terms summed over every step, measured seconds)
+    for label, cache, _, sums, seconds in runs:
+        key = (label.split(" n<=")[0], cache)
+        acc, measured = totals.get(key, ([0.0] * TERMS, 0.0))
+        totals[key] = ([a + b for a, b in zip(acc, sums)], measured + seconds)
+    print(f"\nwhere each measured run's time goes by the model, ms a step (share of the model's)")
+    print(f"{'measured run':<44} {'cache':<32} " +
+          " ".join(f"{name:>15}" for name, _ in TERM_GROUPS) + f" {'model':>7} {'measured':>8}")
+    for (label, cache), (sums, measured) in totals.items():
+        steps = sums[SHARED.index("a")]  # the constant term: 1 a step
+        parts = []
+        for _, names in TERM_GROUPS:
+            seconds = 0.0
+            for name in names:
+                if name == "d":
+                    seconds += params[len(SHARED) + caches.index(cache)] * sums[len(SHARED)]
+                else:
+                    seconds += params[SHARED.index(name)] * sums[SHARED.index(name)]
+            parts.append(seconds)
+        model = sum(parts)
+        print(f"{label:<44} {cache:<32} " +
+              " ".join(f"{1e3 * x / steps:7.3f} ({100 * x / model:4.1f}%)" for x in parts) +
+              f" {1e3 * model / steps:7.2f} {1e3 * measured / steps:8.2f}")
+
+
 def print_queued_parts(args):
     """Each measured run with a step log: output tok/s over the whole job and over its queued
     part (the steps up to the last that left a request waiting: the replay, which takes the same
@@ -287,6 +324,7 @@ def main():
         print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
               f"{100 * (t / seconds - 1):+5.1f}%")
 
+    print_breakdown(params, caches, runs)
     print_queued_parts(args)
 
     unknown = sorted(set(speedups) - set(caches))
