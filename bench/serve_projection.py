@@ -195,7 +195,7 @@ def print_breakdown(params, caches, runs):
         key = (label.split(" n<=")[0], cache)
         acc, measured = totals.get(key, ([0.0] * TERMS, 0.0))
         totals[key] = ([a + b for a, b in zip(acc, sums)], measured + seconds)
-    print(f"\nwhere each measured run's time goes by the model, ms a step (share of the model's)")
+    print("\nwhere each measured run's time goes by the model, ms a step (share of the model's)")
     print(f"{'measured run':<44} {'cache':<32} " +
           " ".join(f"{name:>15}" for name, _ in TERM_GROUPS) + f" {'model':>7} {'measured':>8}")
     for (label, cache), (sums, measured) in totals.items():
