@@ -192,9 +192,8 @@ def print_breakdown(params, caches, runs):
     coefficients, summed over the run's steps, in ms a step and as a share of the model's time."""
     totals = {}  # (run, cache) -> (the terms summed over every step, measured seconds)
     for label, cache, _, sums, seconds in runs:
-        key = (label.split(" n<=")[0], cache)
-        acc, measured = totals.get(key, ([0.0] * TERMS, 0.0))
-        totals[key] = ([a + b for a, b in zip(acc, sums)], measured + seconds)
+        acc, measured = totals.get((label, cache), ([0.0] * TERMS, 0.0))
+        totals[(label, cache)] = ([a + b for a, b in zip(acc, sums)], measured + seconds)
     print("\nwhere each measured run's time goes by the model, ms a step (share of the model's)")
     print(f"{'measured run':<44} {'cache':<32} " +
           " ".join(f"{name:>15}" for name, _ in TERM_GROUPS) + f" {'model':>7} {'measured':>8}")
@@ -272,7 +271,7 @@ def main():
         config = json.load(f)
     experts, top_k = config["n_routed_experts"], config["num_experts_per_tok"]
 
-    runs = []  # (label, cache, kind, the terms summed, measured seconds)
+    runs = []  # (label, cache, kind and batch bucket, the terms summed, measured seconds)
     caches = []
     for path in args.measured:
         with open(path) as f:
@@ -294,7 +293,7 @@ def main():
                     buckets[(kind, bucket)] = ([a + b for a, b in zip(sums, term)], total + t)
                 for (kind, bucket), (sums, total) in sorted(buckets.items()):
                     if total > 0:
-                        runs.append((f"{label} n<={16 * bucket}", cache, kind, sums, total))
+                        runs.append((label, cache, f"{kind} n<={16 * bucket}", sums, total))
             continue
         steps, _, replayed = replay_measured(args, m)
         for index, (r, again) in enumerate(zip(m["formats"], replayed["formats"])):
@@ -317,11 +316,11 @@ def main():
         f"{c} {v * 1e3:.4g}" for c, v in zip(caches, params[len(SHARED):])))
     worst = max(abs(modeled(params, caches, c, sums) / sec - 1) for _, c, _, sums, sec in runs)
     print(f"largest error over the {len(runs)} measured sums: {100 * worst:.1f}%")
-    print(f"{'measured run':<44} {'cache':<32} {'kind':<8} {'measured s':>10} {'model s':>8} "
+    print(f"{'measured run':<44} {'cache':<32} {'kind':<14} {'measured s':>10} {'model s':>8} "
           f"{'error':>6}")
     for label, cache, kind, sums, seconds in runs:
         t = modeled(params, caches, cache, sums)
-        print(f"{label:<44} {cache:<32} {kind:<8} {seconds:10.2f} {t:8.2f} "
+        print(f"{label:<44} {cache:<32} {kind:<14} {seconds:10.2f} {t:8.2f} "
               f"{100 * (t / seconds - 1):+5.1f}%")
 
     print_breakdown(params, caches, runs)

@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(seed);
       std::uniform_int_distribution<int> length(lo, hi);
       std::vector<int32_t> lens(static_cast<size_t>(batch));
-      for (int32_t& len : lens) len = lo == hi ? lo : length(rng);
+      for (int32_t& len : lens) len = length(rng);
       return lens;
     };
     if (range_ratio > 0.0) {
