@@ -3,23 +3,20 @@
 # `bash bench/gpu/next-session.sh STEP` on the GPU machine, the results (and every log) packed
 # into $OUT/results-STEP.tgz. Steps, with what to carry:
 #   1  workload P lengthened (768 x 256/1024 in 637 MB, 1/48 of its BF16 peak, --swap-space 16),
-#      FP8/BF16 alone (~250 s; a cold machine's build and model ~450 s; carry .carry/deps.tar.xz
-#      and .carry/deps-server.tar.xz): issue 14's INT4 >= 1.7x FP8 on the job whose INT4 and INT2
-#      ran on 2026-12-06 (H100: INT4 6,426, INT2 9,772, BF16 2,144 output tok/s)
-#   2  the same job, INT4/INT4 and INT2/INT4 (~230 s; cold ~430 s; the same carry): on an H200
-#      (the issue's card) or to repeat the H100's
-#   3  the same job, BF16 alone (~380 s: on a machine that ran step 1 or 2, whose build and model
-#      it reuses; the same carry)
-#   4  the decode kernels at a serving step's mixed contexts (~300 s; carry nothing): the
-#      --short-contexts grid at 16 heads with every sequence's length uniform in
-#      [0.33, 1.67] x ctx (bench_gpu_decode --range-ratio 0.67, workload P's 256-1,280 tokens)
-#      beside the same grid at one length; the plan's split against forced runs of 4-32 pages at
-#      INT4's serving batch (87 sequences around 768 tokens); Nsight Compute's stall reasons for
-#      INT4 at 128 x 512 (DETAILS=1 profile.sh): where the fixed cost of a short sequence's work
-#      goes (~54 us a layer against ~7 us of bytes)
+#      INT4/INT4 and INT2/INT4 (~230 s; a cold machine's build and model ~430 s; carry
+#      .carry/deps.tar.xz and .carry/deps-server.tar.xz): on an H200, the issue's card (the H100's
+#      figures: INT4 6,426, INT2 9,772, BF16 2,144, FP8 3,358 output tok/s, 2026-12-06)
+#   2  the same job, BF16 alone (~380 s on an H100: on the machine that ran step 1, whose build and
+#      model it reuses; the same carry)
+#   3  the same job, FP8/BF16 alone (~250 s; the same machine and carry)
+#   4  where the fragment kernel's time goes at short and long contexts (~150 s; carry nothing):
+#      bench_gpu_decode at 1 and 128 sequences of 64-1,024 tokens, with the plan's split and with
+#      one run a sequence (the fixed cost of a launch and a block against the cost of a page), and
+#      Nsight Compute's per-instruction samples (profile_sass.sh) of INT4 at 128 x 512 and 16 x
+#      32K, to join here with `census-fragments.sh --as-built` by bench/gpu/stall_lines.py
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
-# Order, where the device time is short: 1 (then 3 on the same machine if 2 ran there too), 4, 5.
+# Order: 1, 2, 3 on one machine where an H200 comes; 4 where an H100 does; then 5.
 # Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
 # scripts/device-carry.sh` where .carry/ lacks what a step needs; then run with the carries above.
 set -uo pipefail
@@ -44,9 +41,9 @@ deadline=$((SECONDS + 560))
 within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
 case $step in
   1 | 2 | 3)
-    formats=(fp8 "content=fp8,rope=bf16")
-    ((step == 2)) && formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
-    ((step == 3)) && formats=(bf16 bf16)
+    formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
+    ((step == 2)) && formats=(bf16 bf16)
+    ((step == 3)) && formats=(fp8 "content=fp8,rope=bf16")
     FORMATS=${formats[1]} P_DIVISOR=48 SKIP_U=1 SERVE_ARGS="--swap-space 16" \
       TAG=decode-heavy-768-637mb-swap-${formats[0]} within bash bench/gpu/run-serve.sh 768 256 1024 \
       >"$OUT/serve.txt" 2>&1 || status=1
@@ -59,18 +56,21 @@ case $step in
       within cmake --build build-gpu -j "$(nproc)" --target bench_gpu_decode >"$OUT/build.txt" 2>&1 &&
       bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
-    grid=bf16/bf16,fp8/bf16,int4g64/int4,int2g64/int4
     if ((status == 0)); then
-      within $decode --short-contexts --heads 16 --formats $grid --range-ratio 0.67 \
-        --json "$OUT/decode-mixed.json" >"$OUT/decode-mixed.txt" 2>&1 || status=1
-      within $decode --short-contexts --heads 16 --formats $grid \
-        --json "$OUT/decode-uniform.json" >"$OUT/decode-uniform.txt" 2>&1 || status=1
-      for split in 0 4 8 16 32; do
-        within $decode --only int4g64/int4,87,768,16 --range-ratio 0.67 --pages-per-split $split |
-          grep "B=87" | sed "s/^/runs of $split pages (0: the plan's): /"
-      done >"$OUT/decode-splits.txt" 2>&1 || status=1
-      DETAILS=1 within bash bench/gpu/profile.sh "int4g64/int4,128,512,16" >"$OUT/profile.txt" 2>&1 ||
-        status=1
+      # Runs of 64 pages: one block a sequence at these contexts, and no combine.
+      for format in int4g64/int4 bf16/bf16; do
+        for batch in 1 128; do
+          for ctx in 64 128 256 512 1024; do
+            for split in 0 64; do
+              within $decode --only $format,$batch,$ctx,16 --pages-per-split $split | grep "B=" |
+                sed "s/^/runs of $split pages (0: the plan's): /"
+            done
+          done
+        done
+      done >"$OUT/fixed-cost.txt" 2>&1 || status=1
+      for shape in int4g64/int4,128,512,16 int4g64/int4,16,32768,16; do
+        within bash bench/gpu/profile_sass.sh $shape >>"$OUT/profile.txt" 2>&1 || status=1
+      done
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
