@@ -43,7 +43,11 @@ A --project workload is REQUESTS:INPUT:OUTPUT[:CACHE_BYTES[:MAX_BATCHED_TOKENS:M
 default budget is 1/8 of the workload's peak tokens in BF16 (the issue's workload P).
 --attention-speedup CACHE=FACTOR (repeatable) asks what if that format's decode attention were
 FACTOR times faster: its fitted d is divided by FACTOR in the projections (never in the fit), e.g.
-the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x today's).
+the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x today's). An upper
+bound: d K carries whatever grows with the cached keys, which rise with the batch, and on the
+H100's 768-request runs it is 2-3x the decode kernel's own time (the kernel left out of every
+layer at the serving batches: 14 us a layer at 25 BF16 sequences, 22 at 81 INT4 ones,
+docs/benchmarks.md, "Twenty-sixth session").
 --swap-gbps R costs the projected swaps' copies at R GB/s each way instead of the fitted s (e.g.
 bench_runner --swap's rate, before a measured run has swapped)."""
 import argparse
@@ -194,7 +198,8 @@ def print_breakdown(params, caches, runs):
     for label, cache, _, sums, seconds in runs:
         acc, measured = totals.get((label, cache), ([0.0] * TERMS, 0.0))
         totals[(label, cache)] = ([a + b for a, b in zip(acc, sums)], measured + seconds)
-    print("\nwhere each measured run's time goes by the model, ms a step (share of the model's)")
+    print("\nwhere each measured run's time goes by the model, ms a step (share of the model's;"
+          " attention: the term in the cached keys, an upper bound on the decode kernel's time)")
     print(f"{'measured run':<44} {'cache':<32} " +
           " ".join(f"{name:>15}" for name, _ in TERM_GROUPS) + f" {'model':>7} {'measured':>8}")
     for (label, cache), (sums, measured) in totals.items():
