@@ -45,7 +45,7 @@ default budget is 1/8 of the workload's peak tokens in BF16 (the issue's workloa
 FACTOR times faster: its fitted d is divided by FACTOR in the projections (never in the fit), e.g.
 the INT4 kernel at issue 15's 16-head target (3.0x FlashMLA's BF16 speed, ~2x today's). An upper
 bound: d K carries whatever grows with the cached keys, which rise with the batch, and on the
-H100's 768-request runs it is 2-3x the decode kernel's own time (the kernel left out of every
+H100's 768-request runs it is 2.7-3.1x the decode kernel's own time (the kernel left out of every
 layer at the serving batches: 14 us a layer at 25 BF16 sequences, 22 at 81 INT4 ones,
 docs/benchmarks.md, "Twenty-sixth session").
 --swap-gbps R costs the projected swaps' copies at R GB/s each way instead of the fitted s (e.g.
