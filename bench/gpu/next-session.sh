@@ -17,8 +17,10 @@
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
 # Order: 1, 2, 3 on one machine where an H200 comes; 4 where an H100 does; then 5.
-# Here first: `mv data /tmp/data-aside` (data/ would travel; put it back after), `bash
-# scripts/device-carry.sh` where .carry/ lacks what a step needs; then run with the carries above.
+# Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
+# needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
+# back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
+# what a step needs; then run with the carries above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
