@@ -65,11 +65,11 @@ case $step in
           for ctx in 64 128 256 512 1024; do
             for split in 0 64; do
               within $decode --only $format,$batch,$ctx,16 --pages-per-split $split | grep "B=" |
-                sed "s/^/runs of $split pages (0: the plan's): /"
+                sed "s/^/runs of $split pages (0: the plan's): /" || status=1
             done
           done
         done
-      done >"$OUT/fixed-cost.txt" 2>&1 || status=1
+      done >"$OUT/fixed-cost.txt" 2>&1
       for shape in int4g64/int4,128,512,16 int4g64/int4,16,32768,16; do
         within bash bench/gpu/profile_sass.sh $shape >>"$OUT/profile.txt" 2>&1 || status=1
       done
