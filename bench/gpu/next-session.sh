@@ -16,7 +16,12 @@
 #      32K, to join here with `census-fragments.sh --as-built` by bench/gpu/stall_lines.py
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
 #      with subnormal scores merged, on whichever card comes
-# Order: 1, 2, 3 on one machine where an H200 comes; 4 where an H100 does; then 5.
+#   6  which kernels of a decode step grow with the batch, beside the decode kernel and the routed
+#      experts (whose growth the ablation measured): Nsight Compute's per-kernel times
+#      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
+#      P's mean batches of BF16, INT4 and INT2), INT4 at 81 and INT2 at 139 (~300 s cold; carry
+#      .carry/deps.tar.xz)
+# Order: 1, 2, 3 on one machine where an H200 comes; 6 and 4 where an H100 does; then 5.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -24,12 +29,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-5]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-5 (see the header)" >&2; exit 2; }
+[[ $step =~ ^[1-6]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-6 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5)) && needs=(.anchor/bench_flashmla.py)
+((step == 6)) && needs=(.carry/deps.tar.xz)
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
@@ -76,6 +82,12 @@ case $step in
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  6)
+    within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
+    ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \
+      decode:81:content=int4:g64,rope=int4:g64 decode:139:content=int2:g64,rope=int4:g64 \
+      >"$OUT/profile-batches.txt" 2>&1 || status=1
+    ;;
 esac
 tail -n 25 "$OUT"/*.txt
 tar czf "$final_out/results-$step.tgz" -C "$final_out" r && rm -rf "$final_out/r"
