@@ -21,7 +21,14 @@
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
 #      P's mean batches of BF16, INT4 and INT2), INT4 at 81 and INT2 at 139 (~300 s cold; carry
 #      .carry/deps.tar.xz)
-# Order: 1, 2, 3 on one machine where an H200 comes; 6 and 4 where an H100 does; then 5.
+#   7  a kernel change against main's kernels in one call (~400 s; carry .carry/patch.diff, `git
+#      diff` of the change, with the change itself not in the tree that travels): a copy of the
+#      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
+#      then the fragment kernel's formats at 16 heads, each tree in turn: batch 1 and 16 at 4K and
+#      32K (--quick) and the serving shapes (--short-contexts) twice, then the grid; waiting now:
+#      bench/gpu/patches/q-fragment-reads-together.diff
+# Order: 1, 2, 3 on one machine where an H200 comes; 7 (where a change waits), 6 and 4 where an
+# H100 does; then 5.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -29,13 +36,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-6]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-6 (see the header)" >&2; exit 2; }
+[[ $step =~ ^[1-7]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-7 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6)) && needs=(.carry/deps.tar.xz)
+((step == 7)) && needs=(.carry/patch.diff)
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
@@ -82,6 +90,42 @@ case $step in
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  7)
+    # The changed tree: a copy with the diff applied, built beside main's (this tree).
+    changed_tree=$(mktemp -d)/tree
+    mkdir -p "$changed_tree" && tar -c --exclude='./build*' . | tar -x -C "$changed_tree"
+    (cd "$changed_tree" && patch -p1 <.carry/patch.diff >/dev/null &&
+      cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
+        -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+      cmake --build build-gpu -j 8 --target bench_gpu_decode test_gpu_mla \
+        >"$OUT/build-changed.txt" 2>&1) &
+    changed_pid=$!
+    bash bench/gpu/touch-changed-sources.sh build-gpu
+    { cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
+      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.txt" 2>&1 &&
+      within cmake --build build-gpu -j 8 --target bench_gpu_decode >"$OUT/build.txt" 2>&1 &&
+      bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
+    wait $changed_pid || { echo "the changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
+    if ((status == 0)); then
+      timeout 200 "$changed_tree/build-gpu/tests/gpu/test_gpu_mla" >"$OUT/test.txt" 2>&1 || status=1
+      tail -3 "$OUT/test.txt"
+      formats=int4g64/int4,int2g64/int4,fp8/bf16
+      bench() {  # TREE NAME ARGS...: one benchmark run of that tree
+        local decode=build-gpu/bench/gpu/bench_gpu_decode tree=$1 name=$2
+        shift 2
+        [[ $tree == changed ]] && decode=$changed_tree/build-gpu/bench/gpu/bench_gpu_decode
+        within $decode --heads 16 --formats $formats "$@" >"$OUT/$name-$tree.txt" 2>&1 || status=1
+      }
+      # Batch 1 and 16 at 4K and 32K, and the serving shapes, twice in turn; then the whole grid.
+      for round in 1 2; do
+        for tree in changed main; do
+          bench $tree quick-$round --quick
+          bench $tree short-$round --short-contexts --max-seconds 60
+        done
+      done
+      for tree in changed main; do bench $tree grid --max-seconds 80; done
+    fi
+    ;;
   6)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
     ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \

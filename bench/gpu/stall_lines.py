@@ -14,7 +14,8 @@ and prints every numeric counter summed by source line, the lines with the most 
   python3 bench/gpu/stall_lines.py SASS.csv LINES.txt [--top N] [--column TEXT]
 
 --column picks the counter to rank by (the first column whose name contains TEXT; default the
-stall samples of all issue states).
+stall samples of all issue states). --reasons prints, instead of every counter, the kernel's
+samples by stall reason (the `stall_*` columns, issued and not) and each line's four largest.
 """
 import argparse
 import collections
@@ -77,6 +78,7 @@ def main():
     parser.add_argument("lines")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--column", default="Warp Stall Sampling (All Samples)")
+    parser.add_argument("--reasons", action="store_true")
     args = parser.parse_args()
     table = read_lines(args.lines)
     header, address, source, instructions = read_profile(args.profile)
@@ -108,9 +110,24 @@ def main():
         for i in columns:
             sums[where][i] += number(row[i]) or 0.0
     total = sum(s[rank] for s in sums.values()) or 1.0
-    print(f"by {header[rank]} (total {total:.0f}); other counters where non-zero")
+    # The per-reason columns of all samples ("stall_wait"; not the "(Not Issued)" copies).
+    reasons = [i for i in columns if header[i].startswith("stall_") and "Not Issued" not in header[i]]
+    if args.reasons:
+        whole = {i: sum(s[i] for s in sums.values()) for i in reasons}
+        samples = sum(whole.values()) or 1.0
+        print("by stall reason: " + ", ".join(
+            f"{header[i][6:]} {100 * v / samples:.1f}%"
+            for i, v in sorted(whole.items(), key=lambda kv: -kv[1]) if v))
+    executed = next((i for i in columns if header[i] == "Instructions Executed"), None)
+    print(f"by {header[rank]} (total {total:.0f}); "
+          + ("each line's largest stall reasons" if args.reasons else "other counters where non-zero"))
     for where, s in sorted(sums.items(), key=lambda item: -item[1][rank])[:args.top]:
-        others = ", ".join(f"{header[i]} {s[i]:.0f}" for i in columns if i != rank and s[i])
+        if args.reasons:
+            largest = sorted(reasons, key=lambda i: -s[i])[:4]
+            others = (f"executed {s[executed]:.0f}; " if executed is not None else "") + ", ".join(
+                f"{header[i][6:]} {s[i]:.0f}" for i in largest if s[i])
+        else:
+            others = ", ".join(f"{header[i]} {s[i]:.0f}" for i in columns if i != rank and s[i])
         print(f"  {where}: {s[rank]:.0f} ({100 * s[rank] / total:.1f}%); {others}")
 
 
