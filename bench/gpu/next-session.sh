@@ -21,11 +21,11 @@
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
 #      P's mean batches of BF16, INT4 and INT2), INT4 at 81 and INT2 at 139 (~300 s cold; carry
 #      .carry/deps.tar.xz)
-#   7  a kernel change against main's kernels in one call (~400 s; carry .carry/patch.diff, `git
+#   7  a kernel change against main's kernels in one call (~300 s; carry .carry/patch.diff, `git
 #      diff` of the change, with the change itself not in the tree that travels): a copy of the
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
-#      then the fragment kernel's formats at 16 heads, each tree in turn: batch 1 and 16 at 4K and
-#      32K (--quick) and the serving shapes (--short-contexts) twice, then the grid; waiting now:
+#      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
+#      serving shapes (--short-contexts) and the grid (~280 s in all on an H100); waiting now:
 #      bench/gpu/patches/q-fragment-reads-together.diff
 # Order: 1, 2, 3 on one machine where an H200 comes; 7 (where a change waits), 6 and 4 where an
 # H100 does; then 5.
@@ -116,14 +116,13 @@ case $step in
         [[ $tree == changed ]] && decode=$changed_tree/build-gpu/bench/gpu/bench_gpu_decode
         within $decode --heads 16 --formats $formats "$@" >"$OUT/$name-$tree.txt" 2>&1 || status=1
       }
-      # Batch 1 and 16 at 4K and 32K, and the serving shapes, twice in turn; then the whole grid.
-      for round in 1 2; do
+      # The serving shapes and the grid, three rounds, each tree in turn.
+      for round in 1 2 3; do
         for tree in changed main; do
-          bench $tree quick-$round --quick
           bench $tree short-$round --short-contexts --max-seconds 60
+          bench $tree grid-$round --max-seconds 80
         done
       done
-      for tree in changed main; do bench $tree grid --max-seconds 80; done
     fi
     ;;
   6)
