@@ -16,6 +16,9 @@ and prints every numeric counter summed by source line, the lines with the most 
 --column picks the counter to rank by (the first column whose name contains TEXT; default the
 stall samples of all issue states). --reasons prints, instead of every counter, the kernel's
 samples by stall reason (the `stall_*` columns, issued and not) and each line's four largest.
+--loop FILE:FIRST-LAST first splits the ranked counter into three regions of the kernel's code:
+before, inside and after the span of instructions whose source lines are FIRST-LAST of FILE (a
+page loop, say: what a launch spends on its set-up and epilogue against its loop).
 """
 import argparse
 import collections
@@ -71,6 +74,34 @@ def read_profile(path):
     return header, address, source, instructions
 
 
+def print_regions(loop, table, base, instructions, header, rank, reasons):
+    match = re.fullmatch(r"(.+):(\d+)-(\d+)", loop)
+    if not match:
+        sys.exit(f"--loop {loop}: expected FILE:FIRST-LAST")
+    name, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+    inside = []
+    for offset, (_, where) in table.items():
+        file, _, line = where.rpartition(":")
+        if file.endswith(name) and line.isdigit() and first <= int(line) <= last:
+            inside.append(offset)
+    if not inside:
+        sys.exit(f"--loop {loop}: no instruction has such a line")
+    low, high = min(inside), max(inside)
+    regions = {"before": [0.0] * len(header), "inside": [0.0] * len(header),
+               "after": [0.0] * len(header)}
+    for at, _, row in instructions:
+        offset = at - base
+        region = "before" if offset < low else "inside" if offset <= high else "after"
+        for i in [rank] + reasons:
+            regions[region][i] += number(row[i]) or 0.0
+    total = sum(r[rank] for r in regions.values()) or 1.0
+    print(f"{header[rank]} by region of {loop} (offsets {low:#x}-{high:#x}):")
+    for region, sums in regions.items():
+        largest = sorted(reasons, key=lambda i: -sums[i])[:4]
+        print(f"  {region}: {100 * sums[rank] / total:.1f}%; " + ", ".join(
+            f"{header[i][6:]} {sums[i]:.0f}" for i in largest if sums[i]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +110,7 @@ def main():
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--column", default="Warp Stall Sampling (All Samples)")
     parser.add_argument("--reasons", action="store_true")
+    parser.add_argument("--loop", help="FILE:FIRST-LAST, e.g. decode_fragments.cuh:416-749")
     args = parser.parse_args()
     table = read_lines(args.lines)
     header, address, source, instructions = read_profile(args.profile)
@@ -118,6 +150,8 @@ def main():
         print("by stall reason: " + ", ".join(
             f"{header[i][6:]} {100 * v / samples:.1f}%"
             for i, v in sorted(whole.items(), key=lambda kv: -kv[1]) if v))
+    if args.loop:
+        print_regions(args.loop, table, base, instructions, header, rank, reasons)
     executed = next((i for i in columns if header[i] == "Instructions Executed"), None)
     print(f"by {header[rank]} (total {total:.0f}); "
           + ("each line's largest stall reasons" if args.reasons else "other counters where non-zero"))
