@@ -21,14 +21,14 @@
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
 #      P's mean batches of BF16, INT4 and INT2), INT4 at 81 and INT2 at 139 (~300 s cold; carry
 #      .carry/deps.tar.xz)
-#   7  a kernel change against main's kernels in one call (~300 s; carry .carry/patch.diff, `git
+#   7  a kernel change against main's kernels in one call (~190 s; carry .carry/patch.diff, `git
 #      diff` of the change, with the change itself not in the tree that travels): a copy of the
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
 #      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
-#      serving shapes (--short-contexts) and the grid (~280 s in all on an H100); waiting now:
+#      serving shapes (--short-contexts) and the grid; waiting now:
 #      bench/gpu/patches/q-fragment-reads-together.diff
-# Order: 1, 2, 3 on one machine where an H200 comes; 7 (where a change waits), 6 and 4 where an
-# H100 does; then 5.
+# Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes; 7 on whichever comes first;
+# then 5. Steps 4 and 6 ran on an H100 in the twenty-seventh session (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -90,6 +90,12 @@ case $step in
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  6)
+    within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
+    ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \
+      decode:81:content=int4:g64,rope=int4:g64 decode:139:content=int2:g64,rope=int4:g64 \
+      >"$OUT/profile-batches.txt" 2>&1 || status=1
+    ;;
   7)
     # The changed tree: a copy with the diff applied, built beside main's (this tree).
     changed_tree=$(mktemp -d)/tree
@@ -124,12 +130,6 @@ case $step in
         done
       done
     fi
-    ;;
-  6)
-    within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
-    ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \
-      decode:81:content=int4:g64,rope=int4:g64 decode:139:content=int2:g64,rope=int4:g64 \
-      >"$OUT/profile-batches.txt" 2>&1 || status=1
     ;;
 esac
 tail -n 25 "$OUT"/*.txt
