@@ -48,13 +48,22 @@ for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
 final_out=${OUT:-gpu-results}
-mkdir -p "$final_out/r" && final_out=$(realpath "$final_out")
+# A warm machine can keep an earlier call's r/ (one cut off before packing): start it empty.
+rm -rf "$final_out/r" && mkdir -p "$final_out/r" && final_out=$(realpath "$final_out")
 export OUT=$final_out/r
 status=0
 # Every command gets what is left of 560 s, so that the results are packed before the device
 # tool's 600 s end the call.
 deadline=$((SECONDS + 560))
 within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
+# run.sh's kernels-only build of TARGET... in build-gpu of the current directory, logs to LOG.
+build_kernels() {
+  local log=$1
+  shift
+  cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
+    -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1 &&
+    within cmake --build build-gpu -j 8 --target "$@" >>"$log" 2>&1
+}
 case $step in
   1 | 2 | 3)
     formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
@@ -65,11 +74,8 @@ case $step in
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
   4)
-    # run.sh's kernels-only build, of the benchmark alone.
     bash bench/gpu/touch-changed-sources.sh build-gpu
-    { cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.txt" 2>&1 &&
-      within cmake --build build-gpu -j "$(nproc)" --target bench_gpu_decode >"$OUT/build.txt" 2>&1 &&
+    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
       bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
     if ((status == 0)); then
@@ -101,17 +107,13 @@ case $step in
     changed_tree=$(mktemp -d)/tree
     mkdir -p "$changed_tree" && tar -c --exclude='./build*' . | tar -x -C "$changed_tree"
     (cd "$changed_tree" && patch -p1 <.carry/patch.diff >/dev/null &&
-      cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-        -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-      cmake --build build-gpu -j 8 --target bench_gpu_decode test_gpu_mla \
-        >"$OUT/build-changed.txt" 2>&1) &
+      build_kernels "$OUT/build-changed.txt" bench_gpu_decode test_gpu_mla) &
     changed_pid=$!
     bash bench/gpu/touch-changed-sources.sh build-gpu
-    { cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-      -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.txt" 2>&1 &&
-      within cmake --build build-gpu -j 8 --target bench_gpu_decode >"$OUT/build.txt" 2>&1 &&
+    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
       bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
-    wait $changed_pid || { echo "the changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
+    wait $changed_pid ||
+      { echo "the changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
     if ((status == 0)); then
       timeout 200 "$changed_tree/build-gpu/tests/gpu/test_gpu_mla" >"$OUT/test.txt" 2>&1 || status=1
       tail -3 "$OUT/test.txt"

@@ -74,6 +74,12 @@ def read_profile(path):
     return header, address, source, instructions
 
 
+def largest_reasons(sums, reasons, header, count=4):
+    """The `count` stall reasons with the most samples in `sums`, e.g. "wait 949, short_sb 521"."""
+    largest = sorted(reasons, key=lambda i: -sums[i])[:count]
+    return ", ".join(f"{header[i][6:]} {sums[i]:.0f}" for i in largest if sums[i])
+
+
 def print_regions(loop, table, base, instructions, header, rank, reasons):
     match = re.fullmatch(r"(.+):(\d+)-(\d+)", loop)
     if not match:
@@ -97,9 +103,8 @@ def print_regions(loop, table, base, instructions, header, rank, reasons):
     total = sum(r[rank] for r in regions.values()) or 1.0
     print(f"{header[rank]} by region of {loop} (offsets {low:#x}-{high:#x}):")
     for region, sums in regions.items():
-        largest = sorted(reasons, key=lambda i: -sums[i])[:4]
-        print(f"  {region}: {100 * sums[rank] / total:.1f}%; " + ", ".join(
-            f"{header[i][6:]} {sums[i]:.0f}" for i in largest if sums[i]))
+        print(f"  {region}: {100 * sums[rank] / total:.1f}%; "
+              + largest_reasons(sums, reasons, header))
 
 
 def main():
@@ -143,7 +148,8 @@ def main():
             sums[where][i] += number(row[i]) or 0.0
     total = sum(s[rank] for s in sums.values()) or 1.0
     # The per-reason columns of all samples ("stall_wait"; not the "(Not Issued)" copies).
-    reasons = [i for i in columns if header[i].startswith("stall_") and "Not Issued" not in header[i]]
+    reasons = [i for i in columns
+               if header[i].startswith("stall_") and "Not Issued" not in header[i]]
     if args.reasons:
         whole = {i: sum(s[i] for s in sums.values()) for i in reasons}
         samples = sum(whole.values()) or 1.0
@@ -153,13 +159,12 @@ def main():
     if args.loop:
         print_regions(args.loop, table, base, instructions, header, rank, reasons)
     executed = next((i for i in columns if header[i] == "Instructions Executed"), None)
-    print(f"by {header[rank]} (total {total:.0f}); "
-          + ("each line's largest stall reasons" if args.reasons else "other counters where non-zero"))
+    listed = "each line's largest stall reasons" if args.reasons else "other counters where non-zero"
+    print(f"by {header[rank]} (total {total:.0f}); {listed}")
     for where, s in sorted(sums.items(), key=lambda item: -item[1][rank])[:args.top]:
         if args.reasons:
-            largest = sorted(reasons, key=lambda i: -s[i])[:4]
-            others = (f"executed {s[executed]:.0f}; " if executed is not None else "") + ", ".join(
-                f"{header[i][6:]} {s[i]:.0f}" for i in largest if s[i])
+            others = (f"executed {s[executed]:.0f}; " if executed is not None else "") + \
+                largest_reasons(s, reasons, header)
         else:
             others = ", ".join(f"{header[i]} {s[i]:.0f}" for i in columns if i != rank and s[i])
         print(f"  {where}: {s[rank]:.0f} ({100 * s[rank] / total:.1f}%); {others}")
