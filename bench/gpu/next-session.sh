@@ -56,12 +56,11 @@ status=0
 # tool's 600 s end the call.
 deadline=$((SECONDS + 560))
 within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
-# run.sh's kernels-only build of TARGET... in build-gpu of the current directory, logs to LOG.
+# The kernels-only build of TARGET... in build-gpu of the current directory, logs to LOG.
 build_kernels() {
   local log=$1
   shift
-  cmake -S . -B build-gpu -G Ninja -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-    -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1 &&
+  bash bench/gpu/configure-kernels.sh build-gpu >"$log" 2>&1 &&
     within cmake --build build-gpu -j 8 --target "$@" >>"$log" 2>&1
 }
 case $step in

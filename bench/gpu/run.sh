@@ -24,11 +24,8 @@ out=$(cd "$out" && pwd)
 phase() { echo "$1 $SECONDS" >>"$out/phases.txt"; }
 rm -f "$out/phases.txt"
 build=build-gpu
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
 bash bench/gpu/touch-changed-sources.sh "$build"
-cmake -S . -B "$build" "${generator[@]}" -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-  -DCMAKE_BUILD_TYPE=Release >"$out/configure.txt"
+bash bench/gpu/configure-kernels.sh "$build" >"$out/configure.txt"
 s_q=1
 for ((i = 1; i <= $#; ++i)); do [[ ${!i} == --s-q ]] && { j=$((i + 1)); s_q=${!j}; }; done
 anchor_pid=
@@ -53,8 +50,7 @@ for n in "${!baseline_diffs[@]}"; do
   dir=$(mktemp -d)
   cp -r . "$dir/tree" && rm -rf "$dir/tree/$build"
   (cd "$dir/tree" && patch -R -p1 <"$diff_file" >/dev/null &&
-    cmake -S . -B "$build" "${generator[@]}" -DQUANTMLA_CUDA=ON -DQUANTMLA_KERNELS_ONLY=ON \
-      -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    bash bench/gpu/configure-kernels.sh "$build" >/dev/null &&
     cmake --build "$build" -j "$(nproc)" --target bench_gpu_decode >"$out/build-$suffix.txt" 2>&1) &
   baselines+=("$dir") && baseline_pids+=($!)
 done
