@@ -274,16 +274,16 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     return;
   }
 
-  // Each row's power of two 2^e_r (max |Q content| 2^e_r in [256, 512) unless |e_r| > 100, so that
-  // Q's content channels, divided by up to 2^8 for their codes' positions, and their group sums, up
-  // to 2^15, are FP16 numbers) and its group sums of Q in FP32, through P^T's buffer: thread r * 8
-  // + group reads row r's 64 channels of the group.
   const int rows_per_seq = p.s_q * p.num_heads;
   const int first_row = item.row_tile * L::kRows;
   const uint16_t* const q =
       p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim;
   float* const row_peak = reinterpret_cast<float*>(probs);  // [row]
   float* const group_sums = row_peak + L::kRows;            // [row][group]
+  // Each row's power of two 2^e_r (max |Q content| 2^e_r in [256, 512) unless |e_r| > 100, so that
+  // Q's content channels, divided by up to 2^8 for their codes' positions, and their group sums, up
+  // to 2^15, are FP16 numbers) and its group sums of Q in FP32, through P^T's buffer: thread r * 8
+  // + group reads row r's 64 channels of the group.
   {
     const int row = tid / L::kGroups, group = tid % L::kGroups;
     const uint4* const chunk = reinterpret_cast<const uint4*>(q + row * kKeyDim + 64 * group);
@@ -314,59 +314,69 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     return peak > 0.0f ? max(min(8 - ilogbf(peak), 100), -100) : 0;
   };
   // Q's B fragments in k-step order: for k-step ks and lane l, {b0, b1} of rows 0-7, then of rows
-  // 8-15, in the channel order of fragment_maps.h; content in FP16, the RoPE key in BF16.
-  for (int i = tid; i < L::kKeySteps * 32; i += L::kConsumers) {
-    const int ks = i / 32;
+  // 8-15, in the channel order of fragment_maps.h; content in FP16, the RoPE key in BF16. Warp w
+  // writes k-steps w, w + 4, ..., w + 32 (the last the RoPE key's), three at a time, reading all of
+  // a three's channels of Q first (read-only path) so that the reads are in flight together: a
+  // loop that read and converted one k-step at a time waited for each read (the largest stall of a
+  // short sequence's launch in Nsight Compute's samples, 2026-12-06: docs/benchmarks.md). Not all
+  // nine at once: unrolled whole, the prologue changed the register allocation of the page loop
+  // below, which then ran INT4 1-2% slower at long contexts.
+  constexpr int kContentSteps = 4 * L::kGroups;
+  constexpr int kStepsAtOnce = 3;
+  static_assert(L::kKeySteps % (kStepsAtOnce * L::kConsumerWarps) == 0);
+  // The channel of Q that k-step ks's register h, half e holds (this thread's lane t).
+  const auto channel_of = [&](int ks, int h, int e) {
     const int s = ks % 4;
-    const int fg = (i % 32) / 4;
-    const int ft = i % 4;
+    if (ks >= kContentSteps) {
+      return kLatentDim +
+             (Rope::kIsBf16 ? bf16_key_channel(s, t, h, e) : int4_key_channel(s, t, h, e));
+    }
+    if constexpr (L::kFp8) return 128 * (ks / 8) + fp8_key_channel(ks % 8, t, h, e);
+    return 64 * (ks / 4) + (L::kInt2 ? int2_key_channel(s, t, h, e) : int4_key_channel(s, t, h, e));
+  };
+  // The BF16 bits of k-step ks's channels of rows g and 8 + g: [n][h][e], row 8n + g.
+  const auto read_step = [&](int ks, uint16_t(&bits)[2][2][2]) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          bits[n][h][e] = __ldg(q + (8 * n + g) * kKeyDim + channel_of(ks, h, e));
+  };
+  // Those bits as k-step ks's fragment: content in FP16 times 2^e_r, each channel divided by 2^p of
+  // its code's position (int content); the RoPE key in BF16 times 2^e_r.
+  const auto write_step = [&](int ks, const uint16_t(&bits)[2][2][2]) {
     uint32_t r[4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint16_t* row = q + (8 * n + fg) * kKeyDim;
-      const int e_r = row_exponent(8 * n + fg);
-      if (ks < 32 && L::kFp8) {
-        // Register h holds channels (c, c + 1), c = fp8_key_channel(ks % 8, t, h, 0) of group
-        // ks / 8.
+      const int e_r = row_exponent(8 * n + g);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 128 * (ks / 8) + fp8_key_channel(ks % 8, ft, h, 0);
-          r[2 * n + h] = f16x2_bits(from_bf16_bits(row[c]) * power_of_two(e_r),
-                                    from_bf16_bits(row[c + 1]) * power_of_two(e_r));
-        }
-      } else if (ks < 32) {
-        // Registers h = 0, 1 hold channels (c + h, c + h + d), d = 4 (int4) or 8 (int2), each
-        // divided by 2^p of its code's position.
-        const int d = L::kInt2 ? 8 : 4;
-        const int c = 64 * (ks / 4) +
-                      (L::kInt2 ? int2_key_channel(s, ft, 0, 0) : int4_key_channel(s, ft, 0, 0));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const auto scaled = [&](int channel) {
-            const int position =
-                L::kInt2 ? int2_key_code_position(channel % 64) : int4_code_position(channel % 64);
-            return from_bf16_bits(row[channel]) * power_of_two(e_r - position);
+      for (int h = 0; h < 2; ++h) {
+        if (ks >= kContentSteps) {
+          r[2 * n + h] =
+              bf16x2_times_power(bits[n][h][0] | static_cast<uint32_t>(bits[n][h][1]) << 16, e_r);
+        } else {
+          const auto scaled = [&](int e) {
+            const int channel = channel_of(ks, h, e) % 64;
+            const int position = L::kFp8    ? 0
+                                 : L::kInt2 ? int2_key_code_position(channel)
+                                            : int4_code_position(channel);
+            return from_bf16_bits(bits[n][h][e]) * power_of_two(e_r - position);
           };
-          r[2 * n + h] = f16x2_bits(scaled(c + h), scaled(c + h + d));
+          r[2 * n + h] = f16x2_bits(scaled(0), scaled(1));
         }
-      } else if (Rope::kIsBf16) {
-        // Channel order: register h holds channels (c, c + 1), c = bf16_key_channel(s, t, h, 0).
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          r[2 * n + h] = bf16x2_times_power(
-              *reinterpret_cast<const uint32_t*>(row + kLatentDim + bf16_key_channel(s, ft, h, 0)),
-              e_r);
-        }
-      } else {
-        // Registers h = 0, 1 hold channels (c + h, c + h + 4): two words, two byte permutes.
-        const int c = kLatentDim + int4_key_channel(s, ft, 0, 0);
-        const uint32_t first = *reinterpret_cast<const uint32_t*>(row + c);
-        const uint32_t second = *reinterpret_cast<const uint32_t*>(row + c + 4);
-        r[2 * n] = bf16x2_times_power(__byte_perm(first, second, 0x5410), e_r);
-        r[2 * n + 1] = bf16x2_times_power(__byte_perm(first, second, 0x7632), e_r);
       }
     }
-    q_frags[i] = make_uint4(r[0], r[1], r[2], r[3]);
+    q_frags[32 * ks + lane] = make_uint4(r[0], r[1], r[2], r[3]);
+  };
+#pragma unroll 1
+  for (int first = warp; first < L::kKeySteps; first += kStepsAtOnce * L::kConsumerWarps) {
+    uint16_t bits[kStepsAtOnce][2][2][2];
+#pragma unroll
+    for (int j = 0; j < kStepsAtOnce; ++j) read_step(first + j * L::kConsumerWarps, bits[j]);
+#pragma unroll
+    for (int j = 0; j < kStepsAtOnce; ++j) write_step(first + j * L::kConsumerWarps, bits[j]);
   }
   // The minimums' B fragments (k index 2t + e: group 2t + e's sum of Q times 2^e_r, its FP16
   // rounding; 2t + 8 + e: the rest, rounded again) for rows g and 8 + g: registers, for every page.
