@@ -3,10 +3,12 @@
 # `bash bench/gpu/next-session.sh STEP` on the GPU machine, the results (and every log) packed
 # into $OUT/results-STEP.tgz. Steps, with what to carry:
 #   1  workload P lengthened (768 x 256/1024 in 637 MB, 1/48 of its BF16 peak, --swap-space 16),
-#      INT4/INT4 and INT2/INT4 (~230 s; a cold machine's build and model ~430 s; carry
-#      .carry/deps.tar.xz and .carry/deps-server.tar.xz): on an H200, the issue's card (the H100's
-#      figures: INT4 6,426, INT2 9,772, BF16 2,144, FP8 3,358 output tok/s, 2026-12-06)
-#   2  the same job, BF16 alone (~380 s on an H100: on the machine that ran step 1, whose build and
+#      INT4/INT4 and INT2/INT4 (~230 s; a cold machine's build and model ~325 s; carry
+#      .carry/deps.tar.xz and .carry/deps-server.tar.xz): on an H200, the issue's card (the H100s'
+#      figures, output tok/s: INT4 6,299, INT2 9,532, BF16 2,088 on one machine, the twenty-eighth
+#      session; INT4 6,426, INT2 9,772, BF16 2,144 before the Q-prologue change on another; FP8
+#      3,358 on a third)
+#   2  the same job, BF16 alone (~400 s on an H100: on the machine that ran step 1, whose build and
 #      model it reuses; the same carry)
 #   3  the same job, FP8/BF16 alone (~250 s; the same machine and carry)
 #   4  where the fragment kernel's time goes at short and long contexts (~150 s; carry nothing):
@@ -25,10 +27,12 @@
 #      diff` of the change, with the change itself not in the tree that travels): a copy of the
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
 #      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
-#      serving shapes (--short-contexts) and the grid; waiting now:
-#      bench/gpu/patches/q-fragment-reads-together.diff
-# Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes; 7 on whichever comes first;
-# then 5. Steps 4 and 6 ran on an H100 in the twenty-seventh session (docs/benchmarks.md).
+#      serving shapes (--short-contexts) and the grid; waiting now: none (the twenty-eighth
+#      session merged q-fragment-reads-together.diff)
+# Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
+# of this job so far was on an H100); then 5 on the H200 too. Steps 4 and 6 ran on an H100 in
+# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth
+# (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
