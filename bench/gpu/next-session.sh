@@ -27,12 +27,13 @@
 #      diff` of the change, with the change itself not in the tree that travels): a copy of the
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
 #      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
-#      serving shapes (--short-contexts) and the grid; waiting now: none (the twenty-eighth
-#      session merged q-fragment-reads-together.diff)
+#      serving shapes (--short-contexts) and the grid, and their table (ab.txt, by
+#      bench/gpu/ab_table.py); waiting now: none (the twenty-ninth session merged INT2's
+#      one-k-step prologue)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
 # of this job so far was on an H100); then 5 on the H200 too. Steps 4 and 6 ran on an H100 in
-# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth
-# (docs/benchmarks.md).
+# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5 and 7
+# in the twenty-ninth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -108,8 +109,7 @@ case $step in
   7)
     # The changed tree: a copy with the diff applied, built beside main's (this tree).
     changed_tree=$(mktemp -d)/tree
-    mkdir -p "$changed_tree" && tar -c --exclude='./build*' . | tar -x -C "$changed_tree"
-    (cd "$changed_tree" && patch -p1 <.carry/patch.diff >/dev/null &&
+    (bash bench/gpu/patched-tree.sh .carry/patch.diff "$changed_tree" && cd "$changed_tree" &&
       build_kernels "$OUT/build-changed.txt" bench_gpu_decode test_gpu_mla) &
     changed_pid=$!
     bash bench/gpu/touch-changed-sources.sh build-gpu
@@ -134,6 +134,7 @@ case $step in
           bench $tree grid-$round --max-seconds 80
         done
       done
+      python3 bench/gpu/ab_table.py "$OUT" >"$OUT/ab.txt" || status=1
     fi
     ;;
 esac

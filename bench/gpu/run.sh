@@ -43,14 +43,10 @@ baseline_pids=() # and its build
 # The files of baseline n (0, 1, ...): *-baseline, *-baseline2, ...
 baseline_name() { if (($1 > 0)); then echo "baseline$(($1 + 1))"; else echo baseline; fi; }
 for n in "${!baseline_diffs[@]}"; do
-  diff_file=${baseline_diffs[$n]}
-  [[ -f $diff_file ]] || { echo "BASELINE_DIFF: $diff_file: no such file" >&2; exit 2; }
-  diff_file=$(realpath "$diff_file")
   suffix=$(baseline_name "$n")
   dir=$(mktemp -d)
-  cp -r . "$dir/tree" && rm -rf "$dir/tree/$build"
-  (cd "$dir/tree" && patch -R -p1 <"$diff_file" >/dev/null &&
-    bash bench/gpu/configure-kernels.sh "$build" >/dev/null &&
+  bash bench/gpu/patched-tree.sh -R "${baseline_diffs[$n]}" "$dir/tree"
+  (cd "$dir/tree" && bash bench/gpu/configure-kernels.sh "$build" >/dev/null &&
     cmake --build "$build" -j "$(nproc)" --target bench_gpu_decode >"$out/build-$suffix.txt" 2>&1) &
   baselines+=("$dir") && baseline_pids+=($!)
 done

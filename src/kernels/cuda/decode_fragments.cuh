@@ -320,9 +320,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   // loop that read and converted one k-step at a time waited for each read (the largest stall of a
   // short sequence's launch in Nsight Compute's samples, 2026-12-06: docs/benchmarks.md). Not all
   // nine at once: unrolled whole, the prologue changed the register allocation of the page loop
-  // below, which then ran INT4 1-2% slower at long contexts.
+  // below, which then ran INT4 1-2% slower at long contexts. INT2 reads one at a time: three at
+  // once made its launches 2-6% slower at serving shapes (2026-12-06, docs/benchmarks.md).
   constexpr int kContentSteps = 4 * L::kGroups;
-  constexpr int kStepsAtOnce = 3;
+  constexpr int kStepsAtOnce = L::kInt2 ? 1 : 3;
   static_assert(L::kKeySteps % (kStepsAtOnce * L::kConsumerWarps) == 0);
   // The channel of Q that k-step ks's register h, half e holds (this thread's lane t).
   const auto channel_of = [&](int ks, int h, int e) {
