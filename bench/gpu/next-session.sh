@@ -5,9 +5,8 @@
 #   1  workload P lengthened (768 x 256/1024 in 637 MB, 1/48 of its BF16 peak, --swap-space 16),
 #      INT4/INT4 and INT2/INT4 (~230 s; a cold machine's build and model ~325 s; carry
 #      .carry/deps.tar.xz and .carry/deps-server.tar.xz): on an H200, the issue's card (the H100s'
-#      figures, output tok/s: INT4 6,299, INT2 9,532, BF16 2,088 on one machine, the twenty-eighth
-#      session; INT4 6,426, INT2 9,772, BF16 2,144 before the Q-prologue change on another; FP8
-#      3,358 on a third)
+#      figures, output tok/s: INT4 6,331, INT2 9,563, BF16 2,107, FP8 3,366 on one machine, the
+#      twenty-ninth session; INT4 6,299, INT2 9,532, BF16 2,088 on another, the twenty-eighth)
 #   2  the same job, BF16 alone (~400 s on an H100: on the machine that ran step 1, whose build and
 #      model it reuses; the same carry)
 #   3  the same job, FP8/BF16 alone (~250 s; the same machine and carry)
@@ -32,8 +31,8 @@
 #      one-k-step prologue)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
 # of this job so far was on an H100); then 5 on the H200 too. Steps 4 and 6 ran on an H100 in
-# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5 and 7
-# in the twenty-ninth (docs/benchmarks.md).
+# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2
+# and 3 in the twenty-ninth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
