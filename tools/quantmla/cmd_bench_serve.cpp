@@ -1,6 +1,7 @@
 // quantmla bench-serve: the offline throughput protocol of `vllm bench throughput` (random
 // requests, all submitted at t = 0) through the scheduler, one cache format after another on the
 // same requests and the same cache byte budget.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -215,19 +216,32 @@ void run_bench_serve(const BenchServeOptions& options) {
     alone.max_seqs = std::max<int64_t>(alone.max_seqs, k);
     const ServeResult free_run =
         run_serve_bench(*runner, format, (roomy + 1) * page_bytes, sample, alone);
+    // Where the two runs part: each request's tokens before the first that differs, so that a
+    // late flip of a near tie reads apart from outputs wrong from the start.
     int64_t same = 0;
-    for (int64_t i = 0; i < k; ++i) same += free_run.outputs[i] == results[worst].outputs[i];
+    std::vector<int64_t> common(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      const std::vector<int32_t>& a = free_run.outputs[i];
+      const std::vector<int32_t>& b = results[worst].outputs[i];
+      same += a == b;
+      common[i] = std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin();
+    }
+    std::vector<int64_t> sorted = common;
+    std::sort(sorted.begin(), sorted.end());
     std::printf(
         "greedy outputs of the first %lld requests, %s with %lld preemptions vs none: "
-        "%lld identical\n",
+        "%lld identical; tokens before the first difference: median %lld, min %lld, max %lld\n",
         static_cast<long long>(k), caches[worst].c_str(),
-        static_cast<long long>(results[worst].preemptions), static_cast<long long>(same));
+        static_cast<long long>(results[worst].preemptions), static_cast<long long>(same),
+        static_cast<long long>(sorted[sorted.size() / 2]), static_cast<long long>(sorted.front()),
+        static_cast<long long>(sorted.back()));
     std::fflush(stdout);
     check = {{"cache", caches[worst]},
              {"requests", k},
              {"preemptions_in_run", results[worst].preemptions},
              {"preemptions_alone", free_run.preemptions},
-             {"identical", same}};
+             {"identical", same},
+             {"common_prefix_tokens", common}};
   }
   if (!options.step_log.empty()) write_step_log(options.step_log, results, !options.schedule_only);
   if (!options.json.empty()) {
