@@ -36,7 +36,10 @@
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
-# what a step needs; then run with the carries above.
+# what a step needs; then run with the carries above. To wait for an H200 at ~30 s a look, ask
+# for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
+# grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
+# twenty-ninth session got an H100 five times of five that way).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
