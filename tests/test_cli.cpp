@@ -462,11 +462,18 @@ TEST_F(CliTest, CalibrateWritesAModelTheToolsUse) {
 TEST_F(CliTest, BenchServeWritesItsTableAndJson) {
   const auto json_path = std::filesystem::temp_directory_path() /
                          ("bench-serve-" + std::to_string(::getpid()) + ".json");
+  const fs::path log = scratch_ / "timed-steps.csv";
   const CliResult result = run_cli(
       "bench-serve --num-prompts 6 --input-len 40 --output-len 6 --cache bf16 --cache "
       "content=int4:g64,rope=int4:g64 --cache-memory 1MiB --check-outputs 3 --json '" +
-      json_path.string() + "'");
+      json_path.string() + "' --step-log '" + log.string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::istringstream lines(testing::slurp(log));
+  std::string header;
+  std::getline(lines, header);
+  EXPECT_EQ(header,
+            "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting,"
+            "swap_bytes,step_ms,device_ms");
   EXPECT_NE(result.out.find("out tok/s"), std::string::npos) << result.out;
   const auto out = nlohmann::json::parse(testing::slurp(json_path));
   std::filesystem::remove(json_path);
@@ -481,6 +488,7 @@ TEST_F(CliTest, BenchServeWritesItsTableAndJson) {
                             "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "failed"}) {
       EXPECT_TRUE(f.contains(key)) << key;
     }
+    EXPECT_EQ(f["device_s"], 0.0) << "the CPU runner does not time kernels";
   }
   // The INT4 cache holds 3.6x the BF16 pages in the same bytes.
   EXPECT_GT(out["formats"][1]["pages"].get<int64_t>(),

@@ -91,6 +91,12 @@ class FakeRunner final : public Runner {
     }
     check_pages(pool);
   }
+  // A device time that names its step, so that a figure summed from the wrong steps shows.
+  StepStats last_step_stats() const override {
+    StepStats stats;
+    stats.device_ms = 0.001 * static_cast<double>(steps);
+    return stats;
+  }
 
   void check_pages(const PagePool& pool) {
     std::set<int32_t> owned;
@@ -964,6 +970,15 @@ TEST(ServeBench, WorkloadAndFiguresAddUp) {
     EXPECT_LE(s.pages_used, result.pages);
   }
   EXPECT_EQ(generated, outputs);
+  // Each step's device time is its own runner step's (the fake's: 0.001 ms times its number), and
+  // the run's is their sum.
+  ASSERT_EQ(runner.steps, result.steps) << "a runner step a logged step";
+  double device_ms = 0;
+  for (size_t i = 0; i < result.step_log.size(); ++i) {
+    EXPECT_DOUBLE_EQ(result.step_log[i].device_ms, 0.001 * static_cast<double>(i + 1)) << i;
+    device_ms += result.step_log[i].device_ms;
+  }
+  EXPECT_NEAR(result.device_s, device_ms * 1e-3, 1e-12);
   EXPECT_EQ(result.step_log.back().pages_used, 0) << "every page back at the end";
   EXPECT_EQ(result.step_log.back().waiting, 0);
   ASSERT_GT(result.queued_steps, 0);

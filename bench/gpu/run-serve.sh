@@ -21,8 +21,8 @@
 # doubles the call's time; none times cold runs, as every run up to 2026-12-04 did, when the
 # first format, BF16, also paid the process's one-time costs).
 # Each run also writes its steps (decodes, their keys, prefill tokens, tokens generated, pages
-# held, requests waiting, swap bytes, ms) to ...-steps.csv: the step time against the batch as the
-# serving run met it (bench/serve_projection.py's input).
+# held, requests waiting, swap bytes, ms, the kernels' ms) to ...-steps.csv: the step time
+# against the batch as the serving run met it (bench/serve_projection.py's input).
 # Needs .carry/deps.tar.xz (scripts/device-carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -29,7 +29,8 @@ struct ServeWorkload {
 std::vector<Request> make_workload(const ServeWorkload& workload, const ModelConfig& config);
 
 // One step of a run: its decodes, the keys they attend over (summed), its prefill tokens (prompt
-// chunks and recomputation), the tokens it generated, what it left behind, and its wall time.
+// chunks and recomputation), the tokens it generated, what it left behind, its wall time and the
+// runner's kernel time within it.
 struct StepRecord {
   int64_t decodes = 0, decode_context = 0, prefill_tokens = 0;
   int64_t generated = 0;   // output tokens (decodes and the prefill chunks that completed)
@@ -37,6 +38,7 @@ struct StepRecord {
   int64_t waiting = 0;     // requests waiting to be admitted after the step (preempted too)
   int64_t swap_bytes = 0;  // records the step's swaps copied out and in (StepReport)
   double seconds = 0;
+  double device_ms = 0;  // StepStats::device_ms (0 where the backend does not time its kernels)
 };
 
 struct ServeResult {
@@ -56,6 +58,9 @@ struct ServeResult {
   // prefill chunks (prompts, or recomputation after a preemption) with or without decodes.
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_steps_s = 0, prefill_steps_s = 0;
+  // The runner's kernels over the whole run (the steps' device_ms summed): wall_s less this is
+  // host time (scheduling, the runner's preparation, swaps, synchronization) the GPU waited out.
+  double device_s = 0;
   int64_t output_tokens = 0, prompt_tokens = 0;
   // The run while requests waited: its steps up to the last one that left a request waiting. A
   // finite job ends in a drain (nothing left to admit, the running requests finishing one by one

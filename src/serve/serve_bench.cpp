@@ -197,10 +197,10 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (report.tokens > 0) {
-      result.step_log.push_back({report.decodes, report.decode_context,
-                                 report.tokens - report.decodes,
-                                 static_cast<int64_t>(report.generated.size()), pool->used_pages(),
-                                 scheduler.num_waiting(), report.swap_bytes, step_s});
+      result.step_log.push_back(
+          {report.decodes, report.decode_context, report.tokens - report.decodes,
+           static_cast<int64_t>(report.generated.size()), pool->used_pages(),
+           scheduler.num_waiting(), report.swap_bytes, step_s, runner.last_step_stats().device_ms});
     }
     for (FinishedRequest& f : report.finished) {
       ++result.completed;
@@ -232,6 +232,7 @@ ServeResult run_serve_bench(Runner& runner, const CacheFormat& format, int64_t c
     result.queued_output_tok_s = static_cast<double>(result.queued_output_tokens) / result.queued_s;
   }
   for (const StepRecord& step : result.step_log) {
+    result.device_s += step.device_ms * 1e-3;
     if (step.prefill_tokens > 0) {
       ++result.prefill_steps;
       result.prefill_steps_s += step.seconds;

@@ -56,14 +56,14 @@ void write_step_log(const std::string& path, const std::vector<ServeResult>& res
   std::ofstream file(path, std::ios::trunc);
   if (!file) throw IoError("cannot write " + path);
   file << "cache,step,decodes,decode_context,prefill_tokens,generated,pages_used,waiting,swap_bytes"
-       << (timed ? ",step_ms" : "") << "\n";
+       << (timed ? ",step_ms,device_ms" : "") << "\n";
   for (const ServeResult& r : results) {
     for (size_t i = 0; i < r.step_log.size(); ++i) {
       const StepRecord& s = r.step_log[i];
       file << '"' << r.cache << "\"," << i << ',' << s.decodes << ',' << s.decode_context << ','
            << s.prefill_tokens << ',' << s.generated << ',' << s.pages_used << ',' << s.waiting
            << ',' << s.swap_bytes;
-      if (timed) file << ',' << s.seconds * 1e3;
+      if (timed) file << ',' << s.seconds * 1e3 << ',' << s.device_ms;
       file << '\n';
     }
   }
@@ -278,6 +278,7 @@ void run_bench_serve(const BenchServeOptions& options) {
                     {"tpot_p99_ms", r.tpot_p99_ms},
                     {"decode_steps_s", r.decode_steps_s},
                     {"prefill_steps_s", r.prefill_steps_s},
+                    {"device_s", r.device_s},
                     {"queued_s", r.queued_s},
                     {"queued_output_tok_s", r.queued_output_tok_s}});
       }
