@@ -1,8 +1,8 @@
 // GPU decode benchmark: measures the device's copy bandwidth, then times the decode kernel of each
 // cache format over a grid of batch x context x heads (s_q = 1) on a pool filled by the
 // quantize-on-write kernel with random rows; prints a table and writes JSON. A format name ending
-// in "@tiled", "@fragments" or "@warpgroup" is the same format with that kernel forced
-// (QUANTMLA_DECODE_KERNEL), beside the plan's own choice.
+// in "@tiled", "@fragments", "@fragments3" or "@warpgroup" is the same format with that kernel
+// forced (QUANTMLA_DECODE_KERNEL), beside the plan's own choice.
 //
 // Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
 // kernels), L2 flushed before each repeat by a 256 MB memset, median of the repeats after one
@@ -81,6 +81,7 @@ struct Row {
   int batch, context, heads, s_q;
   double ms, cache_mb, gbps, tflops;
   int repeats, blocks;
+  std::string kernel;  // the plan's choice (MlaDecodePlan::kernel_name)
 };
 
 std::string iso_date() {
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
         {"int4g64/int4", "content=int4:g64,rope=int4:g64", true},
         {"int4g64/int4@tiled", "content=int4:g64,rope=int4:g64", true, "tiled"},
         {"int4g64/int4@fragments", "content=int4:g64,rope=int4:g64", true, "fragments"},
+        {"int4g64/int4@fragments3", "content=int4:g64,rope=int4:g64", false, "fragments3"},
         {"int4g64/int4@warpgroup", "content=int4:g64,rope=int4:g64", true, "warpgroup"},
         {"int4g128/int4", "content=int4:g128,rope=int4:g64", false},
         {"int4g64/int4+2bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21", false},
@@ -359,14 +361,16 @@ int main(int argc, char** argv) {
                     tokens * record_bytes / (ms * 1e-3) / 1e9,
                     2.0 * heads * s_q * tokens * (kKeyDim + kLatentDim) / (ms * 1e-3) / 1e12,
                     static_cast<int>(times.size()),
-                    plan.num_blocks()};
+                    plan.num_blocks(),
+                    plan.kernel_name()};
             rows.push_back(row);
             std::printf(
                 "%-20s B=%-3d ctx=%-6d H=%-3d s_q=%d %9.3f ms %9.1f MB %7.0f GB/s (%3.0f%% of "
                 "copy) "
-                "%6.1f TFLOP/s  [%d blocks, %d repeats]\n",
+                "%6.1f TFLOP/s  [%s, %d blocks, %d repeats]\n",
                 row.format.c_str(), batch, context, heads, s_q, ms, row.cache_mb, row.gbps,
-                100.0 * row.gbps / copy_gbps, row.tflops, row.blocks, row.repeats);
+                100.0 * row.gbps / copy_gbps, row.tflops, row.kernel.c_str(), row.blocks,
+                row.repeats);
             std::fflush(stdout);
           }
         }
@@ -426,9 +430,10 @@ int main(int argc, char** argv) {
         std::fprintf(f,
                      "    {\"format\": \"%s\", \"heads\": %d, \"batch\": %d, \"context\": %d, "
                      "\"s_q\": %d, \"ms\": %.4f, \"cache_mb\": %.2f, \"gbps\": %.1f, "
-                     "\"pct_copy\": %.1f, \"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d}%s\n",
+                     "\"pct_copy\": %.1f, \"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d, "
+                     "\"kernel\": \"%s\"}%s\n",
                      r.format.c_str(), r.heads, r.batch, r.context, r.s_q, r.ms, r.cache_mb, r.gbps,
-                     100.0 * r.gbps / copy_gbps, r.tflops, r.repeats, r.blocks,
+                     100.0 * r.gbps / copy_gbps, r.tflops, r.repeats, r.blocks, r.kernel.c_str(),
                      i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "  ],\n  \"memory_128k_v3\": [\n");

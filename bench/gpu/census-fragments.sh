@@ -7,17 +7,20 @@
 # compiler drops it with its inlined helpers (leaving its source lines out missed ~270 helper
 # instructions; the ptxas figures printed are the copy's). Compare two trees (e.g. a waiting patch
 # applied in a worktree) by running it in each.
-#   bash bench/gpu/census-fragments.sh [CONTENT] [ROPE] [--by-line] [--as-built]
-#   (default "ContentInt<4, 64>" RopeInt4; --by-line also counts each source line; --as-built
+#   bash bench/gpu/census-fragments.sh [CONTENT] [ROPE] [--three-blocks] [--by-line] [--as-built]
+#   (default "ContentInt<4, 64>" RopeInt4; --three-blocks: the kernel's form without a producer
+#   warp, three blocks an SM (int4 content); --by-line also counts each source line; --as-built
 #   builds the kernel as the library does, kept-pairs loop and all, and prints every instruction's
 #   offset and source line instead: sass_census.py lines, to join with a profile's samples)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 by_line=()
 as_built=0
+three_blocks=false
 args=()
 for a in "$@"; do
   case $a in
+    --three-blocks) three_blocks=true ;;
     --by-line) by_line=(--by-line) ;;
     --as-built) as_built=1 ;;
     *) args+=("$a") ;;
@@ -40,8 +43,8 @@ cp -r src "$work/src"
 cat >"$work/one.cu" <<EOF
 #include "kernels/cuda/decode_fragments.cuh"
 namespace quantmla::gpu {
-template void launch_decode_fragments<$content, $rope>(const DecodeKernelParams&, int,
-                                                       cudaStream_t);
+template void launch_fragments_form<$content, $rope, $three_blocks>(const DecodeKernelParams&, int,
+                                                                  cudaStream_t);
 }
 EOF
 if ! "$nvcc" -I"$PWD/include" -I"$work/src" "${library_nvcc_flags[@]}" -Xptxas=-v -x cu -cubin \
@@ -55,8 +58,8 @@ if ((as_built)); then
   exit
 fi
 # The consumers' page loop body: from the line after its `for` (whose line also holds hoisted
-# set-up) to the stage's release.
+# set-up) to the stage's release (the three-block form's refill).
 first=$(($(grep -n '^  for (int i = 0; i < num_pages; ++i) {' $source | cut -d: -f1) + 1))
-last=$(grep -n 'mbarrier_arrive(empty + stage_index)' $source | cut -d: -f1)
+last=$(grep -n 'issue_page(i + L::kStages);' $source | cut -d: -f1)
 python3 bench/gpu/sass_census.py loop "$work/one.cubin" $source "$first" "$last" "${by_line[@]}"
 python3 bench/gpu/sass_census.py spills "$work/one.cubin"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whether two builds of the same kernels carry the same machine code, kernel by kernel.
 
-  python3 bench/gpu/compare_cubins.py DIR_A DIR_B
+  python3 bench/gpu/compare_cubins.py [--map PATTERN REPLACEMENT]... DIR_A DIR_B
 
 DIR_A and DIR_B hold cubins of the same names (`bench/gpu/same-machine-code.sh` builds them from
 two trees). Each kernel's code section (`.text.NAME`, sass_census.code_sections; anonymous
@@ -9,6 +9,9 @@ namespaces' per-build hashes taken out of the names) is compared byte for byte: 
 kernels all stay identical needs no timing. For a kernel that differs: its instruction counts
 (16 bytes an sm_90 instruction), whether the opcode sequence (each instruction's low 12 bits) is
 the same, and the opcodes whose counts moved. Exits 1 if any kernel differs or is missing.
+--map renames DIR_B's kernels (re.sub) before they are paired with DIR_A's: a kernel that gained a
+template parameter (e.g. `--map ELb0EEEv EEEv` for a bool appended as false) is compared with
+its old self, and a kernel the change added is reported as only in DIR_B.
 """
 import collections
 import os
@@ -18,16 +21,27 @@ import sys
 from sass_census import code_sections, opcodes
 
 
-def kernels(path):
-    """code_sections with anonymous namespaces' per-build hashes taken out of the names."""
-    return {re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", name): code
-            for name, code in code_sections(path).items()}
+def kernels(path, renames=()):
+    """code_sections with anonymous namespaces' per-build hashes taken out of the names, then
+    each (pattern, replacement) of `renames` applied."""
+    result = {}
+    for name, code in code_sections(path).items():
+        name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", name)
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name)
+        result[name] = code
+    return result
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    renames = []
+    while len(args) >= 3 and args[0] == "--map":
+        renames.append((args[1], args[2]))
+        args = args[3:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    a_dir, b_dir = sys.argv[1:]
+    a_dir, b_dir = args
     same = differ = 0
     for cubin in sorted(f for f in os.listdir(a_dir) if f.endswith(".cubin")):
         b_path = os.path.join(b_dir, cubin)
@@ -35,7 +49,7 @@ def main():
             print(f"{cubin}: missing in {b_dir}")
             differ += 1
             continue
-        a, b = kernels(os.path.join(a_dir, cubin)), kernels(b_path)
+        a, b = kernels(os.path.join(a_dir, cubin)), kernels(b_path, renames)
         for name in sorted(set(a) | set(b)):
             if name not in a or name not in b:
                 print(f"{cubin}: {name} only in {a_dir if name in a else b_dir}")

@@ -4,10 +4,17 @@
 # time to land. Builds each translation unit as a cubin in both trees with the library's flags
 # (bench/gpu/library-nvcc-flags.sh) and compares them kernel by kernel
 # (bench/gpu/compare_cubins.py). Exits 1 if any kernel differs.
-#   bash bench/gpu/same-machine-code.sh [REV] [FILE.cu ...]
-#   (default HEAD and every src/kernels/cuda/*.cu; about a minute a file on two cores)
+#   bash bench/gpu/same-machine-code.sh [--map PATTERN REPLACEMENT]... [REV] [FILE.cu ...]
+#   (default HEAD and every src/kernels/cuda/*.cu; about a minute a file on two cores; --map: the
+#   working tree's kernel names renamed before pairing, compare_cubins.py)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+maps=()
+while [[ ${1:-} == --map ]]; do
+  (($# >= 3)) || { echo "same-machine-code.sh: --map takes PATTERN REPLACEMENT" >&2; exit 2; }
+  maps+=(--map "$2" "$3")
+  shift 3
+done
 rev=${1:-HEAD}
 shift || true
 files=("$@")
@@ -34,4 +41,4 @@ for file in "${files[@]}"; do
   done
 done
 wait
-python3 bench/gpu/compare_cubins.py "$work/old/cubins" "$work/new/cubins"
+python3 bench/gpu/compare_cubins.py "${maps[@]}" "$work/old/cubins" "$work/new/cubins"

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "quantmla/cache_format.h"
@@ -109,6 +110,9 @@ class MlaDecodePlan {
   MlaDecodePlan& operator=(MlaDecodePlan&&) noexcept;
 
   int num_blocks() const;  // thread blocks of the decode kernel
+  // The decode kernel chosen, by QUANTMLA_DECODE_KERNEL's names: tiled, fragments, fragments3 (the
+  // fragment kernel's three-block form), warpgroup or transposed.
+  std::string kernel_name() const;
   int max_splits() const;  // most page runs of one sequence
 
   // What the kernel's roundings depend on besides the inputs, for references that follow its

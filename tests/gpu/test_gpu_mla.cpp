@@ -53,18 +53,21 @@ std::string decode_kernel_name() {
 }
 
 // Runs f once per 16-row decode kernel that reads `spec`, each forced in turn: the tiled one, and
-// the fragment or the transposed one where it reads the format (gpu::fragments_kernel_reads,
-// gpu::transposed_kernel_reads: the plan's own predicates); the tiled one alone otherwise.
+// the fragment kernel (both its forms where its three-block form reads the format) or the
+// transposed one where they read it (gpu::fragments_kernel_reads,
+// gpu::fragments_three_blocks_reads, gpu::transposed_kernel_reads: the plan's own predicates); the
+// tiled one alone otherwise.
 void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
   const CacheFormat format = CacheFormat::parse(spec);
-  const char* other = gpu::fragments_kernel_reads(format)    ? "fragments"
-                      : gpu::transposed_kernel_reads(format) ? "transposed"
-                                                             : nullptr;
-  if (other == nullptr) {
+  std::vector<const char*> kernels = {"tiled"};
+  if (gpu::fragments_kernel_reads(format)) kernels.push_back("fragments");
+  if (gpu::fragments_three_blocks_reads(format)) kernels.push_back("fragments3");
+  if (gpu::transposed_kernel_reads(format)) kernels.push_back("transposed");
+  if (kernels.size() == 1) {
     f();
     return;
   }
-  for (const char* kernel : {"tiled", other}) {
+  for (const char* kernel : kernels) {
     setenv("QUANTMLA_DECODE_KERNEL", kernel, 1);
     f();
   }
@@ -657,8 +660,26 @@ void run_error_cases() {
     const std::vector<int32_t> one(1, 100), many(32, 100);
     expect(gpu::MlaDecodePlan(int4, one, 1, 16).keys_per_step() == 32,
            "auto: the tiled kernel for one int4 sequence");
-    expect(gpu::MlaDecodePlan(int4, many, 1, 16).keys_per_step() == 64,
+    expect(gpu::MlaDecodePlan(int4, many, 1, 16).kernel_name() == "fragments",
            "auto: the fragment kernel for 32 int4 sequences");
+    // Past 256 pages (decode_long_context), from 16 sequences: its three-block form for int4, not
+    // for int2 or in a batch-invariant plan.
+    const std::vector<int32_t> long16(16, 20000);
+    expect(gpu::MlaDecodePlan(int4, long16, 1, 16).kernel_name() == "fragments3",
+           "auto: the fragment kernel's three-block form for 16 int4 sequences of 20000 tokens");
+    expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), long16, 1, 16)
+                   .kernel_name() == "fragments",
+           "auto: the two-block fragment kernel for 16 int2 sequences of 20000 tokens");
+    {
+      const size_t bytes = gpu::MlaDecodePlan::workspace_bytes(int4, long16, 1, 16,
+                                                               gpu::DecodeSplit::kBatchInvariant);
+      DeviceArray<uint8_t> space(bytes);
+      const gpu::MlaDecodeWorkspace workspace{space.data(), bytes};
+      expect(gpu::MlaDecodePlan(int4, long16, 1, 16, workspace, false, nullptr,
+                                gpu::DecodeSplit::kBatchInvariant)
+                     .kernel_name() == "fragments",
+             "auto: the two-block fragment kernel in a batch-invariant plan");
+    }
     const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
     expect(gpu::MlaDecodePlan(int2, one, 1, 16).keys_per_step() == 64,
            "auto: the fragment kernel for one int2 g64 sequence");
@@ -684,6 +705,10 @@ void run_error_cases() {
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
+  setenv("QUANTMLA_DECODE_KERNEL", "fragments3", 1);
+  expect_throws<InvalidArgument>("the three-block fragment kernel forced on an int2 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), {100}, 1, 16);
+  });
   setenv("QUANTMLA_DECODE_KERNEL", "transposed", 1);
   expect_throws<InvalidArgument>("the transposed kernel forced on an int4 cache", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);

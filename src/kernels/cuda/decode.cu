@@ -151,13 +151,15 @@ bool decode_long_context(const std::vector<int32_t>& seq_lens) {
 namespace {
 
 // The one place that chooses the kernel of a plan.
-// QUANTMLA_DECODE_KERNEL=tiled|fragments|warpgroup|transposed forces one (benchmarks and tests time
-// and check each); unset or "auto": the warpgroup kernel
+// QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed forces one (benchmarks
+// and tests time and check each; fragments3 is the fragment kernel's three-block form); unset or
+// "auto": the warpgroup kernel
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
 // kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
 // rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
 // batch-invariant), else the fragment kernel where it reads the format and the batch has at least
-// fragments_min_batch(format, long_context) sequences.
+// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 content
+// at long contexts (not batch-invariant).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant, bool long_context) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
@@ -190,9 +192,18 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     }
     return DecodeKernel::kFragments;
   }
+  if (choice == "fragments3") {
+    if (!fragments_three_blocks_reads(format)) {
+      throw InvalidArgument(
+          "QUANTMLA_DECODE_KERNEL=fragments3: the fragment kernel's three-block form reads content "
+          "int4:g64 only, not " +
+          format.to_string());
+    }
+    return DecodeKernel::kFragmentsThreeBlocks;
+  }
   if (choice != "auto") {
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
-                          ": expected tiled, fragments, warpgroup, transposed or auto");
+                          ": expected tiled, fragments, fragments3, warpgroup, transposed or auto");
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
   if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
@@ -204,9 +215,16 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // 128K, the tiled one 0.99-1.03x; docs/benchmarks.md). Heads 17-63 stay on the tiled kernel
   // until measured there.
   if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) return DecodeKernel::kTransposed;
-  return fragments_kernel_reads(format) && batch >= fragments_min_batch(format, long_context)
-             ? DecodeKernel::kFragments
-             : DecodeKernel::kTiled;
+  if (!fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context)) {
+    return DecodeKernel::kTiled;
+  }
+  // INT4 at long contexts: the form without a producer warp, three blocks an SM (H100,
+  // 2026-12-06: 4-8% faster from 64 sequences at 32K and 128K, 4% at 16 x 128K, as fast at 16 x
+  // 32K; at short contexts as fast or up to 7% slower, and INT2 up to 15% slower there, FP8 (two
+  // blocks without its producer) 2-11% slower everywhere: docs/benchmarks.md).
+  return !invariant && long_context && fragments_three_blocks_reads(format)
+             ? DecodeKernel::kFragmentsThreeBlocks
+             : DecodeKernel::kFragments;
 }
 
 struct DeviceShape {
@@ -247,6 +265,13 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
     if constexpr (kFragmentContent<Content>) {
       if (shape.kernel == DecodeKernel::kFragments) {
         shape.blocks_per_multiprocessor = FragmentLayout<Content, Rope>::kBlocksPerSm;
+        shape.max_row_tiles = 1;
+        return;
+      }
+    }
+    if constexpr (kFragmentsThreeBlocksContent<Content>) {
+      if (shape.kernel == DecodeKernel::kFragmentsThreeBlocks) {
+        shape.blocks_per_multiprocessor = FragmentLayout<Content, Rope, true>::kBlocksPerSm;
         shape.max_row_tiles = 1;
         return;
       }
@@ -416,6 +441,22 @@ MlaDecodePlan::MlaDecodePlan(MlaDecodePlan&&) noexcept = default;
 MlaDecodePlan& MlaDecodePlan::operator=(MlaDecodePlan&&) noexcept = default;
 
 int MlaDecodePlan::num_blocks() const { return static_cast<int>(state_->schedule.items.size()); }
+
+std::string MlaDecodePlan::kernel_name() const {
+  switch (state_->kernel) {
+    case DecodeKernel::kTiled:
+      return "tiled";
+    case DecodeKernel::kFragments:
+      return "fragments";
+    case DecodeKernel::kFragmentsThreeBlocks:
+      return "fragments3";
+    case DecodeKernel::kWarpgroup:
+      return "warpgroup";
+    case DecodeKernel::kTransposed:
+      return "transposed";
+  }
+  throw InvalidArgument("GPU decode (internal): a plan without a kernel");
+}
 int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
 
 std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
@@ -440,8 +481,8 @@ int MlaDecodePlan::keys_per_step() const {
     using Content = decltype(content);
     using Rope = decltype(rope);
     if constexpr (kFragmentContent<Content>) {
-      if (state_->kernel == DecodeKernel::kFragments) {
-        keys = FragmentLayout<Content, Rope>::kStepKeys;
+      if (is_fragment_kernel(state_->kernel)) {
+        keys = FragmentLayout<Content, Rope>::kStepKeys;  // the same in both forms
         return;
       }
     }
@@ -452,7 +493,7 @@ int MlaDecodePlan::keys_per_step() const {
 }
 
 MlaDecodePlan::Operands MlaDecodePlan::operands() const {
-  if (state_->kernel == DecodeKernel::kFragments) return Operands::kFp16Codes;
+  if (is_fragment_kernel(state_->kernel)) return Operands::kFp16Codes;
   const bool bf16 =
       state_->format.content.codec == Codec::kBF16 && state_->format.rope.codec == Codec::kBF16;
   return state_->kernel == DecodeKernel::kWarpgroup && bf16 ? Operands::kBf16TileScaledPairs
@@ -509,9 +550,10 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
       launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items, stream);
     } else if (state.kernel == DecodeKernel::kTransposed) {
       launch_decode_transposed(kernel, layout.items, stream);
-    } else if (state.kernel == DecodeKernel::kFragments) {
+    } else if (is_fragment_kernel(state.kernel)) {
       if constexpr (kFragmentContent<Content>) {
-        launch_decode_fragments<Content, Rope>(kernel, layout.items, stream);
+        launch_decode_fragments<Content, Rope>(
+            kernel, layout.items, state.kernel == DecodeKernel::kFragmentsThreeBlocks, stream);
       } else {
         throw InvalidArgument("GPU decode (internal): the fragment kernel has no path for " +
                               format.to_string());

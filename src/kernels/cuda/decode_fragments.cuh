@@ -10,7 +10,12 @@
 // stage, and refills a stage when the consumers have freed it. Once a page has landed, the
 // producer's lanes zero the records past the sequence's end (arbitrary pool bytes, which could
 // hold NaN scales and poison P V even where P is 0) and rewrite an int4 RoPE key's FP16
-// {scale, min} word as BF16, then mark the stage ready. Warps 0-3 consume, per page:
+// {scale, min} word as BF16, then mark the stage ready. The three-block form (int4 content, long
+// contexts: decode.cu chooses) has no producer warp, so that three blocks of 168 registers fit on
+// an SM: thread 0 issues the first copies, the warp that is the last to be done with a stage
+// refills it, the warps zero a last page's tail themselves (only the {scale, min} words: masked
+// int codes are finite whatever their bits) and convert the RoPE key's {scale, min} where they
+// read it. Warps 0-3 consume, per page:
 //   1. Scores, transposed: S^T = K Q^T (M = 16 keys a warp, N = the 16 rows). A content group g
 //      contributes scale_g (Q . codes) + min_g sum(Q): its four k-steps multiply the codes as FP16
 //      subnormals (one mask puts code * 2^(p - 24) in each half; fragment_maps.h), by Q in FP16
@@ -70,16 +75,27 @@ inline constexpr bool kFragmentContent<ContentInt<kBits, kGroup>> =
 template <>
 inline constexpr bool kFragmentContent<ContentFp8> = fragments_kernel_reads(Codec::kFP8,
                                                                             ContentFp8::kGroup);
+// Those of its three-block form: decode_kernels.h's fragments_three_blocks_reads.
+template <class Content>
+inline constexpr bool kFragmentsThreeBlocksContent = false;
+template <int kBits, int kGroup>
+inline constexpr bool kFragmentsThreeBlocksContent<ContentInt<kBits, kGroup>> =
+    fragments_three_blocks_reads(kBits == 4 ? Codec::kInt4 : Codec::kInt2, kGroup);
 
-template <class ContentType, class Rope>
+// kThreeBlocks: the form without a producer warp, three blocks an SM (int4 content).
+template <class ContentType, class Rope, bool kThreeBlocks = false>
 struct FragmentLayout {
   using Content = ContentType;
   static_assert(kFragmentContent<Content>);
+  static_assert(!kThreeBlocks || kFragmentsThreeBlocksContent<Content>);
   static constexpr bool kInt2 = std::is_same_v<Content, ContentInt<2, 64>>;
   static constexpr bool kFp8 = std::is_same_v<Content, ContentFp8>;
+  static constexpr bool kProducer = !kThreeBlocks;
   static constexpr int kConsumerWarps = 4;
   static constexpr int kConsumers = 32 * kConsumerWarps;
-  static constexpr int kThreads = kConsumers + 32;  // and one producer warp
+  // A fifth warp (the producer) would leave room for two blocks only: with 168 registers, three
+  // warps fill each of an SM's four 16,384-register files.
+  static constexpr int kThreads = kConsumers + (kProducer ? 32 : 0);
   static constexpr int kRows = 16;
   static constexpr int kStepKeys = kPageTokens;    // keys per softmax step
   static constexpr int kKeySteps = kKeyDim / 16;   // k-steps of the scores: 32 content, 4 RoPE
@@ -92,11 +108,15 @@ struct FragmentLayout {
   static constexpr int kProbBytes = kRows * kProbStride * 2;
   static constexpr int kExchangeBytes = kConsumerWarps * kRows * 4;
   static constexpr int kFixedBytes = kQueryBytes + kProbBytes + kExchangeBytes;
-  static constexpr int kBlocksPerSm = 2;
-  static constexpr int kFitStages = (kSharedLimitTwoBlocks - kFixedBytes - 96) / kStageBytes;
+  static constexpr int kBlocksPerSm = kThreeBlocks ? 3 : 2;
+  static constexpr int kLimit = kThreeBlocks ? kSharedLimitThreeBlocks : kSharedLimitTwoBlocks;
+  // 8 bytes a stage for each of its barriers: full, ready and empty with a producer; without,
+  // full and a count of the warps done with the stage.
+  static constexpr int kBarrierBytes = (kProducer ? 3 : 2) * 8;
+  static constexpr int kFitStages = (kLimit - kFixedBytes) / (kStageBytes + kBarrierBytes);
   static constexpr int kStages = kFitStages < 4 ? kFitStages : 4;
-  static constexpr int kSharedBytes = kStages * kStageBytes + kFixedBytes + 3 * kStages * 8;
-  static_assert(kStages >= 2 && kSharedBytes <= kSharedLimitTwoBlocks);
+  static constexpr int kSharedBytes = kStages * (kStageBytes + kBarrierBytes) + kFixedBytes;
+  static_assert(kStages >= 2 && kSharedBytes <= kLimit);
   static_assert(kStageBytes % 128 == 0 && kQueryBytes % 128 == 0 && kProbBytes % 16 == 0);
   // P^T's buffer is scratch before the first page (each row's largest |Q| and its group sums of Q)
   // and after the last (each warp's sum(P min) of the eight groups).
@@ -199,11 +219,11 @@ __device__ __forceinline__ void add_group_scores(float (&sc)[2][4], const float 
   }
 }
 
-template <class ContentType, class Rope>
-__global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
-                                  FragmentLayout<ContentType, Rope>::kBlocksPerSm)
+template <class ContentType, class Rope, bool kThreeBlocks>
+__global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks>::kThreads,
+                                  FragmentLayout<ContentType, Rope, kThreeBlocks>::kBlocksPerSm)
     mla_decode_fragments_kernel(const __grid_constant__ DecodeKernelParams p) {
-  using L = FragmentLayout<ContentType, Rope>;
+  using L = FragmentLayout<ContentType, Rope, kThreeBlocks>;
   using Content = typename L::Content;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;
@@ -214,6 +234,8 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   uint64_t* const full = reinterpret_cast<uint64_t*>(exchange + L::kExchangeBytes / 4);
   uint64_t* const ready = full + L::kStages;   // converted by the producer
   uint64_t* const empty = ready + L::kStages;  // freed by the consumers
+  // Without a producer: how many warps are done with each stage.
+  int* const released = reinterpret_cast<int*>(full + L::kStages);
 
   wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
@@ -228,17 +250,36 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   const int num_pages = item.page_end - item.page_begin;
   const uint32_t page_bytes = kPageTokens * p.record_bytes;
 
+  // Without a producer, page i into its stage by one thread, everything read again from the
+  // parameters and the item in global memory (so that the page loop keeps no more registers live
+  // for its refills).
+  const auto issue_page = [&](int i) {
+    const int stage = i % L::kStages;
+    const uint32_t bytes = kPageTokens * p.record_bytes;
+    const WorkItem& own = p.items[blockIdx.x];
+    const int32_t page = p.block_table[own.batch * p.block_table_stride + own.page_begin + i];
+    mbarrier_arrive_expect_bytes(full + stage, bytes);
+    bulk_copy_to_shared(stages + stage * L::kStageBytes,
+                        p.pool + static_cast<int64_t>(page) * bytes, bytes, full + stage);
+  };
   if (tid == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       mbarrier_init(full + s, 1);
-      mbarrier_init(ready + s, 1);
-      mbarrier_init(empty + s, L::kConsumerWarps);
+      if constexpr (L::kProducer) {
+        mbarrier_init(ready + s, 1);
+        mbarrier_init(empty + s, L::kConsumerWarps);
+      } else {
+        released[s] = 0;
+      }
     }
     fence_barrier_init();
+    if constexpr (!L::kProducer) {
+      for (int i = 0; i < min(L::kStages, num_pages); ++i) issue_page(i);
+    }
   }
   __syncthreads();  // the last block-wide barrier: the producer leaves after its loop
 
-  if (warp == L::kConsumerWarps) {
+  if (L::kProducer && warp == L::kConsumerWarps) {
     const int32_t* const pages =
         p.block_table + item.batch * p.block_table_stride + item.page_begin;
     const auto issue = [&](int i) {
@@ -427,7 +468,23 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
     const int stage_index = i % L::kStages;
     uint8_t* const stage = stages + stage_index * L::kStageBytes;
     const int key0 = (item.page_begin + i) * kPageTokens;
-    mbarrier_wait(ready + stage_index, (i / L::kStages) & 1);
+    if constexpr (L::kProducer) {
+      mbarrier_wait(ready + stage_index, (i / L::kStages) & 1);
+    } else {
+      mbarrier_wait(full + stage_index, (i / L::kStages) & 1);
+      // The records past the sequence's end (its last page only): their scores are discarded (a
+      // select puts -inf), but P V multiplies their values by P = 0, so what could be NaN there
+      // is zeroed first: the groups' {scale, min} words (masked int codes are finite numbers
+      // whatever their bits; zero scales and minimums make the values 0).
+      if (const int valid = seq_len - key0; valid < kPageTokens) {
+        constexpr int kWords = (Content::kBytes - Content::kCodeBytes) / 4;
+        for (int w = tid; w < (kPageTokens - valid) * kWords; w += L::kConsumers) {
+          *reinterpret_cast<uint32_t*>(stage + (valid + w / kWords) * p.record_bytes +
+                                       Content::kCodeBytes + 4 * (w % kWords)) = 0;
+        }
+        named_barrier(1, L::kConsumers);
+      }
+    }
 
     // 1. Scores of keys 16 warp + g and + 8 against the 16 rows, in units of 2^-e_r.
     float sc[2][4] = {};
@@ -519,8 +576,12 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
         lo[1] = load_u32(rec_lo + Content::kBytes + 8 * t + 4);
         hi[0] = load_u32(rec_hi + Content::kBytes + 8 * t);
         hi[1] = load_u32(rec_hi + Content::kBytes + 8 * t + 4);
-        const __nv_bfloat162 sm_lo = bf16x2_from_bits(load_u32(rec_lo + scales));
-        const __nv_bfloat162 sm_hi = bf16x2_from_bits(load_u32(rec_hi + scales));
+        // {scale, min} in BF16: rewritten so by the producer, converted here without one.
+        const auto scale_min = [](uint32_t word) {
+          return L::kProducer ? bf16x2_from_bits(word) : scale_min_bf16(word);
+        };
+        const __nv_bfloat162 sm_lo = scale_min(load_u32(rec_lo + scales));
+        const __nv_bfloat162 sm_hi = scale_min(load_u32(rec_hi + scales));
         s_lo = __low2bfloat162(sm_lo);
         m_lo = __high2bfloat162(sm_lo);
         s_hi = __low2bfloat162(sm_hi);
@@ -757,7 +818,19 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
       }
     }
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty + stage_index);  // this warp is done with the stage
+    if constexpr (L::kProducer) {
+      if (lane == 0) mbarrier_arrive(empty + stage_index);  // this warp is done with the stage
+    } else if (lane == 0 && i + L::kStages < num_pages) {
+      // The last warp to be done with the stage refills it (the fences: every warp's reads of the
+      // stage before the copy's writes).
+      __threadfence_block();
+      if (atomicAdd(released + stage_index, 1) == L::kConsumerWarps - 1) {
+        released[stage_index] = 0;
+        __threadfence_block();
+        fence_proxy_async_shared();
+        issue_page(i + L::kStages);
+      }
+    }
   }
 
   // Channel of an output column's row g of m-tile j (row g + 8 is the next channel), and its
@@ -864,26 +937,42 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope>::kThreads,
   }
 }
 
-// One launch (instantiated per content format in decode_fragments_<content>.cu).
+// One launch (instantiated per content format in decode_fragments_<content>.cu): the three-block
+// form where `three_blocks` (a plan's choice, for the formats of kFragmentsThreeBlocksContent).
+template <class Content, class Rope, bool kThreeBlocks>
+void launch_fragments_form(const DecodeKernelParams& params, int blocks, cudaStream_t stream) {
+  using Layout = FragmentLayout<Content, Rope, kThreeBlocks>;
+  constexpr auto kKernel = mla_decode_fragments_kernel<Content, Rope, kThreeBlocks>;
+  // The plan split the work for kBlocksPerSm blocks at once on every SM.
+  static const bool resident = require_resident_blocks<kKernel>(
+      Layout::kThreads, Layout::kSharedBytes, Layout::kBlocksPerSm, "the fragment decode kernel");
+  (void)resident;
+  launch_large_shared<kKernel>(blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
+}
 template <class Content, class Rope>
-void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream) {
-  using Layout = FragmentLayout<Content, Rope>;
-  launch_large_shared<mla_decode_fragments_kernel<Content, Rope>>(
-      blocks, Layout::kThreads, Layout::kSharedBytes, stream, params);
+void launch_decode_fragments(const DecodeKernelParams& params, int blocks, bool three_blocks,
+                             cudaStream_t stream) {
+  if constexpr (kFragmentsThreeBlocksContent<Content>) {
+    if (three_blocks) return launch_fragments_form<Content, Rope, true>(params, blocks, stream);
+  }
+  if (three_blocks) {
+    throw InvalidArgument("GPU decode (internal): no three-block fragment kernel for this content");
+  }
+  launch_fragments_form<Content, Rope, false>(params, blocks, stream);
 }
 // Compiled once each, in decode_fragments_int4_g64.cu, decode_fragments_int2_g64.cu and
 // decode_fragments_fp8.cu.
 extern template void launch_decode_fragments<ContentInt<4, 64>, RopeBf16>(const DecodeKernelParams&,
-                                                                          int, cudaStream_t);
+                                                                          int, bool, cudaStream_t);
 extern template void launch_decode_fragments<ContentInt<4, 64>, RopeInt4>(const DecodeKernelParams&,
-                                                                          int, cudaStream_t);
+                                                                          int, bool, cudaStream_t);
 extern template void launch_decode_fragments<ContentInt<2, 64>, RopeBf16>(const DecodeKernelParams&,
-                                                                          int, cudaStream_t);
+                                                                          int, bool, cudaStream_t);
 extern template void launch_decode_fragments<ContentInt<2, 64>, RopeInt4>(const DecodeKernelParams&,
-                                                                          int, cudaStream_t);
+                                                                          int, bool, cudaStream_t);
 extern template void launch_decode_fragments<ContentFp8, RopeBf16>(const DecodeKernelParams&, int,
-                                                                   cudaStream_t);
+                                                                   bool, cudaStream_t);
 extern template void launch_decode_fragments<ContentFp8, RopeInt4>(const DecodeKernelParams&, int,
-                                                                   cudaStream_t);
+                                                                   bool, cudaStream_t);
 
 }  // namespace quantmla::gpu

@@ -6,9 +6,9 @@
 
 namespace quantmla::gpu {
 
-template void launch_decode_fragments<ContentFp8, RopeBf16>(const DecodeKernelParams&, int,
+template void launch_decode_fragments<ContentFp8, RopeBf16>(const DecodeKernelParams&, int, bool,
                                                             cudaStream_t);
-template void launch_decode_fragments<ContentFp8, RopeInt4>(const DecodeKernelParams&, int,
+template void launch_decode_fragments<ContentFp8, RopeInt4>(const DecodeKernelParams&, int, bool,
                                                             cudaStream_t);
 
 }  // namespace quantmla::gpu

@@ -8,8 +8,8 @@
 namespace quantmla::gpu {
 
 template void launch_decode_fragments<ContentInt<4, 64>, RopeBf16>(const DecodeKernelParams&, int,
-                                                                   cudaStream_t);
+                                                                   bool, cudaStream_t);
 template void launch_decode_fragments<ContentInt<4, 64>, RopeInt4>(const DecodeKernelParams&, int,
-                                                                   cudaStream_t);
+                                                                   bool, cudaStream_t);
 
 }  // namespace quantmla::gpu

@@ -43,6 +43,7 @@ struct DecodeKernelParams {
 // 1 KB the driver reserves per block) for two.
 inline constexpr int kSharedLimit = 227 * 1024;
 inline constexpr int kSharedLimitTwoBlocks = 113 * 1024;
+inline constexpr int kSharedLimitThreeBlocks = 75 * 1024;
 
 template <class Content, class Rope, int kRowTiles>
 struct DecodeLayout {

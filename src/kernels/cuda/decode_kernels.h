@@ -9,10 +9,14 @@
 namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block), the fragment one
-// (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block), the warpgroup one
+// (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and its three-block
+// form (no producer warp, three blocks an SM: int4 g64 content), the warpgroup one
 // (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
 // (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M).
-enum class DecodeKernel { kTiled, kFragments, kWarpgroup, kTransposed };
+enum class DecodeKernel { kTiled, kFragments, kFragmentsThreeBlocks, kWarpgroup, kTransposed };
+constexpr bool is_fragment_kernel(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kFragments || kernel == DecodeKernel::kFragmentsThreeBlocks;
+}
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run
 // time and for decode_fragments.cuh's kFragmentContent at compile time.
@@ -22,6 +26,15 @@ constexpr bool fragments_kernel_reads(Codec codec, int64_t group) {
 }
 inline bool fragments_kernel_reads(const CacheFormat& format) {
   return fragments_kernel_reads(format.content.codec, format.content.group);
+}
+// The content formats of the fragment kernel's three-block form: int4 g64, whose two stages fit
+// in a third of an SM's shared memory with either RoPE format (fp8's are twice as large), and the
+// one measured faster that way (int2 g64 was not at every shape: docs/benchmarks.md).
+constexpr bool fragments_three_blocks_reads(Codec codec, int64_t group) {
+  return codec == Codec::kInt4 && group == 64;
+}
+inline bool fragments_three_blocks_reads(const CacheFormat& format) {
+  return fragments_three_blocks_reads(format.content.codec, format.content.group);
 }
 
 // What the warpgroup kernel reads (any heads: the query rows of a sequence in blocks of 64,

@@ -23,9 +23,11 @@ template <class Content, class Rope>
 void launch_decode_warpgroup(const DecodeKernelParams& params, int batch, int blocks,
                              cudaStream_t stream);
 
-// Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu.
+// Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu; three_blocks:
+// its form without a producer warp (kFragmentsThreeBlocksContent).
 template <class Content, class Rope>
-void launch_decode_fragments(const DecodeKernelParams& params, int blocks, cudaStream_t stream);
+void launch_decode_fragments(const DecodeKernelParams& params, int blocks, bool three_blocks,
+                             cudaStream_t stream);
 
 inline KeptPairs kept_pairs_of(const PathFormat& rope) {
   KeptPairs kept{};

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
@@ -54,6 +55,34 @@ void launch_large_shared(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_
   (void)attribute_set;
   launch_kernel(kKernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
   QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
+// Makes sure `blocks_per_sm` blocks of a large-shared-memory kernel can be resident on one SM at
+// once, as a decode plan that splits the work for that many assumes: the shared memory
+// attribute set, then the carveout raised to the most shared memory if the driver's default
+// leaves fewer; throws CudaError with the figures if even that does not fit them. Once per kernel
+// (the result is cached by the caller's static).
+template <auto kKernel>
+bool require_resident_blocks(int threads, size_t shared_bytes, int blocks_per_sm,
+                             const char* name) {
+  QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(shared_bytes)));
+  int resident = 0;
+  QUANTMLA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kKernel, threads, shared_bytes));
+  if (resident < blocks_per_sm) {
+    QUANTMLA_CUDA_CHECK(cudaFuncSetAttribute(
+        kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    QUANTMLA_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kKernel, threads, shared_bytes));
+  }
+  if (resident < blocks_per_sm) {
+    throw CudaError(std::string(name) + ": " + std::to_string(blocks_per_sm) + " blocks of " +
+                    std::to_string(threads) + " threads and " + std::to_string(shared_bytes) +
+                    " bytes of shared memory were planned on each SM, but only " +
+                    std::to_string(resident) + " fit on this device");
+  }
+  return true;
 }
 
 }  // namespace quantmla::gpu
