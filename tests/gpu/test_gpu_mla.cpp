@@ -662,14 +662,19 @@ void run_error_cases() {
            "auto: the tiled kernel for one int4 sequence");
     expect(gpu::MlaDecodePlan(int4, many, 1, 16).kernel_name() == "fragments",
            "auto: the fragment kernel for 32 int4 sequences");
-    // Past 256 pages (decode_long_context), from 16 sequences: its three-block form for int4, not
-    // for int2 or in a batch-invariant plan.
+    // Past 256 pages (decode_long_context): its three-block form for int4 from 16 sequences, for
+    // int2 from 64, never in a batch-invariant plan.
     const std::vector<int32_t> long16(16, 20000);
+    const auto int2_plan_kernel = [](const std::vector<int32_t>& lens) {
+      return gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), lens, 1, 16)
+          .kernel_name();
+    };
     expect(gpu::MlaDecodePlan(int4, long16, 1, 16).kernel_name() == "fragments3",
            "auto: the fragment kernel's three-block form for 16 int4 sequences of 20000 tokens");
-    expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), long16, 1, 16)
-                   .kernel_name() == "fragments",
+    expect(int2_plan_kernel(long16) == "fragments",
            "auto: the two-block fragment kernel for 16 int2 sequences of 20000 tokens");
+    expect(int2_plan_kernel(std::vector<int32_t>(64, 20000)) == "fragments3",
+           "auto: the fragment kernel's three-block form for 64 int2 sequences of 20000 tokens");
     {
       const size_t bytes = gpu::MlaDecodePlan::workspace_bytes(int4, long16, 1, 16,
                                                                gpu::DecodeSplit::kBatchInvariant);
@@ -706,8 +711,8 @@ void run_error_cases() {
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",
                                  [&] { gpu::MlaDecodePlan plan(bf16, {100}, 1, 16); });
   setenv("QUANTMLA_DECODE_KERNEL", "fragments3", 1);
-  expect_throws<InvalidArgument>("the three-block fragment kernel forced on an int2 cache", [&] {
-    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), {100}, 1, 16);
+  expect_throws<InvalidArgument>("the three-block fragment kernel forced on an fp8 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 16);
   });
   setenv("QUANTMLA_DECODE_KERNEL", "transposed", 1);
   expect_throws<InvalidArgument>("the transposed kernel forced on an int4 cache", [&] {

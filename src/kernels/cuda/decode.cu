@@ -158,8 +158,8 @@ namespace {
 // kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
 // rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
 // batch-invariant), else the fragment kernel where it reads the format and the batch has at least
-// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 content
-// at long contexts (not batch-invariant).
+// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
+// content at long contexts (from 16 and 64 sequences; not batch-invariant).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant, bool long_context) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
@@ -196,7 +196,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     if (!fragments_three_blocks_reads(format)) {
       throw InvalidArgument(
           "QUANTMLA_DECODE_KERNEL=fragments3: the fragment kernel's three-block form reads content "
-          "int4:g64 only, not " +
+          "int4:g64 and int2:g64 only, not " +
           format.to_string());
     }
     return DecodeKernel::kFragmentsThreeBlocks;
@@ -218,11 +218,14 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   if (!fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context)) {
     return DecodeKernel::kTiled;
   }
-  // INT4 at long contexts: the form without a producer warp, three blocks an SM (H100,
-  // 2026-12-06: 4-8% faster from 64 sequences at 32K and 128K, 4% at 16 x 128K, as fast at 16 x
-  // 32K; at short contexts as fast or up to 7% slower, and INT2 up to 15% slower there, FP8 (two
-  // blocks without its producer) 2-11% slower everywhere: docs/benchmarks.md).
-  return !invariant && long_context && fragments_three_blocks_reads(format)
+  // At long contexts the form without a producer warp, three blocks an SM, for int4 from 16
+  // sequences and int2 from 64 (H100, 2026-12-06: INT4 6-9% faster from 64 sequences at 32K and
+  // 128K, 4% at 16 x 128K, 1.6% slower at 16 x 32K; INT2 4-8% faster from 64 sequences, 5% slower
+  // at 16 x 32K; at short contexts both as fast or slower (INT2 up to 22%), and FP8 (two blocks
+  // without its producer) 1-20% slower everywhere: docs/benchmarks.md).
+  const int three_blocks_min_batch = format.content.codec == Codec::kInt4 ? 16 : 64;
+  return !invariant && long_context && fragments_three_blocks_reads(format) &&
+                 batch >= three_blocks_min_batch
              ? DecodeKernel::kFragmentsThreeBlocks
              : DecodeKernel::kFragments;
 }

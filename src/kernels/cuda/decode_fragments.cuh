@@ -10,7 +10,7 @@
 // stage, and refills a stage when the consumers have freed it. Once a page has landed, the
 // producer's lanes zero the records past the sequence's end (arbitrary pool bytes, which could
 // hold NaN scales and poison P V even where P is 0) and rewrite an int4 RoPE key's FP16
-// {scale, min} word as BF16, then mark the stage ready. The three-block form (int4 content, long
+// {scale, min} word as BF16, then mark the stage ready. The three-block form (int content, long
 // contexts: decode.cu chooses) has no producer warp, so that three blocks of 168 registers fit on
 // an SM: thread 0 issues the first copies, the warp that is the last to be done with a stage
 // refills it, the warps zero a last page's tail themselves (only the {scale, min} words: masked
@@ -82,7 +82,7 @@ template <int kBits, int kGroup>
 inline constexpr bool kFragmentsThreeBlocksContent<ContentInt<kBits, kGroup>> =
     fragments_three_blocks_reads(kBits == 4 ? Codec::kInt4 : Codec::kInt2, kGroup);
 
-// kThreeBlocks: the form without a producer warp, three blocks an SM (int4 content).
+// kThreeBlocks: the form without a producer warp, three blocks an SM (int content).
 template <class ContentType, class Rope, bool kThreeBlocks = false>
 struct FragmentLayout {
   using Content = ContentType;

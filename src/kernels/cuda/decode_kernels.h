@@ -27,11 +27,11 @@ constexpr bool fragments_kernel_reads(Codec codec, int64_t group) {
 inline bool fragments_kernel_reads(const CacheFormat& format) {
   return fragments_kernel_reads(format.content.codec, format.content.group);
 }
-// The content formats of the fragment kernel's three-block form: int4 g64, whose two stages fit
-// in a third of an SM's shared memory with either RoPE format (fp8's are twice as large), and the
-// one measured faster that way (int2 g64 was not at every shape: docs/benchmarks.md).
+// The content formats of the fragment kernel's three-block form: int4 and int2 g64, whose stages
+// fit two or more in a third of an SM's shared memory with either RoPE format (fp8's are twice as
+// large).
 constexpr bool fragments_three_blocks_reads(Codec codec, int64_t group) {
-  return codec == Codec::kInt4 && group == 64;
+  return (codec == Codec::kInt4 || codec == Codec::kInt2) && group == 64;
 }
 inline bool fragments_three_blocks_reads(const CacheFormat& format) {
   return fragments_three_blocks_reads(format.content.codec, format.content.group);
