@@ -95,8 +95,8 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
   if (f.codec == Codec::kFP8) {
     for (int i = 0; i < width; ++i) {
       float scale;
-      const int group = i / f.group == 0 ? scale_group : i / f.group;
-      std::memcpy(&scale, rec + width + 4 * group, 4);
+      std::memcpy(&scale, rec + width + 4 * (i / f.group), 4);
+      if (i / f.group == 0 && scale_group != 0) scale *= 2.0f;  // the mutation's wrong exponent
       out[i] = bf16_to_f32(f32_to_bf16(e4m3_to_f32(rec[i]) * scale));
     }
     return;
@@ -154,7 +154,11 @@ CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
   if (f.codec == Codec::kFP8) {
     for (int i = 0; i < kLatentDim; ++i) key.codes[i] = e4m3_to_f32(rec[i]);
     for (int g = 0; g < kLatentDim / 128; ++g) {
-      std::memcpy(&key.scale_bits[g], rec + kLatentDim + 4 * (g == 0 ? scale_group : g), 4);
+      std::memcpy(&key.scale_bits[g], rec + kLatentDim + 4 * g, 4);
+      // The mutation's wrong scale: group 0's doubled (kernel_path_values).
+      if (g == 0 && scale_group != 0) {
+        key.scale_bits[g] = std::bit_cast<uint32_t>(2.0f * std::bit_cast<float>(key.scale_bits[g]));
+      }
       key.scale[g] = std::bit_cast<float>(key.scale_bits[g]);
     }
     return key;

@@ -56,7 +56,9 @@ PagedRecords random_paged_records(const CacheFormat& format, const std::vector<i
 // The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
 // bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
 // stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
-// (0: its own; the mutation check's wrong scale: 1).
+// (0: its own; the mutation check's wrong scale: 1). Fp8 instead takes its own scale doubled for a
+// nonzero `scale_group` (its exponent one too high: the fp8 scales of random rows are too alike for
+// another group's to move the outputs beyond their allowances every time).
 void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
                         int scale_group = 0);
 
@@ -65,6 +67,7 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
 enum class Mutation {
   kNone,
   kGroupScale,  // the heaviest key of row 0 decodes its group 0 with group 1's scale and min
+                // (fp8: with twice its own scale)
   kWrongPage,   // sequence 0's second page read from sequence 1's first page
   kDroppedKey,  // the heaviest key of row 0 left out of row 0
   kCausal,      // row 0 (query 0 of s_q = 2) also sees the key of query 1
