@@ -16,7 +16,8 @@
 #      Nsight Compute's per-instruction samples (profile_sass.sh) of INT4 at 128 x 512 and 16 x
 #      32K, to join here with `census-fragments.sh --as-built` by bench/gpu/stall_lines.py
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
-#      with subnormal scores merged, on whichever card comes
+#      on whichever card comes; its full and memcheck tests also check the fp8 wrong-scale
+#      mutation made stronger in the thirtieth session (c393d94), not yet run on a GPU
 #   6  which kernels of a decode step grow with the batch, beside the decode kernel and the routed
 #      experts (whose growth the ablation measured): Nsight Compute's per-kernel times
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
@@ -27,19 +28,21 @@
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
 #      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
 #      serving shapes (--short-contexts) and the grid, and their table (ab.txt, by
-#      bench/gpu/ab_table.py); waiting now: none (the twenty-ninth session merged INT2's
-#      one-k-step prologue)
+#      bench/gpu/ab_table.py); waiting now: none (the thirtieth session merged the fragment
+#      kernel's three-block form for long contexts)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
 # of this job so far was on an H100); then 5 on the H200 too. Steps 4 and 6 ran on an H100 in
 # the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2
-# and 3 in the twenty-ninth (docs/benchmarks.md).
+# and 3 in the twenty-ninth, 7 (four times) and 5 in the thirtieth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
 # what a step needs; then run with the carries above. To wait for an H200 at ~30 s a look, ask
 # for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
-# twenty-ninth session got an H100 five times of five that way).
+# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). Steps
+# 5 and 7 need nothing moved: the tree (~65 MB) with .anchor or .carry/patch.diff alone stays under
+# the limit (64 MiB, 67.1 MB).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
