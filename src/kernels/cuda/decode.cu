@@ -164,42 +164,33 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
                                   bool invariant, bool long_context) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
+  // A forced kernel, refused where it does not read the format (`reads`, saying what it reads).
+  const auto forced_kernel = [&](bool reads, DecodeKernel kernel, const char* what) {
+    if (!reads) {
+      throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice + ": " + what + ", not " +
+                            format.to_string() + (invariant ? " in a batch-invariant plan" : ""));
+    }
+    return kernel;
+  };
   if (choice == "tiled") return DecodeKernel::kTiled;
   if (choice == "warpgroup") {
-    if (!warpgroup_kernel_reads(format) || invariant) {
-      throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=warpgroup: the warpgroup kernel reads every format but bf16 "
-          "content with an int4 RoPE key and fp8 content with a bf16 one, in plans that are not "
-          "batch-invariant; not " +
-          format.to_string() + (invariant ? " in a batch-invariant plan" : ""));
-    }
-    return DecodeKernel::kWarpgroup;
+    return forced_kernel(warpgroup_kernel_reads(format) && !invariant, DecodeKernel::kWarpgroup,
+                         "the warpgroup kernel reads every format but bf16 content with an int4 "
+                         "RoPE key and fp8 content with a bf16 one, in plans that are not "
+                         "batch-invariant");
   }
   if (choice == "transposed") {
-    if (!transposed_kernel_reads(format)) {
-      throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=transposed: the transposed kernel reads a bf16 cache only, not " +
-          format.to_string());
-    }
-    return DecodeKernel::kTransposed;
+    return forced_kernel(transposed_kernel_reads(format), DecodeKernel::kTransposed,
+                         "the transposed kernel reads a bf16 cache only");
   }
   if (choice == "fragments") {
-    if (!fragments_kernel_reads(format)) {
-      throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=fragments: the fragment kernel reads content "
-          "int4:g64, int2:g64 and fp8 only, not " +
-          format.to_string());
-    }
-    return DecodeKernel::kFragments;
+    return forced_kernel(fragments_kernel_reads(format), DecodeKernel::kFragments,
+                         "the fragment kernel reads content int4:g64, int2:g64 and fp8 only");
   }
   if (choice == "fragments3") {
-    if (!fragments_three_blocks_reads(format)) {
-      throw InvalidArgument(
-          "QUANTMLA_DECODE_KERNEL=fragments3: the fragment kernel's three-block form reads content "
-          "int4:g64 and int2:g64 only, not " +
-          format.to_string());
-    }
-    return DecodeKernel::kFragmentsThreeBlocks;
+    return forced_kernel(fragments_three_blocks_reads(format), DecodeKernel::kFragmentsThreeBlocks,
+                         "the fragment kernel's three-block form reads content int4:g64 and "
+                         "int2:g64 only");
   }
   if (choice != "auto") {
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
