@@ -9,7 +9,7 @@
 # applied in a worktree) by running it in each.
 #   bash bench/gpu/census-fragments.sh [CONTENT] [ROPE] [--three-blocks] [--by-line] [--as-built]
 #   (default "ContentInt<4, 64>" RopeInt4; --three-blocks: the kernel's form without a producer
-#   warp, three blocks an SM (int4 content); --by-line also counts each source line; --as-built
+#   warp, three blocks an SM (int content); --by-line also counts each source line; --as-built
 #   builds the kernel as the library does, kept-pairs loop and all, and prints every instruction's
 #   offset and source line instead: sass_census.py lines, to join with a profile's samples)
 set -euo pipefail
