@@ -28,11 +28,11 @@
 #      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
 #      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
 #      serving shapes (--short-contexts) and the grid, and their table (ab.txt, by
-#      bench/gpu/ab_table.py); waiting now: bench/gpu/patches/int2-four-blocks.diff (copy it to
-#      .carry/patch.diff; INT2 four blocks an SM at long contexts)
+#      bench/gpu/ab_table.py); waiting now: bench/gpu/patches/int2-four-blocks.diff and
+#      int4-eight-warps.diff, one call each (copy the one to .carry/patch.diff)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the card: every run
-# of this job so far was on an H100); then 5 on the H200 too; 7 with int2-four-blocks.diff on
-# any card. Steps 4 and 6 ran on an H100 in
+# of this job so far was on an H100); then 5 on the H200 too; 7 with each waiting patch on any
+# card. Steps 4 and 6 ran on an H100 in
 # the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2
 # and 3 in the twenty-ninth, 7 (four times) and 5 in the thirtieth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
