@@ -23,15 +23,17 @@
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
 #      P's mean batches of BF16, INT4 and INT2), INT4 at 81 and INT2 at 139 (~300 s cold; carry
 #      .carry/deps.tar.xz)
-#   7  a kernel change against main's kernels in one call (~190 s; carry .carry/patch.diff, `git
-#      diff` of the change, with the change itself not in the tree that travels): a copy of the
-#      tree with the diff applied built beside it, the changed tree's GPU test (full, under 200 s),
-#      then the fragment kernel's formats at 16 heads, each tree in turn, three rounds: the
-#      serving shapes (--short-contexts) and the grid, and their table (ab.txt, by
-#      bench/gpu/ab_table.py); waiting now: bench/gpu/patches/int2-four-blocks.diff and
-#      int4-eight-warps.diff, one call each (copy the one to .carry/patch.diff)
+#   7  kernel changes against main's kernels in one call (~190 s for one, ~350 s for two; carry
+#      .carry/patch.diff, `git diff` of the change, or .carry/patches/NAME.diff for several, with
+#      the changes themselves not in the tree that travels): a copy of the tree with each diff
+#      applied built beside it, each changed tree's GPU test (full, under 200 s), then the
+#      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
+#      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
+#      by bench/gpu/ab_table.py); waiting now: bench/gpu/patches/int2-four-blocks.diff and
+#      int4-eight-warps.diff (copy both into .carry/patches/: they touch different formats'
+#      choices, INT2's and INT4's, so one call measures each against main)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
-# of this job so far was on an H100); then 5 on the H200 too; 7 with each waiting patch on any
+# of this job so far was on an H100); then 5 on the H200 too; 7 with both waiting patches on any
 # card. Steps 4 and 6 ran on an H100 in
 # the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2
 # and 3 in the twenty-ninth, 7 (four times) and 5 in the thirtieth (docs/benchmarks.md).
@@ -42,8 +44,8 @@
 # for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
 # twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). Steps
-# 5 and 7 need nothing moved: the tree (~65 MB) with .anchor or .carry/patch.diff alone stays under
-# the limit (64 MiB, 67.1 MB).
+# 5 and 7 need nothing moved: the tree (~65 MB) with .anchor or the diffs alone stays under the
+# limit (64 MiB, 67.1 MB).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
@@ -54,7 +56,12 @@ needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6)) && needs=(.carry/deps.tar.xz)
-((step == 7)) && needs=(.carry/patch.diff)
+if ((step == 7)); then
+  # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
+  diffs=(.carry/patches/*.diff)
+  [[ -e ${diffs[0]} ]] || diffs=(.carry/patch.diff)
+  needs=("${diffs[@]}")
+fi
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
 done
@@ -113,29 +120,39 @@ case $step in
       >"$OUT/profile-batches.txt" 2>&1 || status=1
     ;;
   7)
-    # The changed tree: a copy with the diff applied, built beside main's (this tree).
-    changed_tree=$(mktemp -d)/tree
-    (bash bench/gpu/patched-tree.sh .carry/patch.diff "$changed_tree" && cd "$changed_tree" &&
-      build_kernels "$OUT/build-changed.txt" bench_gpu_decode test_gpu_mla) &
-    changed_pid=$!
+    # Each changed tree: a copy with its diff applied, built beside main's (this tree), all at once.
+    declare -A tree_of
+    pids=()
+    for diff in "${diffs[@]}"; do
+      name=$(basename "$diff" .diff)
+      [[ $name == patch ]] && name=changed
+      tree_of[$name]=$(mktemp -d)/tree
+      (bash bench/gpu/patched-tree.sh "$diff" "${tree_of[$name]}" && cd "${tree_of[$name]}" &&
+        build_kernels "$OUT/build-$name.txt" bench_gpu_decode test_gpu_mla) &
+      pids+=($!)
+    done
     bash bench/gpu/touch-changed-sources.sh build-gpu
     { build_kernels "$OUT/build.txt" bench_gpu_decode &&
       bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
-    wait $changed_pid ||
-      { echo "the changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
+    for pid in "${pids[@]}"; do
+      wait "$pid" || { echo "a changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
+    done
     if ((status == 0)); then
-      timeout 200 "$changed_tree/build-gpu/tests/gpu/test_gpu_mla" >"$OUT/test.txt" 2>&1 || status=1
-      tail -3 "$OUT/test.txt"
+      for name in "${!tree_of[@]}"; do
+        timeout 200 "${tree_of[$name]}/build-gpu/tests/gpu/test_gpu_mla" >"$OUT/test-$name.txt" 2>&1 ||
+          status=1
+        echo "$name: $(tail -1 "$OUT/test-$name.txt")"
+      done
       formats=int4g64/int4,int2g64/int4,fp8/bf16
       bench() {  # TREE NAME ARGS...: one benchmark run of that tree
         local decode=build-gpu/bench/gpu/bench_gpu_decode tree=$1 name=$2
         shift 2
-        [[ $tree == changed ]] && decode=$changed_tree/build-gpu/bench/gpu/bench_gpu_decode
+        [[ $tree != main ]] && decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
         within $decode --heads 16 --formats $formats "$@" >"$OUT/$name-$tree.txt" 2>&1 || status=1
       }
       # The serving shapes and the grid, three rounds, each tree in turn.
       for round in 1 2 3; do
-        for tree in changed main; do
+        for tree in "${!tree_of[@]}" main; do
           bench $tree short-$round --short-contexts --max-seconds 60
           bench $tree grid-$round --max-seconds 80
         done
