@@ -492,7 +492,7 @@ TEST_F(CliTest, BenchServeWritesItsTableAndJson) {
   EXPECT_GT(out["formats"][1]["pages"].get<int64_t>(),
             3 * out["formats"][0]["pages"].get<int64_t>());
   EXPECT_EQ(out["preemption_check"]["identical"], 3);
-  // Identical outputs agree on every token: 36 over 6 requests, 6 each.
+  // Identical outputs agree on every token: the 3 checked requests' 6 each.
   EXPECT_EQ(out["preemption_check"]["common_prefix_tokens"], nlohmann::json::array({6, 6, 6}));
   EXPECT_NE(result.out.find("tokens before the first difference: median 6, min 6, max 6"),
             std::string::npos)

@@ -122,20 +122,20 @@ case $step in
   7)
     # Each changed tree: a copy with its diff applied, built beside main's (this tree), all at once.
     declare -A tree_of
-    pids=()
+    pids=() names=()
     for diff in "${diffs[@]}"; do
       name=$(basename "$diff" .diff)
       [[ $name == patch ]] && name=changed
       tree_of[$name]=$(mktemp -d)/tree
       (bash bench/gpu/patched-tree.sh "$diff" "${tree_of[$name]}" && cd "${tree_of[$name]}" &&
         build_kernels "$OUT/build-$name.txt" bench_gpu_decode test_gpu_mla) &
-      pids+=($!)
+      pids+=($!) names+=("$name")
     done
     bash bench/gpu/touch-changed-sources.sh build-gpu
     { build_kernels "$OUT/build.txt" bench_gpu_decode &&
       bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
-    for pid in "${pids[@]}"; do
-      wait "$pid" || { echo "a changed tree's build failed" >>"$OUT/build-changed.txt"; status=1; }
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}" || { echo "this tree's build failed" >>"$OUT/build-${names[$k]}.txt"; status=1; }
     done
     if ((status == 0)); then
       for name in "${!tree_of[@]}"; do
