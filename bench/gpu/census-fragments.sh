@@ -57,9 +57,9 @@ if ((as_built)); then
   python3 bench/gpu/sass_census.py lines "$work/one.cubin"
   exit
 fi
-# The consumers' page loop body: from the line after its `for` (whose line also holds hoisted
-# set-up) to the stage's release (the three-block form's refill).
-first=$(($(grep -n '^  for (int i = 0; i < num_pages; ++i) {' $source | cut -d: -f1) + 1))
+# The consumers' page loop body, whose parts are lambdas: from the first line of the first part
+# a page runs (the wait for it) to the stage's release (the three-block form's refill).
+first=$(($(grep -n 'const auto await_page = ' $source | cut -d: -f1) + 1))
 last=$(grep -n 'issue_page(i + L::kStages);' $source | cut -d: -f1)
 python3 bench/gpu/sass_census.py loop "$work/one.cubin" $source "$first" "$last" "${by_line[@]}"
 python3 bench/gpu/sass_census.py spills "$work/one.cubin"

@@ -364,9 +364,12 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
       // kernel's 16-key tiles may take the keys in any order, so each tile is bounded by it.
       std::vector<double> window(kLatentDim / 64, 0.0);
       // fp8: P times each key's FP32 scale over 2^E, E the largest scale exponent of the group in
-      // this run's pages so far (the FP16 operand's range), the output times 2^E at the end.
+      // this run's pages so far over the keys that some row of the kernel's 16-row tile sees (the
+      // FP16 operand's range), the output times 2^E at the end.
       if (codes && fp8) {
-        for (int j = 0; j < step_keys && key0 + j < len; ++j) {
+        const int tile_end = std::min(r / 16 * 16 + 16, s_q * num_heads);
+        const int tile_limit = len - s_q + (tile_end - 1) / num_heads + 1;
+        for (int j = 0; j < step_keys && key0 + j < std::min(len, tile_limit); ++j) {
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
           for (int g = 0; g < groups; ++g) {
             exponent[g] = std::max<int>(exponent[g], c.scale_bits[g] >> 23 & 0xff);

@@ -100,13 +100,14 @@ using Operands = gpu::MlaDecodePlan::Operands;
 // fragment_maps.h); P rounded to FP16 and the row sums adding the rounded P; values sum(fp16(P
 // scale) code + P min), for fp8 (e4m3 values, FP32 scales of 128 channels, no minimums) sum(fp16(P
 // fp16(scale / 2^E)) 2^E code) with E the largest scale exponent of the group over the run's pages
-// so far. Its products of FP16 subnormal codes and P may lose bits below the largest product's
-// window (measured on the H200: 2^-17 of the sum of magnitudes); the allowance takes a 24-bit
-// window, 2^-12 of the largest P scale of a group's 16-key tile (bounded by the step's largest, the
-// tiles' key order being the kernel's), 17 terms a product. Operands::kBf16TileScaledPairs follows
-// decode_seesaw.cuh: the steps of a block in pairs from its first, the right half of the channels
-// taking a pair's first step's P times 2^(m_a - m_b) (exp2f, FP32) rounded to BF16, over that
-// factor (the next step's rescale restores it), the left half and the sums as kBf16Tile.
+// so far (the keys some row of the kernel's 16-row tile sees). Its products of FP16 subnormal codes
+// and P may lose bits below the largest product's window (measured on the H200: 2^-17 of the sum of
+// magnitudes); the allowance takes a 24-bit window, 2^-12 of the largest P scale of a group's
+// 16-key tile (bounded by the step's largest, the tiles' key order being the kernel's), 17 terms a
+// product. Operands::kBf16TileScaledPairs follows decode_seesaw.cuh: the steps of a block in pairs
+// from its first, the right half of the channels taking a pair's first step's P times 2^(m_a - m_b)
+// (exp2f, FP32) rounded to BF16, over that factor (the next step's rescale restores it), the left
+// half and the sums as kBf16Tile.
 FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint16_t>& q, int s_q,
                                int num_heads, float softmax_scale,
                                const std::vector<gpu::MlaDecodePlan::Block>& blocks, int step_keys,

@@ -280,6 +280,10 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
   __syncthreads();  // the last block-wide barrier: the producer leaves after its loop
 
   if (L::kProducer && warp == L::kConsumerWarps) {
+    // issue_page's twin, from the item's registers, and the producer issues the first stages
+    // too: a variant where thread 0 issued them with issue_page (two dependent global reads
+    // before the block's barrier) and the producer refilled with it ran every format's serving
+    // shapes 3-14% slower (2026-12-06, benchmarks.md).
     const int32_t* const pages =
         p.block_table + item.batch * p.block_table_stride + item.page_begin;
     const auto issue = [&](int i) {
@@ -440,6 +444,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
 
   // This thread's four rows (S^T's and O^T's columns): n-tile n, half e -> row 8n + 2t + e.
   int limit[2][2];  // keys visible to the row: those before it
+  // Keys visible to some row of the block: the last row's (fp8's scale exponent).
+  const int block_limit =
+      seq_len - p.s_q + (min(first_row + L::kRows, rows_per_seq) - 1) / p.num_heads + 1;
   float row_max[2][2], row_sum[2][2], logit_scale[2][2];
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
@@ -464,7 +471,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
   int scale_exponent = 0;    // fp8: E of the warp's group, biased as in an FP32's bits
   named_barrier(1, L::kConsumers);  // Q's fragments in place, the scratch read
 
-  for (int i = 0; i < num_pages; ++i) {
+  const int rb = p.record_bytes;
+  // Page i's stage once it has landed (without a producer, with a last page's tail made safe).
+  const auto await_page = [&](int i) {
     const int stage_index = i % L::kStages;
     uint8_t* const stage = stages + stage_index * L::kStageBytes;
     const int key0 = (item.page_begin + i) * kPageTokens;
@@ -485,144 +494,172 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
         named_barrier(1, L::kConsumers);
       }
     }
+    return stage;
+  };
 
-    // 1. Scores of keys 16 warp + g and + 8 against the 16 rows, in units of 2^-e_r.
-    float sc[2][4] = {};
-    {
-      const uint8_t* const rec_lo = stage + key_lo * p.record_bytes;
-      const uint8_t* const rec_hi = stage + key_hi * p.record_bytes;
+  // 1. Scores of keys 16 warp + g and + 8 against the 16 rows, in units of 2^-e_r, added to sc:
+  // the content's groups, their minimums (int content) and the RoPE key.
+  const auto score_fp8_groups = [&](const uint8_t* stage, float(&sc)[2][4]) {
+    if constexpr (L::kFp8) {
+      const uint8_t* const rec_lo = stage + key_lo * rb;
+      const uint8_t* const rec_hi = stage + key_hi * rb;
       const uint4* const qf = q_frags + lane;
-      if constexpr (L::kFp8) {
 #pragma unroll
-        for (int group = 0; group < kLatentDim / Content::kGroup; ++group) {
-          const int scales = Content::kCodeBytes + 4 * group;
-          const float scale_lo = __uint_as_float(load_u32(rec_lo + scales));
-          const float scale_hi = __uint_as_float(load_u32(rec_hi + scales));
-          float part[2][4] = {};
+      for (int group = 0; group < kLatentDim / Content::kGroup; ++group) {
+        const int scales = Content::kCodeBytes + 4 * group;
+        const float scale_lo = __uint_as_float(load_u32(rec_lo + scales));
+        const float scale_hi = __uint_as_float(load_u32(rec_hi + scales));
+        float part[2][4] = {};
 #pragma unroll
-          for (int s = 0; s < 8; ++s) {
-            const int ks = 8 * group + s;
-            const uint32_t word_lo = load_u32(rec_lo + 16 * ks + 4 * t);
-            const uint32_t word_hi = load_u32(rec_hi + 16 * ks + 4 * t);
-            const uint32_t a[4] = {e4m3x2_to_f16x2(word_lo), e4m3x2_to_f16x2(word_hi),
-                                   e4m3x2_to_f16x2(word_lo >> 16), e4m3x2_to_f16x2(word_hi >> 16)};
-            const uint4 b = qf[32 * ks];
-            mma_f16_16x8x16(part[0], a, b.x, b.y);
-            mma_f16_16x8x16(part[1], a, b.z, b.w);
-          }
-          add_group_scores(sc, part, scale_lo, scale_hi);
+        for (int s = 0; s < 8; ++s) {
+          const int ks = 8 * group + s;
+          const uint32_t word_lo = load_u32(rec_lo + 16 * ks + 4 * t);
+          const uint32_t word_hi = load_u32(rec_hi + 16 * ks + 4 * t);
+          const uint32_t a[4] = {e4m3x2_to_f16x2(word_lo), e4m3x2_to_f16x2(word_hi),
+                                 e4m3x2_to_f16x2(word_lo >> 16), e4m3x2_to_f16x2(word_hi >> 16)};
+          const uint4 b = qf[32 * ks];
+          mma_f16_16x8x16(part[0], a, b.x, b.y);
+          mma_f16_16x8x16(part[1], a, b.z, b.w);
         }
+        add_group_scores(sc, part, scale_lo, scale_hi);
+      }
+    }
+  };
+  // Int content's group `group`.
+  const auto score_int_group = [&](const uint8_t* stage, int group, float(&sc)[2][4]) {
+    if constexpr (!L::kFp8) {
+      const uint8_t* const rec_lo = stage + key_lo * rb;
+      const uint8_t* const rec_hi = stage + key_hi * rb;
+      const uint4* const qf = q_frags + lane;
+      const int scales = Content::kCodeBytes + 4 * group;
+      const float scale_lo = f16_low(load_u32(rec_lo + scales)) * kSubnormalCodeUnit;
+      const float scale_hi = f16_low(load_u32(rec_hi + scales)) * kSubnormalCodeUnit;
+      uint32_t lo[2], hi[2];
+      if constexpr (L::kInt2) {
+        lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
+        hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
+        lo[1] = lo[0] >> 10;
+        hi[1] = hi[0] >> 10;
       } else {
-#pragma unroll
-        for (int group = 0; group < L::kGroups; ++group) {
-          const int scales = Content::kCodeBytes + 4 * group;
-          const float scale_lo = f16_low(load_u32(rec_lo + scales)) * kSubnormalCodeUnit;
-          const float scale_hi = f16_low(load_u32(rec_hi + scales)) * kSubnormalCodeUnit;
-          uint32_t lo[2], hi[2];
-          if constexpr (L::kInt2) {
-            lo[0] = load_u32(rec_lo + 16 * group + 4 * t);  // word t of the group's 4
-            hi[0] = load_u32(rec_hi + 16 * group + 4 * t);
-            lo[1] = lo[0] >> 10;
-            hi[1] = hi[0] >> 10;
-          } else {
-            lo[0] = load_u32(rec_lo + 32 * group + 8 * t);  // words 2t, 2t + 1
-            lo[1] = load_u32(rec_lo + 32 * group + 8 * t + 4);
-            hi[0] = load_u32(rec_hi + 32 * group + 8 * t);
-            hi[1] = load_u32(rec_hi + 32 * group + 8 * t + 4);
-          }
-          float part[2][4] = {};
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            uint32_t a[4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              uint32_t word_lo, word_hi, mask;
-              if constexpr (L::kInt2) {
-                const int shifted = int2_key_word_shift(s, h) != 0;
-                word_lo = lo[shifted];
-                word_hi = hi[shifted];
-                mask = kInt2Pair << (int2_key_shift(s, h) - int2_key_word_shift(s, h));
-              } else {
-                word_lo = lo[s >> 1] >> int4_key_word_shift(s);
-                word_hi = hi[s >> 1] >> int4_key_word_shift(s);
-                mask = kInt4Pair << (4 * h);
-              }
-              a[2 * h] = word_lo & mask;  // the FP16 subnormals code * 2^(p - 24)
-              a[2 * h + 1] = word_hi & mask;
-            }
-            const uint4 b = qf[32 * (4 * group + s)];
-            mma_f16_16x8x16(part[0], a, b.x, b.y);
-            mma_f16_16x8x16(part[1], a, b.z, b.w);
-          }
-          add_group_scores(sc, part, scale_lo, scale_hi);
-        }
-        {
-          // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
-          const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
-          const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
-          uint32_t a[4];
-          a[0] = a[2] = __byte_perm(load_u32(words_lo), load_u32(words_lo + 4), 0x7632);
-          a[1] = a[3] = __byte_perm(load_u32(words_hi), load_u32(words_hi + 4), 0x7632);
-          mma_f16_16x8x16(sc[0], a, min_frags[0], min_frags[1]);
-          mma_f16_16x8x16(sc[1], a, min_frags[2], min_frags[3]);
-        }
+        lo[0] = load_u32(rec_lo + 32 * group + 8 * t);  // words 2t, 2t + 1
+        lo[1] = load_u32(rec_lo + 32 * group + 8 * t + 4);
+        hi[0] = load_u32(rec_hi + 32 * group + 8 * t);
+        hi[1] = load_u32(rec_hi + 32 * group + 8 * t + 4);
       }
-      // The RoPE key in BF16, as the tiled kernel's tile holds it.
-      uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
-      __nv_bfloat162 s_lo{}, m_lo{}, s_hi{}, m_hi{};
-      if constexpr (!Rope::kIsBf16) {
-        const int scales = Content::kBytes + RopeInt4::kCodeBytes;
-        lo[0] = load_u32(rec_lo + Content::kBytes + 8 * t);
-        lo[1] = load_u32(rec_lo + Content::kBytes + 8 * t + 4);
-        hi[0] = load_u32(rec_hi + Content::kBytes + 8 * t);
-        hi[1] = load_u32(rec_hi + Content::kBytes + 8 * t + 4);
-        // {scale, min} in BF16: rewritten so by the producer, converted here without one.
-        const auto scale_min = [](uint32_t word) {
-          return L::kProducer ? bf16x2_from_bits(word) : scale_min_bf16(word);
-        };
-        const __nv_bfloat162 sm_lo = scale_min(load_u32(rec_lo + scales));
-        const __nv_bfloat162 sm_hi = scale_min(load_u32(rec_hi + scales));
-        s_lo = __low2bfloat162(sm_lo);
-        m_lo = __high2bfloat162(sm_lo);
-        s_hi = __low2bfloat162(sm_hi);
-        m_hi = __high2bfloat162(sm_hi);
-      }
+      float part[2][4] = {};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t a[4];
-        if constexpr (Rope::kIsBf16) {
-          const int offset = Content::kBytes + 2 * (16 * s + 2 * t);
-          a[0] = load_u32(rec_lo + offset);
-          a[1] = load_u32(rec_hi + offset);
-          a[2] = load_u32(rec_lo + offset + 16);
-          a[3] = load_u32(rec_hi + offset + 16);
-        } else {
-          const int shift = 4 * int4_key_nibble(s, 0, 0);
-          a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
-          a[1] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> shift), s_hi, m_hi);
-          a[2] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> (shift + 4)), s_lo, m_lo);
-          a[3] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> (shift + 4)), s_hi, m_hi);
-          // RoPE pairs kept in BF16 overwrite their two channels (h = 0 and 1, one half).
-          for (int n = 0; n < p.kept.count; ++n) {
-            const FragmentPlace place = int4_key_place(2 * p.kept.pairs[n]);
-            if (place.t == t && place.s == s) {
-              const int offset = Content::kBytes + RopeInt4::kBaseBytes + 4 * n;
-              const uint32_t kept_lo = load_u32(rec_lo + offset);
-              const uint32_t kept_hi = load_u32(rec_hi + offset);
-              a[0] = with_half(a[0], place.e, kept_lo);
-              a[2] = with_half(a[2], place.e, kept_lo >> 16);
-              a[1] = with_half(a[1], place.e, kept_hi);
-              a[3] = with_half(a[3], place.e, kept_hi >> 16);
-            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t word_lo, word_hi, mask;
+          if constexpr (L::kInt2) {
+            const int shifted = int2_key_word_shift(s, h) != 0;
+            word_lo = lo[shifted];
+            word_hi = hi[shifted];
+            mask = kInt2Pair << (int2_key_shift(s, h) - int2_key_word_shift(s, h));
+          } else {
+            word_lo = lo[s >> 1] >> int4_key_word_shift(s);
+            word_hi = hi[s >> 1] >> int4_key_word_shift(s);
+            mask = kInt4Pair << (4 * h);
+          }
+          a[2 * h] = word_lo & mask;  // the FP16 subnormals code * 2^(p - 24)
+          a[2 * h + 1] = word_hi & mask;
+        }
+        const uint4 b = qf[32 * (4 * group + s)];
+        mma_f16_16x8x16(part[0], a, b.x, b.y);
+        mma_f16_16x8x16(part[1], a, b.z, b.w);
+      }
+      add_group_scores(sc, part, scale_lo, scale_hi);
+    }
+  };
+  const auto score_int_minimums = [&](const uint8_t* stage, float(&sc)[2][4]) {
+    if constexpr (!L::kFp8) {
+      const uint8_t* const rec_lo = stage + key_lo * rb;
+      const uint8_t* const rec_hi = stage + key_hi * rb;
+      // The minimums: A columns 2t + e and 2t + 8 + e both take group 2t + e's minimum.
+      const uint8_t* const words_lo = rec_lo + Content::kCodeBytes + 8 * t;
+      const uint8_t* const words_hi = rec_hi + Content::kCodeBytes + 8 * t;
+      uint32_t a[4];
+      a[0] = a[2] = __byte_perm(load_u32(words_lo), load_u32(words_lo + 4), 0x7632);
+      a[1] = a[3] = __byte_perm(load_u32(words_hi), load_u32(words_hi + 4), 0x7632);
+      mma_f16_16x8x16(sc[0], a, min_frags[0], min_frags[1]);
+      mma_f16_16x8x16(sc[1], a, min_frags[2], min_frags[3]);
+    }
+  };
+  const auto score_rope = [&](const uint8_t* stage, float(&sc)[2][4]) {
+    const uint8_t* const rec_lo = stage + key_lo * rb;
+    const uint8_t* const rec_hi = stage + key_hi * rb;
+    const uint4* const qf = q_frags + lane;
+    // The RoPE key in BF16, as the tiled kernel's tile holds it.
+    uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
+    __nv_bfloat162 s_lo{}, m_lo{}, s_hi{}, m_hi{};
+    if constexpr (!Rope::kIsBf16) {
+      const int scales = Content::kBytes + RopeInt4::kCodeBytes;
+      lo[0] = load_u32(rec_lo + Content::kBytes + 8 * t);
+      lo[1] = load_u32(rec_lo + Content::kBytes + 8 * t + 4);
+      hi[0] = load_u32(rec_hi + Content::kBytes + 8 * t);
+      hi[1] = load_u32(rec_hi + Content::kBytes + 8 * t + 4);
+      // {scale, min} in BF16: rewritten so by the producer, converted here without one.
+      const auto scale_min = [](uint32_t word) {
+        return L::kProducer ? bf16x2_from_bits(word) : scale_min_bf16(word);
+      };
+      const __nv_bfloat162 sm_lo = scale_min(load_u32(rec_lo + scales));
+      const __nv_bfloat162 sm_hi = scale_min(load_u32(rec_hi + scales));
+      s_lo = __low2bfloat162(sm_lo);
+      m_lo = __high2bfloat162(sm_lo);
+      s_hi = __low2bfloat162(sm_hi);
+      m_hi = __high2bfloat162(sm_hi);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t a[4];
+      if constexpr (Rope::kIsBf16) {
+        const int offset = Content::kBytes + 2 * (16 * s + 2 * t);
+        a[0] = load_u32(rec_lo + offset);
+        a[1] = load_u32(rec_hi + offset);
+        a[2] = load_u32(rec_lo + offset + 16);
+        a[3] = load_u32(rec_hi + offset + 16);
+      } else {
+        const int shift = 4 * int4_key_nibble(s, 0, 0);
+        a[0] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> shift), s_lo, m_lo);
+        a[1] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> shift), s_hi, m_hi);
+        a[2] = dequantize_biased_pair(biased_codes(lo[s >> 1] >> (shift + 4)), s_lo, m_lo);
+        a[3] = dequantize_biased_pair(biased_codes(hi[s >> 1] >> (shift + 4)), s_hi, m_hi);
+        // RoPE pairs kept in BF16 overwrite their two channels (h = 0 and 1, one half).
+        for (int n = 0; n < p.kept.count; ++n) {
+          const FragmentPlace place = int4_key_place(2 * p.kept.pairs[n]);
+          if (place.t == t && place.s == s) {
+            const int offset = Content::kBytes + RopeInt4::kBaseBytes + 4 * n;
+            const uint32_t kept_lo = load_u32(rec_lo + offset);
+            const uint32_t kept_hi = load_u32(rec_hi + offset);
+            a[0] = with_half(a[0], place.e, kept_lo);
+            a[2] = with_half(a[2], place.e, kept_lo >> 16);
+            a[1] = with_half(a[1], place.e, kept_hi);
+            a[3] = with_half(a[3], place.e, kept_hi >> 16);
           }
         }
-        const uint4 b = qf[32 * (4 * L::kGroups + s)];
-        mma_bf16_16x8x16(sc[0], a, b.x, b.y);
-        mma_bf16_16x8x16(sc[1], a, b.z, b.w);
       }
+      const uint4 b = qf[32 * (4 * L::kGroups + s)];
+      mma_bf16_16x8x16(sc[0], a, b.x, b.y);
+      mma_bf16_16x8x16(sc[1], a, b.z, b.w);
     }
+  };
+  const auto page_scores = [&](const uint8_t* stage, float(&sc)[2][4]) {
+    if constexpr (L::kFp8) {
+      score_fp8_groups(stage, sc);
+    } else {
+#pragma unroll
+      for (int group = 0; group < L::kGroups; ++group) score_int_group(stage, group, sc);
+      score_int_minimums(stage, sc);
+    }
+    score_rope(stage, sc);
+  };
 
-    // 2. Online softmax: sc[n][e] is key g, sc[n][2 + e] key g + 8, of row 8n + 2t + e.
+  // 2. Online softmax of page i's scores into P^T (sc[n][e] is key g, sc[n][2 + e] key g + 8, of
+  // row 8n + 2t + e); the accumulators rescaled (fp8: for E too).
+  const auto softmax = [&](int i, const uint8_t* stage, const float(&sc)[2][4]) {
+    const int key0 = (item.page_begin + i) * kPageTokens;
     float x[2][4];
     float page_max[2][2];
 #pragma unroll
@@ -667,13 +704,16 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
     }
     named_barrier(1, L::kConsumers);  // P^T complete
 
-    // 3. O^T += V^T P^T over this warp's groups 2 warp, 2 warp + 1 (fp8: its group `warp`).
-    const int rb = p.record_bytes;
     float value_factor = 1.0f;  // fp8: 2^(E_old - E) when this page raises E
     if constexpr (L::kFp8) {
+      // E over the page's keys that some row of the block sees: a key that all of them mask (a
+      // prefill chunk's later keys) must not move the others' roundings, or a token's outputs
+      // would differ between its chunk and a decode step (the batch-invariant plans).
       const int scales = Content::kCodeBytes + 4 * warp;
-      const uint32_t exponent = max(load_u32(stage + lane * rb + scales) >> 23 & 0xffu,
-                                    load_u32(stage + (lane + 32) * rb + scales) >> 23 & 0xffu);
+      const int seen = block_limit - key0;
+      const uint32_t exponent =
+          max(lane < seen ? load_u32(stage + lane * rb + scales) >> 23 & 0xffu : 0u,
+              lane + 32 < seen ? load_u32(stage + (lane + 32) * rb + scales) >> 23 & 0xffu : 0u);
       const int raised = max(scale_exponent, static_cast<int>(__reduce_max_sync(~0u, exponent)));
       value_factor = scale_exponent - raised < -126 ? 0.0f : power_of_two(scale_exponent - raised);
       scale_exponent = raised;
@@ -705,24 +745,29 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
             }
         }
     }
-    // P^T's B fragments of keys 16 ks + [0, 16): rows 0-7 in b[0], b[1], rows 8-15 in b[2], b[3].
-    const auto load_probs = [&](int ks, uint32_t(&b)[4]) {
-      ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride +
-                                    16 * ks + 8 * ((lane / 8) % 2)));
-    };
-    // The records of k-tile ks's keys at the MMA's k indices 2t, 2t + 1, 2t + 8, 2t + 9.
-    const auto value_records = [&](int ks, const uint8_t*(&records)[4]) {
+  };
+
+  // 3. O^T += V^T P^T over this warp's groups 2 warp, 2 warp + 1 (fp8: its group `warp`).
+  // P^T's B fragments of keys 16 ks + [0, 16): rows 0-7 in b[0], b[1], rows 8-15 in b[2], b[3].
+  const auto load_probs = [&](int ks, uint32_t(&b)[4]) {
+    ldmatrix_x4(b, shared_address(probs + (8 * (lane / 16) + lane % 8) * L::kProbStride + 16 * ks +
+                                  8 * ((lane / 8) % 2)));
+  };
+  // The records of k-tile ks's keys at the MMA's k indices 2t, 2t + 1, 2t + 8, 2t + 9.
+  const auto value_records = [&](const uint8_t* stage, int ks, const uint8_t*(&records)[4]) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        records[i] = stage + value_key(ks, 2 * t + i % 2 + 8 * (i / 2), spread) * rb;
-      }
-    };
+    for (int i = 0; i < 4; ++i) {
+      records[i] = stage + value_key(ks, 2 * t + i % 2 + 8 * (i / 2), spread) * rb;
+    }
+  };
+  // Int content: each warp's sum(P min) of the eight groups over its own 16 keys (fp8: none).
+  const auto value_int_minimums = [&](const uint8_t* stage) {
     if constexpr (!L::kFp8) {
       // k-tile `warp`: A row g (< 8) = group g's minimums of its keys, rows g + 8 zero.
       uint32_t b[4];
       load_probs(warp, b);
       const uint8_t* records[4];
-      value_records(warp, records);
+      value_records(stage, warp, records);
       const int mins = Content::kCodeBytes + 4 * g;
       uint32_t a[4] = {
           __byte_perm(load_u32(records[0] + mins), load_u32(records[1] + mins), 0x7632), 0,
@@ -730,93 +775,102 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
       mma_f16_16x8x16(min_acc[0], a, b[0], b[1]);
       mma_f16_16x8x16(min_acc[1], a, b[2], b[3]);
     }
+  };
+  // K-tile ks (keys 16 ks + [0, 16)) of the values.
+  const auto value_tile = [&](const uint8_t* stage, int ks) {
+    uint32_t b[4];
+    load_probs(ks, b);
+    const uint8_t* records[4];
+    value_records(stage, ks, records);
+    if constexpr (L::kFp8) {
+      // P times fp16(scale / 2^E) of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9.
+      const int scales = Content::kCodeBytes + 4 * warp;
+      const float unit = power_of_two(127 - scale_exponent);
+      const uint32_t scale01 = f16x2_bits(__uint_as_float(load_u32(records[0] + scales)) * unit,
+                                          __uint_as_float(load_u32(records[1] + scales)) * unit);
+      const uint32_t scale89 = f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
+                                          __uint_as_float(load_u32(records[3] + scales)) * unit);
+      const ScaledProbs pb(b, scale01, scale89);
 #pragma unroll
-    for (int ks = 0; ks < kPageTokens / 16; ++ks) {
-      uint32_t b[4];
-      load_probs(ks, b);
-      const uint8_t* records[4];
-      value_records(ks, records);
-      if constexpr (L::kFp8) {
-        // P times fp16(scale / 2^E) of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9.
-        const int scales = Content::kCodeBytes + 4 * warp;
-        const float unit = power_of_two(127 - scale_exponent);
-        const uint32_t scale01 = f16x2_bits(__uint_as_float(load_u32(records[0] + scales)) * unit,
-                                            __uint_as_float(load_u32(records[1] + scales)) * unit);
-        const uint32_t scale89 = f16x2_bits(__uint_as_float(load_u32(records[2] + scales)) * unit,
-                                            __uint_as_float(load_u32(records[3] + scales)) * unit);
-        const ScaledProbs pb(b, scale01, scale89);
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int pair = 0; pair < 2; ++pair) {
+          // Word g + 8 pair of the half: bytes 2 jj, 2 jj + 1 are m-tile 2 pair + jj's rows g
+          // and g + 8 (fp8_value_channel); one permute puts a byte of two keys in each half.
+          const int word = 128 * warp + 64 * half + 4 * (g + 8 * pair);
+          const uint32_t w0 = load_u32(records[0] + word), w1 = load_u32(records[1] + word);
+          const uint32_t w8 = load_u32(records[2] + word), w9 = load_u32(records[3] + word);
 #pragma unroll
-          for (int pair = 0; pair < 2; ++pair) {
-            // Word g + 8 pair of the half: bytes 2 jj, 2 jj + 1 are m-tile 2 pair + jj's rows g
-            // and g + 8 (fp8_value_channel); one permute puts a byte of two keys in each half.
-            const int word = 128 * warp + 64 * half + 4 * (g + 8 * pair);
-            const uint32_t w0 = load_u32(records[0] + word), w1 = load_u32(records[1] + word);
-            const uint32_t w8 = load_u32(records[2] + word), w9 = load_u32(records[3] + word);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const uint32_t select = jj == 0 ? 0x5140u : 0x7362u;
-              const uint32_t x01 = __byte_perm(w0, w1, select);
-              const uint32_t x89 = __byte_perm(w8, w9, select);
-              const uint32_t a[4] = {e4m3x2_to_f16x2(x01), e4m3x2_to_f16x2(x01 >> 16),
-                                     e4m3x2_to_f16x2(x89), e4m3x2_to_f16x2(x89 >> 16)};
-              mma_f16_16x8x16(acc[half][2 * pair + jj][0], a, pb[0], pb[1]);
-              mma_f16_16x8x16(acc[half][2 * pair + jj][1], a, pb[2], pb[3]);
-            }
+          for (int jj = 0; jj < 2; ++jj) {
+            const uint32_t select = jj == 0 ? 0x5140u : 0x7362u;
+            const uint32_t x01 = __byte_perm(w0, w1, select);
+            const uint32_t x89 = __byte_perm(w8, w9, select);
+            const uint32_t a[4] = {e4m3x2_to_f16x2(x01), e4m3x2_to_f16x2(x01 >> 16),
+                                   e4m3x2_to_f16x2(x89), e4m3x2_to_f16x2(x89 >> 16)};
+            mma_f16_16x8x16(acc[half][2 * pair + jj][0], a, pb[0], pb[1]);
+            mma_f16_16x8x16(acc[half][2 * pair + jj][1], a, pb[2], pb[3]);
           }
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int gl = 0; gl < 2; ++gl) {
-          const int group = 2 * warp + gl;
-          // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
-          // b[3]).
-          const int scales = Content::kCodeBytes + 4 * group;
-          const uint32_t scale01 =
-              __byte_perm(load_u32(records[0] + scales), load_u32(records[1] + scales), 0x5410);
-          const uint32_t scale89 =
-              __byte_perm(load_u32(records[2] + scales), load_u32(records[3] + scales), 0x5410);
-          const ScaledProbs pb(b, scale01, scale89);
-          if constexpr (L::kInt2) {
-            // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
-            // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
-            // 2 more (fragment_maps.h).
-            const uint32_t select = (g % 4) | (4 + g % 4) << 8;
+      for (int gl = 0; gl < 2; ++gl) {
+        const int group = 2 * warp + gl;
+        // P times the FP16 scales of k indices 2t, 2t + 1 (b[0], b[2]) and 2t + 8, 2t + 9 (b[1],
+        // b[3]).
+        const int scales = Content::kCodeBytes + 4 * group;
+        const uint32_t scale01 =
+            __byte_perm(load_u32(records[0] + scales), load_u32(records[1] + scales), 0x5410);
+        const uint32_t scale89 =
+            __byte_perm(load_u32(records[2] + scales), load_u32(records[3] + scales), 0x5410);
+        const ScaledProbs pb(b, scale01, scale89);
+        if constexpr (L::kInt2) {
+          // Byte g % 4 of words g / 4 (m-tiles 0, 1) and g / 4 + 2 (m-tiles 2, 3) of two keys in
+          // bytes 0 and 2; m-tile j's rows g and g + 8 are the codes at int2_value_shift(j) and
+          // 2 more (fragment_maps.h).
+          const uint32_t select = (g % 4) | (4 + g % 4) << 8;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int word = 16 * group + 4 * (g / 4) + 8 * half;
-              const uint32_t x01 =
-                  __byte_perm(load_u32(records[0] + word), load_u32(records[1] + word), select);
-              const uint32_t x89 =
-                  __byte_perm(load_u32(records[2] + word), load_u32(records[3] + word), select);
+          for (int half = 0; half < 2; ++half) {
+            const int word = 16 * group + 4 * (g / 4) + 8 * half;
+            const uint32_t x01 =
+                __byte_perm(load_u32(records[0] + word), load_u32(records[1] + word), select);
+            const uint32_t x89 =
+                __byte_perm(load_u32(records[2] + word), load_u32(records[3] + word), select);
 #pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                const uint32_t mask = kInt2Pair << int2_value_shift(jj);
-                uint32_t a[4] = {x01 & mask, x01 & (mask << 2), x89 & mask, x89 & (mask << 2)};
-                mma_f16_16x8x16(acc[gl][2 * half + jj][0], a, pb[0], pb[1]);
-                mma_f16_16x8x16(acc[gl][2 * half + jj][1], a, pb[2], pb[3]);
-              }
+            for (int jj = 0; jj < 2; ++jj) {
+              const uint32_t mask = kInt2Pair << int2_value_shift(jj);
+              uint32_t a[4] = {x01 & mask, x01 & (mask << 2), x89 & mask, x89 & (mask << 2)};
+              mma_f16_16x8x16(acc[gl][2 * half + jj][0], a, pb[0], pb[1]);
+              mma_f16_16x8x16(acc[gl][2 * half + jj][1], a, pb[2], pb[3]);
             }
-          } else {
-            const int codes = 32 * group + 4 * g;
-            const uint32_t w0 = load_u32(records[0] + codes), w1 = load_u32(records[1] + codes);
-            const uint32_t w8 = load_u32(records[2] + codes), w9 = load_u32(records[3] + codes);
+          }
+        } else {
+          const int codes = 32 * group + 4 * g;
+          const uint32_t w0 = load_u32(records[0] + codes), w1 = load_u32(records[1] + codes);
+          const uint32_t w8 = load_u32(records[2] + codes), w9 = load_u32(records[3] + codes);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high
-              // nibbles row g + 8.
-              const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
-              const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
-              uint32_t a[4] = {x01 & kInt4Pair, x01 & (kInt4Pair << 4), x89 & kInt4Pair,
-                               x89 & (kInt4Pair << 4)};
-              mma_f16_16x8x16(acc[gl][j][0], a, pb[0], pb[1]);
-              mma_f16_16x8x16(acc[gl][j][1], a, pb[2], pb[3]);
-            }
+          for (int j = 0; j < 4; ++j) {
+            // Byte j of two keys' code word g in bytes 0 and 2: low nibbles row g, high
+            // nibbles row g + 8.
+            const uint32_t x01 = __byte_perm(w0, w1, j | (4 + j) << 8);
+            const uint32_t x89 = __byte_perm(w8, w9, j | (4 + j) << 8);
+            uint32_t a[4] = {x01 & kInt4Pair, x01 & (kInt4Pair << 4), x89 & kInt4Pair,
+                             x89 & (kInt4Pair << 4)};
+            mma_f16_16x8x16(acc[gl][j][0], a, pb[0], pb[1]);
+            mma_f16_16x8x16(acc[gl][j][1], a, pb[2], pb[3]);
           }
         }
       }
     }
+  };
+  const auto page_values = [&](const uint8_t* stage) {
+    value_int_minimums(stage);
+#pragma unroll
+    for (int ks = 0; ks < kPageTokens / 16; ++ks) value_tile(stage, ks);
+  };
+  // This warp is done with page i's stage.
+  const auto release = [&](int i) {
+    const int stage_index = i % L::kStages;
     __syncwarp();
     if constexpr (L::kProducer) {
       if (lane == 0) mbarrier_arrive(empty + stage_index);  // this warp is done with the stage
@@ -831,6 +885,15 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
         issue_page(i + L::kStages);
       }
     }
+  };
+
+  for (int i = 0; i < num_pages; ++i) {
+    const uint8_t* const stage = await_page(i);
+    float sc[2][4] = {};
+    page_scores(stage, sc);
+    softmax(i, stage, sc);
+    page_values(stage);
+    release(i);
   }
 
   // Channel of an output column's row g of m-tile j (row g + 8 is the next channel), and its
