@@ -16,8 +16,7 @@
 #      Nsight Compute's per-instruction samples (profile_sass.sh) of INT4 at 128 x 512 and 16 x
 #      32K, to join here with `census-fragments.sh --as-built` by bench/gpu/stall_lines.py
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
-#      on whichever card comes; its full and memcheck tests also check the fp8 wrong-scale
-#      mutation made stronger in the thirtieth session (c393d94), not yet run on a GPU
+#      on whichever card comes, with the full GPU test and compute-sanitizer's memcheck
 #   6  which kernels of a decode step grow with the batch, beside the decode kernel and the routed
 #      experts (whose growth the ablation measured): Nsight Compute's per-kernel times
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
@@ -29,14 +28,12 @@
 #      applied built beside it, each changed tree's GPU test (full, under 200 s), then the
 #      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
-#      by bench/gpu/ab_table.py); waiting now: bench/gpu/patches/int2-four-blocks.diff and
-#      int4-eight-warps.diff (copy both into .carry/patches/: they touch different formats'
-#      choices, INT2's and INT4's, so one call measures each against main)
+#      by bench/gpu/ab_table.py); no patch waits now (bench/gpu/patches/README.md)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run
-# of this job so far was on an H100); then 5 on the H200 too; 7 with both waiting patches on any
-# card. Steps 4 and 6 ran on an H100 in
-# the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2
-# and 3 in the twenty-ninth, 7 (four times) and 5 in the thirtieth (docs/benchmarks.md).
+# of this job so far was on an H100; ~975 s, so start them with most of a session's budget
+# left); then 5 on the H200 too. Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5,
+# 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the twenty-ninth, 7
+# (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
