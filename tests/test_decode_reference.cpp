@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -304,6 +305,48 @@ TEST(DecodeReference, EveryMutationFailsTheComparison) {
       std::printf("%-40s operands %d mutation %d: err/allowed max %.3g RMS %.3g\n", spec,
                   static_cast<int>(operands), static_cast<int>(m), cmp.worst, cmp.rms);
       EXPECT_EQ(passes, m == Mutation::kNone) << spec << " mutation " << static_cast<int>(m);
+    }
+  }
+}
+
+// Fp8 code operands: a token's outputs in a prefill chunk are its decode steps' to the bit, even
+// where a key that only the chunk's last token sees has far the largest scales: E, the FP16
+// operand's exponent, counts only the keys that some row of the 16-row tile (one token's heads)
+// sees. Counted over the sequence's keys, E would shift the other tokens' P scale products into
+// FP16's subnormals and round them differently (what the GPU kernel did until 2026-12-06).
+TEST(DecodeReference, Fp8ChunkRowsAreTheirDecodeSteps) {
+  std::mt19937_64 rng = seeded("Fp8ChunkRowsAreTheirDecodeSteps");
+  const int heads = 16, chunk = 8;
+  const float scale = 1.0f / std::sqrt(192.0f);
+  for (const int first_len : {1, 60}) {  // 60: the chunk across a page boundary
+    const int len = first_len + chunk - 1;
+    Fixture f = make_fixture("content=fp8,rope=bf16", {len}, chunk, heads, rng);
+    // The last key's FP32 group scales (after the e4m3 codes, one a channel) 2^10 times larger.
+    uint8_t* const record = f.cache.record(0, len - 1);
+    for (int group = 0; group < kLatentDim / 128; ++group) {
+      float group_scale;
+      std::memcpy(&group_scale, record + kLatentDim + 4 * group, sizeof group_scale);
+      group_scale *= 1024.0f;
+      std::memcpy(record + kLatentDim + 4 * group, &group_scale, sizeof group_scale);
+    }
+    const FaithfulResult in_chunk =
+        faithful_decode(f.cache, f.q, chunk, heads, scale, make_blocks({len}, chunk, heads, 0), 64,
+                        Mutation::kNone, Arithmetic::kExact, Operands::kFp16Codes);
+    const size_t token_outputs = static_cast<size_t>(heads) * kLatentDim;
+    for (int i = 0; i < chunk; ++i) {
+      PagedRecords alone = f.cache;
+      alone.lens = {first_len + i};
+      const auto q_begin = f.q.begin() + static_cast<ptrdiff_t>(i) * heads * kKeyDim;
+      const std::vector<uint16_t> q(q_begin, q_begin + heads * kKeyDim);
+      const FaithfulResult step =
+          faithful_decode(alone, q, 1, heads, scale, make_blocks(alone.lens, 1, heads, 0), 64,
+                          Mutation::kNone, Arithmetic::kExact, Operands::kFp16Codes);
+      int differing = 0;
+      for (size_t j = 0; j < token_outputs; ++j) {
+        differing += in_chunk.out[i * token_outputs + j] != step.out[j];
+      }
+      EXPECT_EQ(differing, 0) << "length " << first_len + i << ": outputs differ from the chunk's";
+      for (int h = 0; h < heads; ++h) EXPECT_EQ(in_chunk.lse[i * heads + h], step.lse[h]);
     }
   }
 }
