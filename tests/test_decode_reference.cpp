@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -321,14 +320,7 @@ TEST(DecodeReference, Fp8ChunkRowsAreTheirDecodeSteps) {
   for (const int first_len : {1, 60}) {  // 60: the chunk across a page boundary
     const int len = first_len + chunk - 1;
     Fixture f = make_fixture("content=fp8,rope=bf16", {len}, chunk, heads, rng);
-    // The last key's FP32 group scales (after the e4m3 codes, one a channel) 2^10 times larger.
-    uint8_t* const record = f.cache.record(0, len - 1);
-    for (int group = 0; group < kLatentDim / 128; ++group) {
-      float group_scale;
-      std::memcpy(&group_scale, record + kLatentDim + 4 * group, sizeof group_scale);
-      group_scale *= 1024.0f;
-      std::memcpy(record + kLatentDim + 4 * group, &group_scale, sizeof group_scale);
-    }
+    scale_fp8_record(f.cache.record(0, len - 1), 1024.0f);  // the last key's scales 2^10 larger
     const FaithfulResult in_chunk =
         faithful_decode(f.cache, f.q, chunk, heads, scale, make_blocks({len}, chunk, heads, 0), 64,
                         Mutation::kNone, Arithmetic::kExact, Operands::kFp16Codes);

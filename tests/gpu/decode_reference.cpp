@@ -128,6 +128,15 @@ void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q) {
   for (int d = 0; d < kKeyDim; ++d) q[d] = f32_to_bf16(0.1f * key[d]);
 }
 
+void scale_fp8_record(uint8_t* record, float factor) {
+  for (int group = 0; group < kLatentDim / 128; ++group) {
+    float scale;
+    std::memcpy(&scale, record + kLatentDim + 4 * group, sizeof scale);
+    scale *= factor;
+    std::memcpy(record + kLatentDim + 4 * group, &scale, sizeof scale);
+  }
+}
+
 namespace {
 
 // Round to FP16 (nearest even, subnormals kept), through float: exact for a BF16 value times a

@@ -85,6 +85,11 @@ struct FaithfulResult {
 // key's weight is often too small to move an output by an ulp).
 void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q);
 
+// Multiplies every FP32 group scale of an fp8 record (after its e4m3 codes, one a channel) by
+// `factor`: a key whose scales are far the largest, for the batch-invariance checks of the
+// fragment kernel's FP8 operand exponent.
+void scale_fp8_record(uint8_t* record, float factor);
+
 // kExact: scores and sums in double (the reference); kFp32: every sum rounded to FP32 after each
 // addition and exp2f for exp2 (a stand-in for the kernel, to test the allowances on the host).
 enum class Arithmetic { kExact, kFp32 };

@@ -325,13 +325,7 @@ void run_batch_invariance_case(const std::string& spec, int first_len) {
     // the e4m3 codes, one a channel) 2^6 times larger: a fragment kernel whose FP16 operand's
     // exponent E counted keys that all of a block's rows mask would round the chunk's other tokens
     // unlike their decode steps (with random scales only now and then: 2 of 272 calls once).
-    uint8_t* const record = cache.record(0, first_len + kChunk - 2);
-    for (int group = 0; group < kLatentDim / 128; ++group) {
-      float scale;
-      std::memcpy(&scale, record + kLatentDim + 4 * group, sizeof scale);
-      scale *= 64.0f;
-      std::memcpy(record + kLatentDim + 4 * group, &scale, sizeof scale);
-    }
+    testing::scale_fp8_record(cache.record(0, first_len + kChunk - 2), 64.0f);
   }
   std::vector<uint16_t> q(static_cast<size_t>(3) * kChunk * kTokenElements);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -10,7 +10,7 @@ namespace quantmla::gpu {
 
 // The tiled kernel (decode_kernel.cuh, every format, 16 or 32 rows a block), the fragment one
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and its three-block
-// form (no producer warp, three blocks an SM: int4 g64 content), the warpgroup one
+// form (no producer warp, three blocks an SM: int4 and int2 g64 content), the warpgroup one
 // (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
 // (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M).
 enum class DecodeKernel { kTiled, kFragments, kFragmentsThreeBlocks, kWarpgroup, kTransposed };
