@@ -150,6 +150,23 @@ bool decode_long_context(const std::vector<int32_t>& seq_lens) {
 
 namespace {
 
+// Every kernel by its name, as QUANTMLA_DECODE_KERNEL takes it and MlaDecodePlan::kernel_name
+// gives it.
+constexpr std::pair<DecodeKernel, const char*> kDecodeKernelNames[] = {
+    {DecodeKernel::kTiled, "tiled"},
+    {DecodeKernel::kFragments, "fragments"},
+    {DecodeKernel::kFragmentsThreeBlocks, "fragments3"},
+    {DecodeKernel::kWarpgroup, "warpgroup"},
+    {DecodeKernel::kTransposed, "transposed"},
+};
+
+std::string decode_kernel_name(DecodeKernel kernel) {
+  for (const auto& [named, name] : kDecodeKernelNames) {
+    if (named == kernel) return name;
+  }
+  throw InvalidArgument("GPU decode (internal): a kernel without a name");
+}
+
 // The one place that chooses the kernel of a plan.
 // QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed forces one (benchmarks
 // and tests time and check each; fragments3 is the fragment kernel's three-block form); unset or
@@ -172,29 +189,32 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
     }
     return kernel;
   };
-  if (choice == "tiled") return DecodeKernel::kTiled;
-  if (choice == "warpgroup") {
+  const auto forced_is = [&](DecodeKernel kernel) { return choice == decode_kernel_name(kernel); };
+  if (forced_is(DecodeKernel::kTiled)) return DecodeKernel::kTiled;
+  if (forced_is(DecodeKernel::kWarpgroup)) {
     return forced_kernel(warpgroup_kernel_reads(format) && !invariant, DecodeKernel::kWarpgroup,
                          "the warpgroup kernel reads every format but bf16 content with an int4 "
                          "RoPE key and fp8 content with a bf16 one, in plans that are not "
                          "batch-invariant");
   }
-  if (choice == "transposed") {
+  if (forced_is(DecodeKernel::kTransposed)) {
     return forced_kernel(transposed_kernel_reads(format), DecodeKernel::kTransposed,
                          "the transposed kernel reads a bf16 cache only");
   }
-  if (choice == "fragments") {
+  if (forced_is(DecodeKernel::kFragments)) {
     return forced_kernel(fragments_kernel_reads(format), DecodeKernel::kFragments,
                          "the fragment kernel reads content int4:g64, int2:g64 and fp8 only");
   }
-  if (choice == "fragments3") {
+  if (forced_is(DecodeKernel::kFragmentsThreeBlocks)) {
     return forced_kernel(fragments_three_blocks_reads(format), DecodeKernel::kFragmentsThreeBlocks,
                          "the fragment kernel's three-block form reads content int4:g64 and "
                          "int2:g64 only");
   }
   if (choice != "auto") {
-    throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice +
-                          ": expected tiled, fragments, fragments3, warpgroup, transposed or auto");
+    std::string names;
+    for (const auto& [kernel, name] : kDecodeKernelNames) names += std::string(name) + ", ";
+    throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice + ": expected " +
+                          names.substr(0, names.size() - 2) + " or auto");
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
   if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
@@ -436,21 +456,7 @@ MlaDecodePlan& MlaDecodePlan::operator=(MlaDecodePlan&&) noexcept = default;
 
 int MlaDecodePlan::num_blocks() const { return static_cast<int>(state_->schedule.items.size()); }
 
-std::string MlaDecodePlan::kernel_name() const {
-  switch (state_->kernel) {
-    case DecodeKernel::kTiled:
-      return "tiled";
-    case DecodeKernel::kFragments:
-      return "fragments";
-    case DecodeKernel::kFragmentsThreeBlocks:
-      return "fragments3";
-    case DecodeKernel::kWarpgroup:
-      return "warpgroup";
-    case DecodeKernel::kTransposed:
-      return "transposed";
-  }
-  throw InvalidArgument("GPU decode (internal): a plan without a kernel");
-}
+std::string MlaDecodePlan::kernel_name() const { return decode_kernel_name(state_->kernel); }
 int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
 
 std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
