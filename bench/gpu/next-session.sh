@@ -31,10 +31,9 @@
 #      by bench/gpu/ab_table.py); no patch waits now (bench/gpu/patches/README.md)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the card: every run of
 # this job so far was on an H100; ~975 s, so start them with most of a session's budget left); then
-# 5 on the H200 too (or on any card if none comes: its full test is the first GPU run of the merged
-# FP8 exponent rule, thirty-first session). Steps 4 and 6 ran on an H100 in the twenty-seventh
-# session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the
-# twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first
+# 5 on the H200 too. Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5, 7, 1 and 2
+# (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the twenty-ninth, 7 (four times)
+# and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1, 2 and 3 in the thirty-second
 # (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
