@@ -2,12 +2,14 @@
 // row tile, page) is covered exactly once, runs are contiguous and in order, partial slots are
 // unique and the combine items point at them, and bad arguments are refused. Also the format
 // check. Exit status 0 when every check passes.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <map>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/decode_schedule.h"
@@ -360,6 +362,41 @@ int main() {
     expect(split_count(pages, share) == runs,
            "split_count(" + std::to_string(pages) + ", " + std::to_string(share) + ") = " +
                std::to_string(split_count(pages, share)) + ", expected " + std::to_string(runs));
+  }
+  // The blocks at once of a uniform batch against the plan's own (one 16-row tile a sequence).
+  for (const int sms : {1, 16, 132}) {
+    for (const int per_sm : {2, 3}) {
+      for (const int64_t pages : {1, 2, 4, 257, 2048}) {
+        for (int batch = 1; batch <= 3 * sms + 7; batch += 1 + batch / 16) {
+          const DecodeSchedule schedule =
+              plan_decode(std::vector<int32_t>(batch, static_cast<int32_t>(pages * kPageTokens)), 1,
+                          16, sms, per_sm, 0, 1);
+          const int64_t at_once =
+              std::min<int64_t>(static_cast<int64_t>(schedule.items.size()), sms * per_sm);
+          const int64_t blocks = uniform_blocks_at_once(batch, pages, sms, per_sm);
+          expect(blocks == at_once, "uniform_blocks_at_once(" + std::to_string(batch) + ", " +
+                                        std::to_string(pages) + ", " + std::to_string(sms) + " x " +
+                                        std::to_string(per_sm) + ") = " + std::to_string(blocks) +
+                                        ", the plan's " + std::to_string(at_once));
+        }
+      }
+    }
+  }
+  // Where three blocks an SM keep more running than two can hold on 132 SMs: at least three runs
+  // a tile up to 132 tiles, two up to 198 (more than 264 blocks), one each past 198, which fills
+  // no more than two blocks an SM up to 264 tiles; the 128 x 2 tiles of s_q = 2 measured.
+  for (const auto& [units, more] : std::vector<std::pair<int64_t, bool>>{{16, true},
+                                                                         {132, true},
+                                                                         {133, true},
+                                                                         {198, true},
+                                                                         {199, false},
+                                                                         {256, false},
+                                                                         {264, false},
+                                                                         {265, true},
+                                                                         {1024, true}}) {
+    expect(more_blocks_fill_more(units, 132, 3, 2) == more,
+           "more_blocks_fill_more(" + std::to_string(units) + " tiles, 132 SMs, 3, 2) = " +
+               std::to_string(more_blocks_fill_more(units, 132, 3, 2)));
   }
   expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 1, 0); });
   expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 1, 0); });

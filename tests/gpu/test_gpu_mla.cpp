@@ -4,6 +4,8 @@
 // run (the seed is printed; --seed S repeats a run), outputs poisoned with NaN before each launch.
 // Exit status: 0 all checks passed, 1 a check failed, 77 no CUDA device (ctest: skipped).
 // --quick: a smaller set of cases, for compute-sanitizer.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +21,7 @@
 
 #include "checks.h"
 #include "decode_reference.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/device_array.h"
 #include "kernels/cuda/model_ops.h"
@@ -682,6 +685,28 @@ void run_error_cases() {
            "auto: the two-block fragment kernel for 16 int2 sequences of 20000 tokens");
     expect(int2_plan_kernel(std::vector<int32_t>(64, 20000)) == "fragments3",
            "auto: the fragment kernel's three-block form for 64 int2 sequences of 20000 tokens");
+    {
+      // Not where its plan keeps at most two blocks an SM anyway (more_blocks_fill_more): at
+      // s_q = 2, sms - 4 sequences are 2 sms - 8 tiles of 16 rows, a run each (on 132 SMs, the
+      // 128 x 2 tiles where the two-block form was measured faster); at s_q = 1, three runs each.
+      int device = 0, sms = 0;
+      QUANTMLA_CUDA_CHECK(cudaGetDevice(&device));
+      QUANTMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      if (sms - 4 >= 64) {  // int2's three-block form starts at 64 sequences
+        const std::vector<int32_t> lens(sms - 4, 20000);
+        const std::string what = std::to_string(sms - 4) + " sequences of 20000 tokens on " +
+                                 std::to_string(sms) + " SMs";
+        expect(gpu::MlaDecodePlan(int4, lens, 2, 16).kernel_name() == "fragments",
+               "auto: the two-block fragment kernel for int4 at s_q = 2, " + what);
+        expect(gpu::MlaDecodePlan(int4, lens, 1, 16).kernel_name() == "fragments3",
+               "auto: the three-block form for int4 at s_q = 1, " + what);
+        expect(int2_plan_kernel(lens) == "fragments3",
+               "auto: the three-block form for int2 at s_q = 1, " + what);
+        expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), lens, 2, 16)
+                       .kernel_name() == "fragments",
+               "auto: the two-block fragment kernel for int2 at s_q = 2, " + what);
+      }
+    }
     {
       const size_t bytes = gpu::MlaDecodePlan::workspace_bytes(int4, long16, 1, 16,
                                                                gpu::DecodeSplit::kBatchInvariant);

@@ -176,9 +176,12 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
 // batch-invariant), else the fragment kernel where it reads the format and the batch has at least
 // fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
-// content at long contexts (from 16 and 64 sequences; not batch-invariant).
+// content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan keeps
+// more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
+// `row_tiles` 16-row tiles a sequence on `multiprocessors`).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
-                                  bool invariant, bool long_context) {
+                                  bool invariant, bool long_context, int row_tiles,
+                                  int multiprocessors) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
   const std::string choice = forced == nullptr ? "auto" : forced;
   // A forced kernel, refused where it does not read the format (`reads`, saying what it reads).
@@ -234,9 +237,22 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // 128K, 4% at 16 x 128K, 1.6% slower at 16 x 32K; INT2 4-8% faster from 64 sequences, 5% slower
   // at 16 x 32K; at short contexts both as fast or slower (INT2 up to 22%), and FP8 (two blocks
   // without its producer) 1-20% slower everywhere: docs/benchmarks.md).
+  // Not where the three-block plan would keep at most two blocks an SM anyway (each sequence's
+  // tiles a run of their own, from 199 to 264 of them on 132 SMs): there the two-block form, with
+  // its producer, was faster (H100, 2026-12-06, s_q = 2 at 16 heads, 128 sequences: 256 tiles of
+  // 32K / 128K, INT4 1.467 / 5.793 ms against 1.564 / 6.182, INT2 1.395 / 5.519 against 1.473 /
+  // 5.819; at 64 sequences, 128 tiles, the three-block form 7-9% faster: docs/benchmarks.md).
+  using ThreeBlocks = FragmentLayout<ContentInt<4, 64>, RopeInt4, true>;
+  using TwoBlocks = FragmentLayout<ContentInt<4, 64>, RopeInt4>;
+  static_assert(FragmentLayout<ContentInt<2, 64>, RopeBf16, true>::kBlocksPerSm ==
+                    ThreeBlocks::kBlocksPerSm &&
+                FragmentLayout<ContentInt<2, 64>, RopeBf16>::kBlocksPerSm ==
+                    TwoBlocks::kBlocksPerSm);
   const int three_blocks_min_batch = format.content.codec == Codec::kInt4 ? 16 : 64;
   return !invariant && long_context && fragments_three_blocks_reads(format) &&
-                 batch >= three_blocks_min_batch
+                 batch >= three_blocks_min_batch &&
+                 more_blocks_fill_more(static_cast<int64_t>(batch) * row_tiles, multiprocessors,
+                                       ThreeBlocks::kBlocksPerSm, TwoBlocks::kBlocksPerSm)
              ? DecodeKernel::kFragmentsThreeBlocks
              : DecodeKernel::kFragments;
 }
@@ -260,8 +276,11 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // 16-row tile a block, plan_decode_invariant: the tiled kernel's two-tile blocks step through
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
-  shape.kernel = select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch,
-                                      num_heads, invariant, long_context);
+  // The fragment kernels take one 16-row tile a block.
+  const int fragment_row_tiles = (s_q * num_heads + 15) / 16;
+  shape.kernel =
+      select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, num_heads,
+                           invariant, long_context, fragment_row_tiles, shape.multiprocessors);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
     shape.max_row_tiles = kWarpgroupRows / 16;

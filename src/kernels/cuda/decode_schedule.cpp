@@ -38,6 +38,27 @@ int split_count(int64_t pages, int64_t share) {
   return static_cast<int>(std::max<int64_t>(runs, 1));
 }
 
+int64_t plan_run_pages(int64_t pages, int64_t total_units, int64_t concurrent_blocks,
+                       int multiprocessors) {
+  const int64_t share =
+      std::clamp<int64_t>(pages * concurrent_blocks / total_units, 1, multiprocessors);
+  return ceil_div(pages, split_count(pages, share));
+}
+
+int64_t uniform_blocks_at_once(int64_t units, int64_t pages, int multiprocessors,
+                               int blocks_per_multiprocessor) {
+  const int64_t concurrent = static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
+  const int64_t runs =
+      ceil_div(pages, plan_run_pages(pages, units * pages, concurrent, multiprocessors));
+  return std::min(units * runs, concurrent);
+}
+
+bool more_blocks_fill_more(int64_t units, int multiprocessors, int more, int fewer) {
+  // Any long context: the runs' other limits (split_count) bind only where the shares are large.
+  return uniform_blocks_at_once(units, kLongContextPages + 1, multiprocessors, more) >
+         static_cast<int64_t>(multiprocessors) * fewer;
+}
+
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
   if (max_row_tiles >= 4) return 4;
   return max_row_tiles >= 2 && (s_q * num_heads) % 32 == 0 ? 2 : 1;
@@ -73,12 +94,8 @@ DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int nu
     const int64_t pages = ceil_div(seq_lens[b], kPageTokens);
     int64_t per_split = pages_per_split;
     if (per_split == 0) {
-      // Splits of each row tile: the sequence's share of the concurrent blocks, rounded down so
-      // that the blocks of a uniform batch fit in one wave, at most one per multiprocessor, and no
-      // run shorter than kMinPagesPerSplit.
-      const int64_t share =
-          std::clamp<int64_t>(pages * concurrent_blocks / total_units, 1, multiprocessors);
-      per_split = ceil_div(pages, split_count(pages, share));
+      // Each row tile's runs (their pages: plan_run_pages).
+      per_split = plan_run_pages(pages, total_units, concurrent_blocks, multiprocessors);
     }
     const int64_t splits = ceil_div(pages, per_split);
     schedule.max_splits = std::max<int>(schedule.max_splits, static_cast<int>(splits));

@@ -51,6 +51,26 @@ inline constexpr int kSplitCostRatio = 12;
 // The runs of one sequence of `pages` pages whose share of the concurrent blocks is `share`.
 int split_count(int64_t pages, int64_t share);
 
+// The pages of each run of a (sequence, row tile) of `pages` pages when all such pairs of the
+// batch hold `total_units` pages: split_count with its share of the `concurrent_blocks` that run
+// at once (rounded down so that the blocks of a uniform batch fit in one wave, at least one, at
+// most one a multiprocessor), the runs as long as each other but the last.
+int64_t plan_run_pages(int64_t pages, int64_t total_units, int64_t concurrent_blocks,
+                       int multiprocessors);
+
+// The blocks that plan_decode (pages_per_split 0) keeps running at once for `units` (sequence, row
+// tile) pairs of `pages` pages each: all their runs, at most multiprocessors x
+// blocks_per_multiprocessor.
+int64_t uniform_blocks_at_once(int64_t units, int64_t pages, int multiprocessors,
+                               int blocks_per_multiprocessor);
+
+// Whether a kernel form of `more` blocks a multiprocessor keeps more of them running at once on
+// `units` (sequence, row tile) pairs of a long context than a form of `fewer` could hold at all:
+// where it does not, the plan gives it at most `fewer` blocks a multiprocessor anyway (the pairs'
+// shares round down to one run each). The fragment kernel's three-block form (no producer warp)
+// is taken only where this holds against its two-block form (decode.cu).
+bool more_blocks_fill_more(int64_t units, int multiprocessors, int more, int fewer);
+
 // 16-row MMA tiles per block for s_q x num_heads query rows: four when the kernel takes four
 // (max_row_tiles 4: the warpgroup kernel, whose last block of a sequence is padded when the rows
 // do not come in 64s), two when they come in 32s and the kernel takes two (max_row_tiles 2: the
