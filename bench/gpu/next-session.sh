@@ -29,30 +29,36 @@
 #      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); no patch waits now (bench/gpu/patches/README.md)
+#   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
+#      cases only, ~200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows, and the
+#      first timing of the plan's choice of the fragment kernel's two-block form at 128 x 2 tiles
+#      (thirty-second session; the forced rows of that session's call measured it)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of
 # this job so far was on an H100; ~975 s, so start them with most of a session's budget left); then
-# 5 on the H200 too. Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5, 7, 1 and 2
+# 5 and 8 on the H200 too, or on any card if none comes (5's full test is the first GPU run of the
+# test of the plan's choice at s_q = 2, 8 the first timing of it). Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5, 7, 1 and 2
 # (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the twenty-ninth, 7 (four times)
-# and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1, 2 and 3 in the thirty-second
-# (docs/benchmarks.md).
+# and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1, 2 and 3 in the thirty-second,
+# with 8's command by hand on the next machine (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
 # what a step needs; then run with the carries above. To wait for an H200 at ~30 s a look, ask
 # for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
-# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). Steps
-# 5 and 7 need nothing moved: the tree (~65 MB) with .anchor or the diffs alone stays under the
-# limit (64 MiB, 67.1 MB).
+# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). Step 7
+# needs nothing moved: the tree (~66 MB) with the diffs alone stays under the limit (64 MiB, 67.1
+# MB); with .anchor (1.1 MB, steps 5 and 8) it does not since the thirty-second session: move
+# docs/benchmarks aside for those too.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-7]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-7 (see the header)" >&2; exit 2; }
+[[ $step =~ ^[1-8]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-8 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
-((step == 5)) && needs=(.anchor/bench_flashmla.py)
+((step == 5 || step == 8)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6)) && needs=(.carry/deps.tar.xz)
 if ((step == 7)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
@@ -111,6 +117,7 @@ case $step in
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   6)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
     ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \
