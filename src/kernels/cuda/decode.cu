@@ -241,7 +241,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // tiles a run of their own, from 199 to 264 of them on 132 SMs): there the two-block form, with
   // its producer, was faster (H100, 2026-12-06, s_q = 2 at 16 heads, 128 sequences: 256 tiles of
   // 32K / 128K, INT4 1.467 / 5.793 ms against 1.564 / 6.182, INT2 1.395 / 5.519 against 1.473 /
-  // 5.819; at 64 sequences, 128 tiles, the three-block form 7-9% faster: docs/benchmarks.md).
+  // 5.819; at 64 sequences, 128 tiles, the three-block form 7-10% faster: docs/benchmarks.md).
   using ThreeBlocks = FragmentLayout<ContentInt<4, 64>, RopeInt4, true>;
   using TwoBlocks = FragmentLayout<ContentInt<4, 64>, RopeInt4>;
   static_assert(FragmentLayout<ContentInt<2, 64>, RopeBf16, true>::kBlocksPerSm ==
