@@ -675,9 +675,9 @@ void run_error_cases() {
     // Past 256 pages (decode_long_context): its three-block form for int4 from 16 sequences, for
     // int2 from 64, never in a batch-invariant plan.
     const std::vector<int32_t> long16(16, 20000);
-    const auto int2_plan_kernel = [](const std::vector<int32_t>& lens) {
-      return gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), lens, 1, 16)
-          .kernel_name();
+    const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
+    const auto int2_plan_kernel = [&](const std::vector<int32_t>& lens, int s_q = 1) {
+      return gpu::MlaDecodePlan(int2, lens, s_q, 16).kernel_name();
     };
     expect(gpu::MlaDecodePlan(int4, long16, 1, 16).kernel_name() == "fragments3",
            "auto: the fragment kernel's three-block form for 16 int4 sequences of 20000 tokens");
@@ -702,8 +702,7 @@ void run_error_cases() {
                "auto: the three-block form for int4 at s_q = 1, " + what);
         expect(int2_plan_kernel(lens) == "fragments3",
                "auto: the three-block form for int2 at s_q = 1, " + what);
-        expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), lens, 2, 16)
-                       .kernel_name() == "fragments",
+        expect(int2_plan_kernel(lens, 2) == "fragments",
                "auto: the two-block fragment kernel for int2 at s_q = 2, " + what);
       }
     }
@@ -717,7 +716,6 @@ void run_error_cases() {
                      .kernel_name() == "fragments",
              "auto: the two-block fragment kernel in a batch-invariant plan");
     }
-    const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
     expect(gpu::MlaDecodePlan(int2, one, 1, 16).keys_per_step() == 64,
            "auto: the fragment kernel for one int2 g64 sequence");
     expect(gpu::MlaDecodePlan(int2, many, 1, 16).keys_per_step() == 64,
