@@ -28,7 +28,9 @@
 #      applied built beside it, each changed tree's GPU test (full, under 200 s), then the
 #      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
-#      by bench/gpu/ab_table.py); no patch waits now (bench/gpu/patches/README.md)
+#      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
+#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; no patch waits
+#      now (bench/gpu/patches/README.md)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows, and the
 #      first timing of the plan's choice of the fragment kernel's two-block form at 128 x 2 tiles
@@ -148,12 +150,14 @@ case $step in
           status=1
         echo "$name: $(tail -1 "$OUT/test-$name.txt")"
       done
-      formats=int4g64/int4,int2g64/int4,fp8/bf16
+      formats=${AB_FORMATS:-int4g64/int4,int2g64/int4,fp8/bf16}
       bench() {  # TREE NAME ARGS...: one benchmark run of that tree
         local decode=build-gpu/bench/gpu/bench_gpu_decode tree=$1 name=$2
         shift 2
         [[ $tree != main ]] && decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
-        within $decode --heads 16 --formats $formats "$@" >"$OUT/$name-$tree.txt" 2>&1 || status=1
+        # shellcheck disable=SC2086 # AB_ARGS: words
+        within $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" >"$OUT/$name-$tree.txt" 2>&1 ||
+          status=1
       }
       # The serving shapes and the grid, three rounds, each tree in turn.
       for round in 1 2 3; do
