@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
         {"bf16/bf16@tiled", "content=bf16,rope=bf16", true, "tiled"},
         {"bf16/bf16@warpgroup", "content=bf16,rope=bf16", true, "warpgroup"},
         {"bf16/bf16@transposed", "content=bf16,rope=bf16", true, "transposed"},
+        {"bf16/bf16@transposed32", "content=bf16,rope=bf16", false, "transposed32"},
         {"fp8/bf16", "content=fp8,rope=bf16", true},
         {"fp8/bf16@tiled", "content=fp8,rope=bf16", true, "tiled"},
         {"fp8/bf16@fragments", "content=fp8,rope=bf16", true, "fragments"},

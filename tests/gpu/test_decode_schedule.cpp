@@ -398,6 +398,21 @@ int main() {
            "more_blocks_fill_more(" + std::to_string(units) + " tiles, 132 SMs, 3, 2) = " +
                std::to_string(more_blocks_fill_more(units, 132, 3, 2)));
   }
+  // The transposed kernel's 32-row blocks (s_q = 2 at 16 heads: two tiles a sequence): from 16
+  // sequences at long contexts, or where the 16-row blocks outnumber the SMs.
+  for (const auto& [batch, long_context, two] :
+       std::initializer_list<std::tuple<int, bool, bool>>{{1, true, false},
+                                                          {15, true, false},
+                                                          {16, true, true},
+                                                          {16, false, false},
+                                                          {66, false, false},
+                                                          {67, false, true},
+                                                          {128, false, true}}) {
+    expect(transposed_two_tiles(batch, 2, long_context, 132) == two,
+           "transposed_two_tiles(" + std::to_string(batch) + " sequences of 2 tiles, " +
+               (long_context ? "long" : "short") +
+               ", 132 SMs) = " + std::to_string(transposed_two_tiles(batch, 2, long_context, 132)));
+  }
   expect_invalid("heads not a multiple of 16", [] { plan_decode({100}, 1, 24, 132, 1, 0); });
   expect_invalid("no heads", [] { plan_decode({100}, 1, 0, 132, 1, 0); });
   expect_invalid("s_q 0", [] { plan_decode({100}, 0, 16, 132, 1, 0); });

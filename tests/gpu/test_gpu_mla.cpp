@@ -57,15 +57,18 @@ std::string decode_kernel_name() {
 
 // Runs f once per 16-row decode kernel that reads `spec`, each forced in turn: the tiled one, and
 // the fragment kernel (both its forms where its three-block form reads the format) or the
-// transposed one where they read it (gpu::fragments_kernel_reads,
-// gpu::fragments_three_blocks_reads, gpu::transposed_kernel_reads: the plan's own predicates); the
-// tiled one alone otherwise.
+// transposed one (both its forms: 32-row blocks where the rows come in 32s) where they read it
+// (gpu::fragments_kernel_reads, gpu::fragments_three_blocks_reads, gpu::transposed_kernel_reads:
+// the plan's own predicates); the tiled one alone otherwise.
 void for_each_decode_kernel(const std::string& spec, const std::function<void()>& f) {
   const CacheFormat format = CacheFormat::parse(spec);
   std::vector<const char*> kernels = {"tiled"};
   if (gpu::fragments_kernel_reads(format)) kernels.push_back("fragments");
   if (gpu::fragments_three_blocks_reads(format)) kernels.push_back("fragments3");
-  if (gpu::transposed_kernel_reads(format)) kernels.push_back("transposed");
+  if (gpu::transposed_kernel_reads(format)) {
+    kernels.push_back("transposed");
+    kernels.push_back("transposed32");
+  }
   if (kernels.size() == 1) {
     f();
     return;
@@ -730,6 +733,14 @@ void run_error_cases() {
     expect(first_block_rows(64) == 64 && first_block_rows(128) == 64,
            "auto: the warpgroup kernel's 64-row blocks for a BF16 cache at 64 and 128 heads");
     expect(first_block_rows(16) == 16, "auto: 16-row blocks for a BF16 cache at 16 heads");
+    // At s_q = 2: the two-tile form's 32-row blocks (both tokens a block) for 16 long sequences,
+    // not for one.
+    const gpu::MlaDecodePlan long_bf16(bf16, std::vector<int32_t>(16, 20000), 2, 16);
+    expect(long_bf16.kernel_name() == "transposed32" && long_bf16.blocks().front().rows == 32,
+           "auto: 32-row blocks for 16 BF16 sequences of 20000 tokens at 16 heads, s_q = 2");
+    const gpu::MlaDecodePlan one_bf16(bf16, one, 2, 16);
+    expect(one_bf16.kernel_name() == "transposed" && one_bf16.blocks().front().rows == 16,
+           "auto: 16-row blocks for one BF16 sequence at 16 heads, s_q = 2");
     // Quantized caches from 64 heads: the warpgroup kernel from two sequences, not for one.
     expect(gpu::MlaDecodePlan(int4, many, 1, 128).blocks().front().rows == 64 &&
                gpu::MlaDecodePlan(int2, many, 1, 64).blocks().front().rows == 64,
@@ -831,11 +842,13 @@ int main(int argc, char** argv) {
             run_decode_case({"content=int2:g64,rope=bf16", 128, 2, {4097, 70, 2}, 0});
           });
           run_decode_case({"content=bf16,rope=bf16", 64, 1, {20000, 1}, 0});
-          // The transposed kernel on long sequences (its two page stages cycled many times) and at
-          // 128 heads (eight 16-row blocks a token).
+          // The transposed kernel on long sequences (its two page stages cycled many times), at
+          // 128 heads (eight 16-row blocks a token, or four of 32) and split and combined at
+          // s_q = 2 (32-row blocks in its two-tile form).
           for_each_decode_kernel("content=bf16,rope=bf16", [] {
             run_decode_case({"content=bf16,rope=bf16", 16, 1, {20000, 3, 64}, 0});
             run_decode_case({"content=bf16,rope=bf16", 128, 2, {4097, 70, 2}, 0});
+            run_decode_case({"content=bf16,rope=bf16", 16, 2, {5000, 37}, 3});
           });
         }
         // The warpgroup kernels (64 rows a block; a BF16 cache on the seesaw schedule), forced:

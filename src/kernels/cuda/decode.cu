@@ -158,6 +158,7 @@ constexpr std::pair<DecodeKernel, const char*> kDecodeKernelNames[] = {
     {DecodeKernel::kFragmentsThreeBlocks, "fragments3"},
     {DecodeKernel::kWarpgroup, "warpgroup"},
     {DecodeKernel::kTransposed, "transposed"},
+    {DecodeKernel::kTransposedTwoTiles, "transposed32"},
 };
 
 std::string decode_kernel_name(DecodeKernel kernel) {
@@ -168,13 +169,14 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 }
 
 // The one place that chooses the kernel of a plan.
-// QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed forces one (benchmarks
-// and tests time and check each; fragments3 is the fragment kernel's three-block form); unset or
-// "auto": the warpgroup kernel
+// QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed|transposed32 forces one
+// (benchmarks and tests time and check each; fragments3 is the fragment kernel's three-block form,
+// transposed32 the transposed kernel's two-tile form); unset or "auto": the warpgroup kernel
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
 // kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
 // rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
-// batch-invariant), else the fragment kernel where it reads the format and the batch has at least
+// batch-invariant; its two-tile form where the rows come in 32s and transposed_two_tiles holds),
+// else the fragment kernel where it reads the format and the batch has at least
 // fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
 // content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan keeps
 // more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
@@ -200,9 +202,12 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
                          "RoPE key and fp8 content with a bf16 one, in plans that are not "
                          "batch-invariant");
   }
-  if (forced_is(DecodeKernel::kTransposed)) {
-    return forced_kernel(transposed_kernel_reads(format), DecodeKernel::kTransposed,
-                         "the transposed kernel reads a bf16 cache only");
+  for (const DecodeKernel transposed :
+       {DecodeKernel::kTransposed, DecodeKernel::kTransposedTwoTiles}) {
+    if (forced_is(transposed)) {
+      return forced_kernel(transposed_kernel_reads(format), transposed,
+                           "the transposed kernel reads a bf16 cache only");
+    }
   }
   if (forced_is(DecodeKernel::kFragments)) {
     return forced_kernel(fragments_kernel_reads(format), DecodeKernel::kFragments,
@@ -228,7 +233,15 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // measured batch and context (H100, 2026-12-05: 1.03-1.08x FlashMLA from batch 16 at 32K and
   // 128K, the tiled one 0.99-1.03x; docs/benchmarks.md). Heads 17-63 stay on the tiled kernel
   // until measured there.
-  if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) return DecodeKernel::kTransposed;
+  // Its two-tile form (s_q = 2 at 16 heads), H100, 2026-12-06: 0.4-4% faster from 16 sequences
+  // of 32K and 128K and 1-13% at 96-128 sequences of 0.5-4K tokens; 5-32% slower at 16-64
+  // sequences of 0.5-4K and 9-19% at one sequence (docs/benchmarks.md).
+  if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) {
+    return row_tiles % 2 == 0 &&
+                   transposed_two_tiles(batch, row_tiles, long_context, multiprocessors)
+               ? DecodeKernel::kTransposedTwoTiles
+               : DecodeKernel::kTransposed;
+  }
   if (!fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context)) {
     return DecodeKernel::kTiled;
   }
@@ -276,7 +289,7 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // 16-row tile a block, plan_decode_invariant: the tiled kernel's two-tile blocks step through
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
-  // The fragment kernels take one 16-row tile a block.
+  // The fragment kernels take one 16-row tile a block (the transposed kernel's form counts them).
   const int fragment_row_tiles = (s_q * num_heads + 15) / 16;
   shape.kernel =
       select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, num_heads,
@@ -286,9 +299,9 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
     shape.max_row_tiles = kWarpgroupRows / 16;
     return shape;
   }
-  if (shape.kernel == DecodeKernel::kTransposed) {
+  if (is_transposed_kernel(shape.kernel)) {
     shape.blocks_per_multiprocessor = kTransposedBlocksPerSm;
-    shape.max_row_tiles = 1;
+    shape.max_row_tiles = shape.kernel == DecodeKernel::kTransposedTwoTiles ? 2 : 1;
     return shape;
   }
   const bool two_tiles = row_tiles_per_block(s_q, num_heads, shape.max_row_tiles) == 2;
@@ -493,7 +506,7 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
 
 int MlaDecodePlan::keys_per_step() const {
   if (state_->kernel == DecodeKernel::kWarpgroup) return kWarpgroupStepKeys;
-  if (state_->kernel == DecodeKernel::kTransposed) return kTransposedStepKeys;
+  if (is_transposed_kernel(state_->kernel)) return kTransposedStepKeys;
   int keys = 0;
   const bool two_tiles = state_->schedule.row_tiles_per_block == 2;
   visit_gpu_format(state_->format, [&](auto content, auto rope) {
@@ -567,8 +580,8 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
     using Rope = decltype(rope);
     if (state.kernel == DecodeKernel::kWarpgroup) {
       launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items, stream);
-    } else if (state.kernel == DecodeKernel::kTransposed) {
-      launch_decode_transposed(kernel, layout.items, stream);
+    } else if (is_transposed_kernel(state.kernel)) {
+      launch_decode_transposed(kernel, schedule.row_tiles_per_block, layout.items, stream);
     } else if (is_fragment_kernel(state.kernel)) {
       if constexpr (kFragmentContent<Content>) {
         launch_decode_fragments<Content, Rope>(

@@ -12,10 +12,21 @@ namespace quantmla::gpu {
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and its three-block
 // form (no producer warp, three blocks an SM: int4 and int2 g64 content), the warpgroup one
 // (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
-// (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M).
-enum class DecodeKernel { kTiled, kFragments, kFragmentsThreeBlocks, kWarpgroup, kTransposed };
+// (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M) and its
+// two-tile form (32 rows a block where a sequence's rows come in 32s, 16 where not).
+enum class DecodeKernel {
+  kTiled,
+  kFragments,
+  kFragmentsThreeBlocks,
+  kWarpgroup,
+  kTransposed,
+  kTransposedTwoTiles
+};
 constexpr bool is_fragment_kernel(DecodeKernel kernel) {
   return kernel == DecodeKernel::kFragments || kernel == DecodeKernel::kFragmentsThreeBlocks;
+}
+constexpr bool is_transposed_kernel(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kTransposed || kernel == DecodeKernel::kTransposedTwoTiles;
 }
 
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run

@@ -59,6 +59,11 @@ bool more_blocks_fill_more(int64_t units, int multiprocessors, int more, int few
          static_cast<int64_t>(multiprocessors) * fewer;
 }
 
+bool transposed_two_tiles(int batch, int row_tiles, bool long_context, int multiprocessors) {
+  return batch >= kTransposedTwoTilesMinBatch &&
+         (long_context || static_cast<int64_t>(batch) * row_tiles > multiprocessors);
+}
+
 int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles) {
   if (max_row_tiles >= 4) return 4;
   return max_row_tiles >= 2 && (s_q * num_heads) % 32 == 0 ? 2 : 1;

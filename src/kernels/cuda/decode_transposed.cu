@@ -1,22 +1,25 @@
-// The transposed decode kernel: a BF16 cache at few heads (16 query rows a block), both products
-// on the warpgroup MMA with the page's keys and channels as its M, so that wgmma's 64 rows carry
-// no padding where the tiled kernel's mma.sync tiles and the warpgroup kernel's 64 query rows
+// The transposed decode kernel: a BF16 cache at few heads (16 or 32 query rows a block), both
+// products on the warpgroup MMA with the page's keys and channels as its M, so that wgmma's 64 rows
+// carry no padding where the tiled kernel's mma.sync tiles and the warpgroup kernel's 64 query rows
 // would (docs/gpu-kernels.md).
 //
-// One block per WorkItem of 16 query rows. Warp 4 is the producer: its lane 0 copies whole pages
+// One block per WorkItem of 16 query rows, or 32 where a sequence's rows come in 32s (s_q = 2 at
+// 16 heads: one block reads each page for both tokens, where two 16-row blocks read it twice; the
+// products' N is then 32, twice the tensor-core work a page, still below the page's copy time).
+// Warp 4 is the producer: its lane 0 copies whole pages
 // with tensor maps (nine boxes of 64 channels x 64 keys in the 128-byte swizzle, the layout the
 // warpgroup kernels' tiles have) into two stages of 72 KB, each completing on a barrier, and
 // refills a stage once the consumers release it. Warps 0-3, one warpgroup, consume, per page:
-//   1. S^T = K Q^T (wgmma m64n16k16, 36 k-steps): A the page's keys from the stage (K-major), B
-//      Q's 16 rows (a tile of the same layout, copied once a block).
+//   1. S^T = K Q^T (wgmma m64n16k16 or m64n32k16, 36 k-steps): A the page's keys from the stage
+//      (K-major), B Q's rows (a tile of the same layout, copied once a block).
 //   2. The online softmax in base 2 per query row, a column of S^T: the page's maximum over the
-//      four warps' keys through shared memory, P = exp2 in FP32 rounded to BF16 into P^T (16 rows x
-//      64 keys, K-major: the next product's B operand); the row sums add the unrounded P, as the
+//      four warps' keys through shared memory, P = exp2 in FP32 rounded to BF16 into P^T (the rows
+//      x 64 keys, K-major: the next product's B operand); the row sums add the unrounded P, as the
 //      tiled kernel's (MlaDecodePlan::Operands::kBf16Tile, which test_gpu_mla's reference follows).
 //      Keys past a row's query (s_q > 1) or the sequence are -inf; the records past the sequence's
 //      end in its last page are zeroed in the stage before the values read them (their pool bytes
 //      are arbitrary, and NaN would survive a probability of 0).
-//   3. O^T += V^T P^T (wgmma m64n16k16, 8 blocks of 64 channels x 4 k-steps of 16 keys): A the
+//   3. O^T += V^T P^T (wgmma m64nNk16, 8 blocks of 64 channels x 4 k-steps of 16 keys): A the
 //      page's content channels read transposed from the stage's boxes (MN-major, as the seesaw
 //      reads its values), B P^T.
 // The products run one after the other within the warpgroup; the page copies run ahead of them,
@@ -25,6 +28,7 @@
 #include <cuda_bf16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/decode_kernels.h"
@@ -41,10 +45,15 @@ namespace quantmla::gpu {
 
 namespace {
 
+// kRowTiles: the block's 16-row tiles, 1 or 2 (where the rows come in 32s: s_q = 2 at 16 heads
+// reads each page once for both tokens).
+template <int kRowTiles>
 struct TransposedLayout {
+  static_assert(kRowTiles == 1 || kRowTiles == 2);
   static constexpr int kConsumers = 128;            // one warpgroup
   static constexpr int kThreads = kConsumers + 32;  // and a producer warp
-  static constexpr int kRows = 16;                  // query rows a block: wgmma's N
+  static constexpr int kRows = 16 * kRowTiles;      // query rows a block: wgmma's N
+  static constexpr int kNTiles = kRows / 8;         // of the accumulators, as mma.m16n8's
   static constexpr int kBoxes = kKeyDim / 64;       // of 64 channels: 8 of content, 1 of RoPE
   static constexpr int kValueBoxes = kLatentDim / 64;
   static constexpr int kBoxBytes = kPageTokens * 128;  // a page's 64 keys x 64 channels
@@ -54,7 +63,7 @@ struct TransposedLayout {
   // From the 1024-byte-aligned base: the stages, Q's tile, P^T, the exchange, the barriers.
   static constexpr int kQueryOffset = kStages * kStageBytes;
   static constexpr int kProbOffset = kQueryOffset + kBoxes * kQueryBlockBytes;
-  static constexpr int kExchangeOffset = kProbOffset + kQueryBlockBytes;  // P^T: 16 rows x 64 keys
+  static constexpr int kExchangeOffset = kProbOffset + kQueryBlockBytes;  // P^T: kRows x 64 keys
   static constexpr int kExchangeBytes = 4 * kRows * 4;                    // [warp][row] FP32
   static constexpr int kBarrierOffset = kExchangeOffset + kExchangeBytes;
   static constexpr int kSharedBytes = 1024 + kBarrierOffset + 2 * kStages * 8;
@@ -65,12 +74,11 @@ struct TransposedLayout {
   static_assert(kPageTokens == kTransposedStepKeys && kPageTokens == 64,
                 "a page is wgmma's M of the scores and a softmax step");
 };
-using L = TransposedLayout;
-
 constexpr int kConsumerBarrier = 1;
 
-// Q's 16 rows of the block (BF16, [16][kKeyDim] from `q`) into the tile at `tile` (nine 16-row
-// column blocks, 128-byte swizzle, K-major: wgmma's B operand), by the consumers.
+// Q's kRows rows of the block (BF16, [kRows][kKeyDim] from `q`) into the tile at `tile` (nine
+// column blocks of kRows rows, 128-byte swizzle, K-major: wgmma's B operand), by the consumers.
+template <class L>
 __device__ __forceinline__ void copy_query(const uint16_t* q, uint8_t* tile) {
   for (int c = threadIdx.x; c < L::kBoxes * L::kRows * 8; c += L::kConsumers) {
     const int row = c % L::kRows, chunk = c / L::kRows % 8, box = c / L::kRows / 8;
@@ -81,6 +89,7 @@ __device__ __forceinline__ void copy_query(const uint16_t* q, uint8_t* tile) {
 }
 
 // Rows [valid, 64) of a stage's value boxes as zeros, by the consumers.
+template <class L>
 __device__ __forceinline__ void zero_tail_values(uint8_t* stage, int valid) {
   const int chunks = (kPageTokens - valid) * L::kValueBoxes * 8;
   for (int u = threadIdx.x; u < chunks; u += L::kConsumers) {
@@ -99,14 +108,18 @@ __device__ __forceinline__ uint64_t descriptor_at(uint64_t descriptor, uint32_t 
   return (descriptor & 0xFFFFFFFF00000000ull) | low;
 }
 
-__device__ __forceinline__ void fence_fragments(float (&d)[2][4]) {
-  wgmma_fence_registers(d[0]);
-  wgmma_fence_registers(d[1]);
+template <int kNTiles>
+__device__ __forceinline__ void fence_fragments(float (&d)[kNTiles][4]) {
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) wgmma_fence_registers(d[n]);
 }
 
-__global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
+template <int kRowTiles>
+__global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
     mla_decode_transposed_kernel(const __grid_constant__ DecodeKernelParams p,
                                  const __grid_constant__ CUtensorMap pool_map) {
+  using L = TransposedLayout<kRowTiles>;
+  constexpr int kNTiles = L::kNTiles;
   wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
@@ -152,16 +165,16 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
 
   const int rows_per_seq = p.s_q * p.num_heads;
   const int first_row = item.row_tile * L::kRows;
-  copy_query(p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim,
-             base_bytes + L::kQueryOffset);
+  copy_query<L>(p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim,
+                base_bytes + L::kQueryOffset);
   fence_proxy_async_shared();  // Q's tile, written by these threads, read by the tensor cores
 
-  // This thread's four rows (S^T's and O^T's columns): n-tile n, half e -> row 8n + 2t + e; its
-  // keys of a page (S^T's rows): 16 warp + g and + 8.
-  int limit[2][2];  // keys visible to the row: those before it
-  float row_max[2][2], row_sum[2][2];
+  // This thread's 2 kNTiles rows (S^T's and O^T's columns): n-tile n, half e -> row 8n + 2t + e;
+  // its keys of a page (S^T's rows): 16 warp + g and + 8.
+  int limit[kNTiles][2];  // keys visible to the row: those before it
+  float row_max[kNTiles][2], row_sum[kNTiles][2];
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
+  for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       limit[n][e] = seq_len - p.s_q + (first_row + 8 * n + 2 * t + e) / p.num_heads + 1;
@@ -170,7 +183,7 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
     }
   }
   const int key_lo = 16 * warp + g, key_hi = key_lo + 8;
-  float o[L::kValueBoxes][2][4] = {};              // O^T: [channel block][n-tile][register]
+  float o[L::kValueBoxes][kNTiles][4] = {};        // O^T: [channel block][n-tile][register]
   named_barrier(kConsumerBarrier, L::kConsumers);  // Q's tile in place
 
   // The products' descriptors at their operands' starts, advanced a k-step at a time below.
@@ -185,15 +198,15 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
     mbarrier_wait(full + s, (i / L::kStages) & 1);
 
     // 1. S^T over the nine boxes of 64 channels, four k-steps each.
-    float sc[2][4];
+    float sc[kNTiles][4];
     wgmma_fence();
 #pragma unroll
     for (int b = 0; b < L::kBoxes; ++b) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        wgmma_m64n16k16_ss<false>(sc, descriptor_at(keys_descriptor, b * L::kBoxBytes + k * 32),
-                                  descriptor_at(query_descriptor, b * L::kQueryBlockBytes + k * 32),
-                                  b > 0 || k > 0);
+        wgmma_m64k16_ss_tiles<false>(
+            sc, descriptor_at(keys_descriptor, b * L::kBoxBytes + k * 32),
+            descriptor_at(query_descriptor, b * L::kQueryBlockBytes + k * 32), b > 0 || k > 0);
       }
     }
     wgmma_commit();
@@ -201,9 +214,9 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
     fence_fragments(sc);
 
     // 2. The softmax: sc[n][e] is key g, sc[n][2 + e] key g + 8, of row 8n + 2t + e.
-    float x[2][4];
+    float x[kNTiles][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         x[n][e] = key0 + key_lo < limit[n][e] ? sc[n][e] * p.scale_log2 : -INFINITY;
@@ -217,9 +230,9 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
       }
     }
     named_barrier(kConsumerBarrier, L::kConsumers);
-    float alpha[2][2];
+    float alpha[kNTiles][2];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int row = 8 * n + 2 * t + e;
@@ -241,7 +254,7 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
       }
     }
     const int valid = seq_len - key0;
-    if (valid < kPageTokens) zero_tail_values(base_bytes + s * L::kStageBytes, valid);
+    if (valid < kPageTokens) zero_tail_values<L>(base_bytes + s * L::kStageBytes, valid);
     fence_proxy_async_shared();  // P^T and the zeroed rows, read by the tensor cores
     named_barrier(kConsumerBarrier, L::kConsumers);  // P^T complete; the exchange read
 
@@ -249,7 +262,7 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
 #pragma unroll
     for (int m = 0; m < L::kValueBoxes; ++m) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) o[m][n][r] *= alpha[n][r % 2];
       }
@@ -260,9 +273,9 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
     for (int m = 0; m < L::kValueBoxes; ++m) {
 #pragma unroll
       for (int k = 0; k < kPageTokens / 16; ++k) {
-        wgmma_m64n16k16_ss<true>(o[m],
-                                 descriptor_at(values_descriptor, m * L::kBoxBytes + k * 16 * 128),
-                                 descriptor_at(probs_descriptor, k * 32), true);
+        wgmma_m64k16_ss_tiles<true>(
+            o[m], descriptor_at(values_descriptor, m * L::kBoxBytes + k * 16 * 128),
+            descriptor_at(probs_descriptor, k * 32), true);
       }
     }
     wgmma_commit();
@@ -275,9 +288,9 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
 
   // Each row's sum over its 8 lanes g and the four warps (the exchange's last readers passed the
   // barrier after P^T).
-  float total[2][2];
+  float total[kNTiles][2];
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
+  for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
 #pragma unroll
@@ -289,7 +302,7 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
   }
   named_barrier(kConsumerBarrier, L::kConsumers);
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
+  for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int local_row = 8 * n + 2 * t + e;
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
   // O^T's register r of n-tile n: channel 64 m + 16 warp + g (+ 8 for r >= 2) of row 8n + 2t +
   // r % 2.
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
+  for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int local_row = 8 * n + 2 * t + e;
@@ -338,7 +351,8 @@ __global__ void __launch_bounds__(TransposedLayout::kThreads, 1)
 
 }  // namespace
 
-void launch_decode_transposed(const DecodeKernelParams& p, int blocks, cudaStream_t stream) {
+void launch_decode_transposed(const DecodeKernelParams& p, int row_tiles, int blocks,
+                              cudaStream_t stream) {
   if (p.record_bytes != 2 * kKeyDim) {
     throw InvalidArgument("GPU decode, transposed kernel: records of " +
                           std::to_string(p.record_bytes) + " bytes, a BF16 cache's are " +
@@ -349,8 +363,21 @@ void launch_decode_transposed(const DecodeKernelParams& p, int blocks, cudaStrea
   const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
   const int64_t strides[] = {kKeyDim};
   const CUtensorMap pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
-  launch_large_shared<mla_decode_transposed_kernel>(
-      blocks, TransposedLayout::kThreads, TransposedLayout::kSharedBytes, stream, p, pool_map);
+  const auto launch = [&](auto row_tiles_constant) {
+    constexpr int kRowTiles = decltype(row_tiles_constant)::value;
+    using L = TransposedLayout<kRowTiles>;
+    launch_large_shared<mla_decode_transposed_kernel<kRowTiles>>(
+        blocks, L::kThreads, L::kSharedBytes, stream, p, pool_map);
+  };
+  switch (row_tiles) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    default:
+      throw InvalidArgument("GPU decode, transposed kernel: blocks of " +
+                            std::to_string(row_tiles) + " 16-row tiles, it takes 1 or 2");
+  }
 }
 
 }  // namespace quantmla::gpu

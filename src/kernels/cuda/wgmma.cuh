@@ -222,6 +222,50 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[2][4], uint64_t a,
 #undef QUANTMLA_WGMMA_N16_SS
 }
 
+// wgmma_m64n16k16_ss's twin for 32 columns: d[n][i] as there, four n-tiles, an m64n32 product's
+// 16 registers.
+template <bool kTransposeA>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a, uint64_t b,
+                                                   bool accumulate) {
+#define QUANTMLA_WGMMA_N32_SS(kScaleD, kTranspose)                                                \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                                \
+      ", 0;\n"                                                                                    \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"                                      \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17,"        \
+      " p, 1, 1, " #kTranspose ", 0;\n}\n"                                                        \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                \
+      : "l"(a), "l"(b))
+  if constexpr (kTransposeA) {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N32_SS(1, 1);
+    } else {
+      QUANTMLA_WGMMA_N32_SS(0, 1);
+    }
+  } else {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N32_SS(1, 0);
+    } else {
+      QUANTMLA_WGMMA_N32_SS(0, 0);
+    }
+  }
+#undef QUANTMLA_WGMMA_N32_SS
+}
+
+// One of the two above by the n-tiles of d (2: 16 columns, 4: 32).
+template <bool kTransposeA, int kNTiles>
+__device__ __forceinline__ void wgmma_m64k16_ss_tiles(float (&d)[kNTiles][4], uint64_t a,
+                                                      uint64_t b, bool accumulate) {
+  static_assert(kNTiles == 2 || kNTiles == 4, "m64n16 or m64n32");
+  if constexpr (kNTiles == 2) {
+    wgmma_m64n16k16_ss<kTransposeA>(d, a, b, accumulate);
+  } else {
+    wgmma_m64n32k16_ss<kTransposeA>(d, a, b, accumulate);
+  }
+}
+
 // d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A from registers (mma.m16n8k16's
 // A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major or, with
 // kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
