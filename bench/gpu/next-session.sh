@@ -32,16 +32,17 @@
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; no patch waits
 #      now (bench/gpu/patches/README.md)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
-#      cases only, ~200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows, and the
-#      first timing of the plan's choice of the fragment kernel's two-block form at 128 x 2 tiles
-#      (thirty-second session; the forced rows of that session's call measured it)
+#      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of
 # this job so far was on an H100; ~975 s, so start them with most of a session's budget left); then
-# 5 and 8 on the H200 too, or on any card if none comes (5's full test is the first GPU run of the
-# test of the plan's choice at s_q = 2, 8 the first timing of it). Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5, 7, 1 and 2
-# (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the twenty-ninth, 7 (four times)
-# and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1, 2 and 3 in the thirty-second,
-# with 8's command by hand on the next machine (docs/benchmarks.md).
+# 5 (and 8) on the H200 too, or 5 on any card if none comes: its full test and memcheck are the
+# first on merged main with the transposed kernel's two-tile form (its kernel passed the full test
+# in the thirty-third session's A/B, where the form was taken wherever the rows come in 32s, and
+# the quick test with the plan's choice). Steps 4 and 6 ran on an H100 in the twenty-seventh
+# session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the
+# twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1,
+# 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q = 2)
+# and 8's command without its packing in the thirty-third (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
