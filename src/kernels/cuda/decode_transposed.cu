@@ -3,13 +3,13 @@
 // carry no padding where the tiled kernel's mma.sync tiles and the warpgroup kernel's 64 query rows
 // would (docs/gpu-kernels.md).
 //
-// One block per WorkItem of 16 query rows, or 32 where a sequence's rows come in 32s (s_q = 2 at
-// 16 heads: one block reads each page for both tokens, where two 16-row blocks read it twice; the
-// products' N is then 32, twice the tensor-core work a page, still below the page's copy time).
-// Warp 4 is the producer: its lane 0 copies whole pages
-// with tensor maps (nine boxes of 64 channels x 64 keys in the 128-byte swizzle, the layout the
-// warpgroup kernels' tiles have) into two stages of 72 KB, each completing on a barrier, and
-// refills a stage once the consumers release it. Warps 0-3, one warpgroup, consume, per page:
+// One block per WorkItem of 16 query rows, or 32 in the two-tile form where a sequence's rows
+// come in 32s (s_q = 2 at 16 heads: one block reads each page for both tokens, where two 16-row
+// blocks read it twice; the products' N is then 32, twice the tensor-core work a page, still below
+// the page's copy time). Warp 4 is the producer: its lane 0 copies whole pages with tensor maps
+// (nine boxes of 64 channels x 64 keys in the 128-byte swizzle, the layout the warpgroup kernels'
+// tiles have) into two stages of 72 KB, each completing on a barrier, and refills a stage once the
+// consumers release it. Warps 0-3, one warpgroup, consume, per page:
 //   1. S^T = K Q^T (wgmma m64n16k16 or m64n32k16, 36 k-steps): A the page's keys from the stage
 //      (K-major), B Q's rows (a tile of the same layout, copied once a block).
 //   2. The online softmax in base 2 per query row, a column of S^T: the page's maximum over the
