@@ -408,6 +408,10 @@ int main() {
                                                           {66, false, false},
                                                           {67, false, true},
                                                           {128, false, true}}) {
+    expect(!transposed_two_tiles(batch, 1, long_context, 132) &&
+               !transposed_two_tiles(batch, 3, long_context, 132),
+           "transposed_two_tiles(" + std::to_string(batch) +
+               " sequences of 1 or 3 tiles): not where the tiles come unpaired");
     expect(transposed_two_tiles(batch, 2, long_context, 132) == two,
            "transposed_two_tiles(" + std::to_string(batch) + " sequences of 2 tiles, " +
                (long_context ? "long" : "short") +

@@ -237,8 +237,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // of 32K and 128K and 1-13% at 96-128 sequences of 0.5-4K tokens; 5-32% slower at 16-64
   // sequences of 0.5-4K and 9-19% at one sequence (docs/benchmarks.md).
   if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) {
-    return row_tiles % 2 == 0 &&
-                   transposed_two_tiles(batch, row_tiles, long_context, multiprocessors)
+    return transposed_two_tiles(batch, row_tiles, long_context, multiprocessors)
                ? DecodeKernel::kTransposedTwoTiles
                : DecodeKernel::kTransposed;
   }
@@ -289,11 +288,11 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // 16-row tile a block, plan_decode_invariant: the tiled kernel's two-tile blocks step through
   // other key counts than its one-tile blocks, and P is rounded per step).
   const bool invariant = split == DecodeSplit::kBatchInvariant;
-  // The fragment kernels take one 16-row tile a block (the transposed kernel's form counts them).
-  const int fragment_row_tiles = (s_q * num_heads + 15) / 16;
+  // A sequence's 16-row tiles (the fragment kernels' blocks; the forms' rules count them).
+  const int row_tiles = (s_q * num_heads + 15) / 16;
   shape.kernel =
       select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, num_heads,
-                           invariant, long_context, fragment_row_tiles, shape.multiprocessors);
+                           invariant, long_context, row_tiles, shape.multiprocessors);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
     shape.max_row_tiles = kWarpgroupRows / 16;

@@ -60,7 +60,7 @@ bool more_blocks_fill_more(int64_t units, int multiprocessors, int more, int few
 }
 
 bool transposed_two_tiles(int batch, int row_tiles, bool long_context, int multiprocessors) {
-  return batch >= kTransposedTwoTilesMinBatch &&
+  return row_tiles % 2 == 0 && batch >= kTransposedTwoTilesMinBatch &&
          (long_context || static_cast<int64_t>(batch) * row_tiles > multiprocessors);
 }
 

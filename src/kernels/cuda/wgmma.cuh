@@ -195,6 +195,23 @@ __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a,
 // 8 n + 2 (t % 4) + i % 2 of row 16 (t / 32) + (t % 32) / 4, + 8 for i >= 2), an m64n16 product's
 // 8 registers. Accumulates into d when `accumulate`, overwrites it otherwise (written into the
 // instruction's text: a constant once the caller's loops are unrolled).
+// The product kWgmma(scale-d, imm-trans-a) with both written into the instruction's text: one of
+// four, by kTransposeA and `accumulate` (wgmma_m64n16k16_ss and wgmma_m64n32k16_ss).
+#define QUANTMLA_WGMMA_SCALE_AND_TRANSPOSE(kWgmma) \
+  if constexpr (kTransposeA) {                     \
+    if (accumulate) {                              \
+      kWgmma(1, 1);                                \
+    } else {                                       \
+      kWgmma(0, 1);                                \
+    }                                              \
+  } else {                                         \
+    if (accumulate) {                              \
+      kWgmma(1, 0);                                \
+    } else {                                       \
+      kWgmma(0, 0);                                \
+    }                                              \
+  }
+
 template <bool kTransposeA>
 __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[2][4], uint64_t a, uint64_t b,
                                                    bool accumulate) {
@@ -206,19 +223,7 @@ __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[2][4], uint64_t a,
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),   \
                  "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])                                  \
                : "l"(a), "l"(b))
-  if constexpr (kTransposeA) {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N16_SS(1, 1);
-    } else {
-      QUANTMLA_WGMMA_N16_SS(0, 1);
-    }
-  } else {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N16_SS(1, 0);
-    } else {
-      QUANTMLA_WGMMA_N16_SS(0, 0);
-    }
-  }
+  QUANTMLA_WGMMA_SCALE_AND_TRANSPOSE(QUANTMLA_WGMMA_N16_SS);
 #undef QUANTMLA_WGMMA_N16_SS
 }
 
@@ -238,21 +243,10 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a,
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                \
       : "l"(a), "l"(b))
-  if constexpr (kTransposeA) {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N32_SS(1, 1);
-    } else {
-      QUANTMLA_WGMMA_N32_SS(0, 1);
-    }
-  } else {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N32_SS(1, 0);
-    } else {
-      QUANTMLA_WGMMA_N32_SS(0, 0);
-    }
-  }
+  QUANTMLA_WGMMA_SCALE_AND_TRANSPOSE(QUANTMLA_WGMMA_N32_SS);
 #undef QUANTMLA_WGMMA_N32_SS
 }
+#undef QUANTMLA_WGMMA_SCALE_AND_TRANSPOSE
 
 // One of the two above by the n-tiles of d (2: 16 columns, 4: 32).
 template <bool kTransposeA, int kNTiles>
