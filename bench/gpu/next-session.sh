@@ -33,6 +33,10 @@
 #      now (bench/gpu/patches/README.md)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
+#   9  the 128-head BF16 kernel (the seesaw) and FlashMLA's under Nsight Compute at one shape,
+#      PROFILE_SHAPE (bench_gpu_decode's --only, default bf16/bf16,64,32768,128): the same sections
+#      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
+#      .anchor)
 # Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of
 # this job so far was on an H100; ~975 s, so start them with most of a session's budget left); then
 # 5 (and 8) on the H200 too, or 5 on any card if none comes: its full test and memcheck are the
@@ -56,12 +60,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-8]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-8 (see the header)" >&2; exit 2; }
+[[ $step =~ ^[1-9]$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-9 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
-((step == 5 || step == 8)) && needs=(.anchor/bench_flashmla.py)
+((step == 5 || step == 8 || step == 9)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6)) && needs=(.carry/deps.tar.xz)
 if ((step == 7)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
@@ -120,6 +124,20 @@ case $step in
     fi
     ;;
   5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  9)
+    IFS=, read -r _ batch ctx heads <<<"${PROFILE_SHAPE:=bf16/bf16,64,32768,128}"
+    export ANCHOR_ROOT=$(mktemp -d)
+    tar -xJf .anchor/flashmla-anchor.tar.xz -C "$ANCHOR_ROOT"
+    # FlashMLA built (and timed at the shape) outside the profiler, beside our build.
+    (MAX_JOBS=8 within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" --heads "$heads" \
+      --contexts "$ctx" --batches "$batch" >"$OUT/flashmla.txt" 2>&1) &
+    anchor_pid=$!
+    bash bench/gpu/touch-changed-sources.sh build-gpu
+    build_kernels "$OUT/build.txt" bench_gpu_decode || status=1
+    wait $anchor_pid || status=1
+    ((status == 0)) && { DETAILS=1 within bash bench/gpu/profile.sh "$PROFILE_SHAPE" \
+      "flashmla,$batch,$ctx,$heads" >"$OUT/profile.txt" 2>&1 || status=1; }
+    ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   6)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
