@@ -73,7 +73,9 @@ constexpr int kFirstWarpgroupOnly = 5, kSecondWarpgroupOnly = 6;
 // against the running maxima max_in: keys past a row's last one (when `masked`) are -inf; returns
 // the maxima after the page in max_out and the factor 2^(max_in - max_out) of what came before in
 // rescale, rescales sum0 / sum1 by it and adds the unrounded P; P rounded to BF16 as the A
-// fragments of P V (probs[k]: keys 16 k to 16 k + 15), and unrounded in sc.
+// fragments of P V (probs[k]: keys 16 k to 16 k + 15), and unrounded in sc. The maxima are those
+// of the raw scores times the scale (the scaled scores' maxima: rounding keeps the order of the
+// products with a positive scale), so that P takes one FFMA and one exp2 an element.
 __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, bool masked,
                                              int last0, int last1, float scale_log2, float max_in0,
                                              float max_in1, float& max_out0, float& max_out1,
@@ -85,26 +87,28 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
   for (int j = 0; j < kScoreRegs / 4; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = sc[4 * j + e] * scale_log2;
-      if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) x = -INFINITY;
-      sc[4 * j + e] = x;
+      if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) {
+        sc[4 * j + e] = -INFINITY;
+      }
       if (e < 2) {
-        page_max0 = fmaxf(page_max0, x);
+        page_max0 = fmaxf(page_max0, sc[4 * j + e]);
       } else {
-        page_max1 = fmaxf(page_max1, x);
+        page_max1 = fmaxf(page_max1, sc[4 * j + e]);
       }
     }
   }
-  max_out0 = fmaxf(max_in0, quad_max(page_max0));
-  max_out1 = fmaxf(max_in1, quad_max(page_max1));
+  max_out0 = fmaxf(max_in0, quad_max(page_max0) * scale_log2);
+  max_out1 = fmaxf(max_in1, quad_max(page_max1) * scale_log2);
   const float base0 = warpgroup_detail::softmax_base(max_out0);
   const float base1 = warpgroup_detail::softmax_base(max_out1);
   rescale0 = exp2f(max_in0 - base0), rescale1 = exp2f(max_in1 - base1);
   sum0 *= rescale0, sum1 *= rescale1;
 #pragma unroll
   for (int j = 0; j < kScoreRegs / 4; ++j) {
-    const float p0 = exp2f(sc[4 * j] - base0), p1 = exp2f(sc[4 * j + 1] - base0);
-    const float p2 = exp2f(sc[4 * j + 2] - base1), p3 = exp2f(sc[4 * j + 3] - base1);
+    const float p0 = exp2_flushed(fmaf(sc[4 * j], scale_log2, -base0));
+    const float p1 = exp2_flushed(fmaf(sc[4 * j + 1], scale_log2, -base0));
+    const float p2 = exp2_flushed(fmaf(sc[4 * j + 2], scale_log2, -base1));
+    const float p3 = exp2_flushed(fmaf(sc[4 * j + 3], scale_log2, -base1));
     sum0 += p0 + p1;
     sum1 += p2 + p3;
     sc[4 * j] = p0, sc[4 * j + 1] = p1, sc[4 * j + 2] = p2, sc[4 * j + 3] = p3;
@@ -163,51 +167,50 @@ __device__ __forceinline__ void scale_output(float (&o)[warpgroup_detail::kOutpu
   }
 }
 
-// O (+)= P V over a page's 64 keys and this warpgroup's 256 channels (`value_boxes`: the first of
-// its four value boxes of the page tile, read untransposed as an MN-major operand), committed as
-// one group; P from the registers (this warpgroup's page) or from a 64 x 64 box in shared memory
-// (the other's).
+// O (+)= P V over a page's 64 keys and this warpgroup's 256 channels (`values`: the descriptor of
+// the first of its four value boxes of the page tile, read untransposed as an MN-major operand),
+// committed as one group; P from the registers (this warpgroup's page) or from a 64 x 64 box in
+// shared memory (the other's, `probs`: its descriptor).
 __device__ __forceinline__ void issue_values(float (&o)[warpgroup_detail::kOutputRegs],
-                                             const uint32_t (&probs)[4][4], uint32_t value_boxes) {
+                                             const uint32_t (&probs)[4][4], uint64_t values) {
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kPageTokens / 16; ++k) {
-    wgmma_m64k16_rs<kLatentDim / 2, true>(
-        o, probs[k], wgmma_descriptor_mn(value_boxes + k * 16 * 128, L::kBoxBytes), 1);
+    wgmma_m64k16_rs<kLatentDim / 2, true>(o, probs[k], descriptor_at(values, k * 16 * 128), 1);
   }
   wgmma_commit();
 }
 __device__ __forceinline__ void issue_values(float (&o)[warpgroup_detail::kOutputRegs],
-                                             uint32_t prob_box, uint32_t value_boxes) {
+                                             uint64_t probs, uint64_t values) {
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kPageTokens / 16; ++k) {
-    wgmma_m64nk16_ss<kLatentDim / 2, true>(
-        o, wgmma_descriptor(prob_box + k * 32),
-        wgmma_descriptor_mn(value_boxes + k * 16 * 128, L::kBoxBytes), 1);
+    wgmma_m64nk16_ss<kLatentDim / 2, true>(o, descriptor_at(probs, k * 32),
+                                           descriptor_at(values, k * 16 * 128), 1);
   }
   wgmma_commit();
 }
 
-// S (+)= Q K^T over the boxes [kFirst, kEnd) of a page tile (`page_tile`, its boxes' barriers at
-// `full`, this pair's phase `parity`), waiting for each box's copy: Q's content boxes from shared
-// memory at `q_tile`, its RoPE box from the registers (whose first product overwrites S).
+// S (+)= Q K^T over the boxes [kFirst, kEnd) of a page tile (`page_tile`: its descriptor, its
+// boxes' barriers at `full`, this pair's phase `parity`), waiting for each box's copy: Q's content
+// boxes from shared memory (`q_tile`: their descriptor), its RoPE box from the registers (whose
+// first product overwrites S).
 template <int kFirst, int kEnd>
 __device__ __forceinline__ void issue_scores(float (&sc)[kScoreRegs],
-                                             const uint32_t (&q_rope)[4][4], uint32_t q_tile,
-                                             uint32_t page_tile, uint64_t* full, uint32_t parity) {
+                                             const uint32_t (&q_rope)[4][4], uint64_t q_tile,
+                                             uint64_t page_tile, uint64_t* full, uint32_t parity) {
   wgmma_fence();
 #pragma unroll
   for (int b = kFirst; b < kEnd; ++b) {
     mbarrier_wait(&full[b], parity);
-    const uint32_t box = page_tile + b * L::kBoxBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
+      const uint32_t column = b * L::kBoxBytes + k * 32;
       if (b == L::kRopeBox) {
-        wgmma_m64k16_rs<kPageTokens>(sc, q_rope[k], wgmma_descriptor(box + k * 32), k > 0);
+        wgmma_m64k16_rs<kPageTokens>(sc, q_rope[k], descriptor_at(page_tile, column), k > 0);
       } else {
-        wgmma_m64nk16_ss<kPageTokens>(sc, wgmma_descriptor(q_tile + b * L::kBoxBytes + k * 32),
-                                      wgmma_descriptor(box + k * 32), 1);
+        wgmma_m64nk16_ss<kPageTokens>(sc, descriptor_at(q_tile, column),
+                                      descriptor_at(page_tile, column), 1);
       }
     }
   }
@@ -296,11 +299,20 @@ __global__ void __launch_bounds__(256, 1)
   uint32_t probs[4][4];       // that P in BF16, A fragments
   float max0 = -INFINITY, max1 = -INFINITY;  // the running maxima after the last page
   float sum0 = 0.0f, sum1 = 0.0f;            // this warpgroup's pages' P, this thread's keys
+  // The products' operands, as descriptors made once: Q's content boxes, each page tile of the
+  // pair, this warpgroup's four value boxes of each, the two P boxes.
+  const uint64_t q_descriptor = wgmma_descriptor(base);
+  const uint64_t first_tile = wgmma_descriptor(tile(0));  // the second L::kTileBytes on
   const uint32_t values = warpgroup * (kLatentDim / 128) * L::kBoxBytes;  // its 4 value boxes
+  const uint64_t value_descriptors[2] = {wgmma_descriptor_mn(tile(0) + values, L::kBoxBytes),
+                                         wgmma_descriptor_mn(tile(1) + values, L::kBoxBytes)};
+  const uint64_t even_probs = wgmma_descriptor(base + L::kEvenProbOffset);
+  const uint64_t odd_probs = wgmma_descriptor(base + L::kOddProbOffset);
   // S of page i (this warpgroup's of its pair) over the boxes [kFirst, kEnd).
   const auto scores = [&]<int kFirst, int kEnd>(int i) {
-    issue_scores<kFirst, kEnd>(sc, q_rope, base, tile(i % 2), &box_full[(i % 2) * L::kBoxes],
-                               static_cast<uint32_t>((i / 2) & 1));
+    issue_scores<kFirst, kEnd>(sc, q_rope, q_descriptor,
+                               descriptor_at(first_tile, (i % 2) * L::kTileBytes),
+                               &box_full[(i % 2) * L::kBoxes], static_cast<uint32_t>((i / 2) & 1));
   };
   // The first pair's S; every S takes the boxes in the order of their copies for the next pair:
   // the RoPE box first (its first product overwrites the accumulators), then the left values,
@@ -332,7 +344,7 @@ __global__ void __launch_bounds__(256, 1)
       copy_boxes(has_next, a + 2, L::kRopeBox, L::kBoxes);  // S(a) is done
       // O_L to m_a, then P_a V_a,L (P from the registers).
       scale_output(o, scale_a0, scale_a1);
-      issue_values(o, probs, tile(0) + values);
+      issue_values(o, probs, value_descriptors[0]);
       // m_b from warpgroup 1: P_a for its half rescaled to m_b, then rounded.
       named_barrier(kOddMaxReady, L::kThreads);
       const float max_b0 = odd_max[r0], max_b1 = odd_max[r1];
@@ -351,7 +363,7 @@ __global__ void __launch_bounds__(256, 1)
       scale_output(o, scale_b0, scale_b1);
       if (has_b) {
         named_barrier(kOddProbsReady, L::kThreads);
-        issue_values(o, base + L::kOddProbOffset, tile(1) + values);
+        issue_values(o, odd_probs, value_descriptors[1]);
       }
       if (has_next) scores.template operator()<L::kRopeBox, L::kBoxes>(a + 2);
       if (has_b) {
@@ -392,7 +404,7 @@ __global__ void __launch_bounds__(256, 1)
       // page b's right values copied again once that product is done.
       scale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
       if (has_b) {
-        issue_values(o, probs, tile(1) + values);
+        issue_values(o, probs, value_descriptors[1]);
         store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
         fence_proxy_async_shared();
         named_barrier_arrive(kOddProbsReady, L::kThreads);
@@ -403,7 +415,7 @@ __global__ void __launch_bounds__(256, 1)
       // P_a V_a,R (P_a from warpgroup 0, rescaled to m_b); the next page b's S behind it, page
       // a's right values copied again once that product is done.
       named_barrier(kEvenProbsReady, L::kThreads);
-      issue_values(o, base + L::kEvenProbOffset, tile(0) + values);
+      issue_values(o, even_probs, value_descriptors[0]);
       if (has_next_b) {
         scores.template operator()<L::kRopeBox, L::kBoxes>(b + 2);
         wgmma_wait<1>();

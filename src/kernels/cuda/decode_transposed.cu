@@ -99,15 +99,6 @@ __device__ __forceinline__ void zero_tail_values(uint8_t* stage, int valid) {
   }
 }
 
-// The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes:
-// only its start address field (bits 0-13, address / 16) changes, and a shared-memory address
-// stays below 2^18, so a 32-bit add of the low word cannot carry out of it (one instruction where
-// the descriptor made anew takes several).
-__device__ __forceinline__ uint64_t descriptor_at(uint64_t descriptor, uint32_t bytes) {
-  const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
-  return (descriptor & 0xFFFFFFFF00000000ull) | low;
-}
-
 template <int kNTiles>
 __device__ __forceinline__ void fence_fragments(float (&d)[kNTiles][4]) {
 #pragma unroll

@@ -370,6 +370,11 @@ __global__ void __launch_bounds__(256, 1)
   float sum0 = 0.0f, sum1 = 0.0f;            // this thread's keys only
   const uint32_t own_keys = warpgroup * kHalfKeys * 128;  // rows of the warpgroup's keys in a box
   const uint32_t own_values = warpgroup * (kHalfChannels / 64) * L::kBlockBytes;
+  // The products' operands as descriptors made once (a k-step adds its offset: descriptor_at).
+  const uint64_t q_descriptor = wgmma_descriptor(q_tile);
+  const uint64_t own_keys_descriptor = wgmma_descriptor(keys + own_keys);
+  const uint64_t own_values_descriptor = wgmma_descriptor_mn(keys + own_values, L::kBlockBytes);
+  const uint64_t probs_descriptor = wgmma_descriptor(probs);
   mbarrier_wait(q_full, 0);
   if constexpr (Content::kPairSpan > 1 || Rope::kPairSpan > 1) {
     to_tile_columns<Content::kPairSpan, L::kThreads>(base_bytes, 0, kLatentDim / 64);
@@ -399,15 +404,17 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int s = 0; s < kKeyDim / 16; ++s) {
       const uint32_t column = (s / 4) * L::kBlockBytes + (s % 4) * 32;
-      wgmma_m64nk16_ss<kHalfKeys>(sc, wgmma_descriptor(q_tile + column),
-                                  wgmma_descriptor(keys + own_keys + column), s);
+      wgmma_m64nk16_ss<kHalfKeys>(sc, descriptor_at(q_descriptor, column),
+                                  descriptor_at(own_keys_descriptor, column), s);
     }
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_registers(sc);
     wgmma_fence_registers(o);
 
-    // 2. The mask, this warpgroup's maxima of the rows, the page maxima through shared memory.
+    // 2. The mask, this warpgroup's maxima of the rows, the page maxima through shared memory:
+    // those of the raw scores times the scale (as the scaled scores' maxima: rounding keeps the
+    // order of the products with a positive scale), so that P takes one FFMA an element below.
     const int key0 = page_key + warpgroup * kHalfKeys;
     const bool masked = key0 + kHalfKeys - 1 > run.block_last;
     float page_max0 = -INFINITY, page_max1 = -INFINITY;
@@ -415,18 +422,16 @@ __global__ void __launch_bounds__(256, 1)
     for (int j = 0; j < kHalfKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = sc[4 * j + e] * p.scale_log2;
         if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? run.last0 : run.last1))
-          x = -INFINITY;
-        sc[4 * j + e] = x;
+          sc[4 * j + e] = -INFINITY;
         if (e < 2) {
-          page_max0 = fmaxf(page_max0, x);
+          page_max0 = fmaxf(page_max0, sc[4 * j + e]);
         } else {
-          page_max1 = fmaxf(page_max1, x);
+          page_max1 = fmaxf(page_max1, sc[4 * j + e]);
         }
       }
     }
-    page_max0 = quad_max(page_max0), page_max1 = quad_max(page_max1);
+    page_max0 = quad_max(page_max0) * p.scale_log2, page_max1 = quad_max(page_max1) * p.scale_log2;
     if (t4 == 0) {
       max_exchange[warpgroup * L::kRows + r0] = page_max0;
       max_exchange[warpgroup * L::kRows + r1] = page_max1;
@@ -443,8 +448,10 @@ __global__ void __launch_bounds__(256, 1)
     // P into this warpgroup's 32 key columns of the box.
 #pragma unroll
     for (int j = 0; j < kHalfKeys / 8; ++j) {
-      const float p0 = exp2f(sc[4 * j] - base0), p1 = exp2f(sc[4 * j + 1] - base0);
-      const float p2 = exp2f(sc[4 * j + 2] - base1), p3 = exp2f(sc[4 * j + 3] - base1);
+      const float p0 = exp2_flushed(fmaf(sc[4 * j], p.scale_log2, -base0));
+      const float p1 = exp2_flushed(fmaf(sc[4 * j + 1], p.scale_log2, -base0));
+      const float p2 = exp2_flushed(fmaf(sc[4 * j + 2], p.scale_log2, -base1));
+      const float p3 = exp2_flushed(fmaf(sc[4 * j + 3], p.scale_log2, -base1));
       sum0 += p0 + p1;
       sum1 += p2 + p3;
       const int column = warpgroup * kHalfKeys + 8 * j + 2 * t4;
@@ -467,9 +474,8 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kPageTokens / 16; ++k) {
-      wgmma_m64nk16_ss<kHalfChannels, true>(
-          o, wgmma_descriptor(probs + k * 32),
-          wgmma_descriptor_mn(keys + own_values + k * 16 * 128, L::kBlockBytes), 1);
+      wgmma_m64nk16_ss<kHalfChannels, true>(o, descriptor_at(probs_descriptor, k * 32),
+                                            descriptor_at(own_values_descriptor, k * 16 * 128), 1);
     }
     wgmma_commit();
   }

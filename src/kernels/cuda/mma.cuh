@@ -1,4 +1,5 @@
-// Warp-level tensor-core and asynchronous-copy instructions (PTX) used by the decode kernel.
+// Warp-level tensor-core and asynchronous-copy instructions (PTX) used by the decode kernel, and
+// the special-function unit's exp2.
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
 //   A 16x16 row-major: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, +9],
 //                      a3 = A[g+8][2t+8, +9]
@@ -21,6 +22,16 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 // at the caller so that the compiler keeps seeing a shared-memory pointer.
 __device__ __forceinline__ uint32_t swizzle_base(const uint8_t* shared_raw) {
   return (shared_address(shared_raw) + 1023) / 1024 * 1024;
+}
+
+// 2^x by the special-function unit alone (ex2.approx.ftz, what exp2f becomes under
+// --use_fast_math), for a page's probabilities: exp2f's care for subnormal results costs four
+// more instructions an element, and a probability below 2^-126 (of its row's largest) comes out
+// as 0 instead.
+__device__ __forceinline__ float exp2_flushed(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {

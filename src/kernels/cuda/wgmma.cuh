@@ -79,6 +79,16 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_mn(uint32_t address, uint32
          (uint64_t{1} << 62);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes:
+// only its start address field (bits 0-13, address / 16) changes, and a shared-memory address
+// stays below 2^18, so a 32-bit add of the low word cannot carry out of it. One uniform-datapath
+// instruction where a descriptor made anew from an address takes about five: a k-loop of products
+// should make its operands' descriptors once and step them with this.
+__device__ __forceinline__ uint64_t descriptor_at(uint64_t descriptor, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
+  return (descriptor & 0xFFFFFFFF00000000ull) | low;
+}
+
 // Orders register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
