@@ -29,34 +29,33 @@
 #      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
-#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; no patch waits
-#      now (bench/gpu/patches/README.md)
+#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
+#      exp2-flushed.diff (bench/gpu/patches/README.md says how to run it)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   9  the 128-head BF16 kernel (the seesaw) and FlashMLA's under Nsight Compute at one shape,
 #      PROFILE_SHAPE (bench_gpu_decode's --only, default bf16/bf16,64,32768,128): the same sections
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
-# Waiting (2026-12-06): 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of
-# this job so far was on an H100; ~975 s, so start them with most of a session's budget left); then
-# 5 (and 8) on the H200 too, or 5 on any card if none comes: its full test and memcheck are the
-# first on merged main with the transposed kernel's two-tile form (its kernel passed the full test
-# in the thirty-third session's A/B, where the form was taken wherever the rows come in 32s, and
-# the quick test with the plan's choice). Steps 4 and 6 ran on an H100 in the twenty-seventh
-# session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the
-# twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first, 5, 1,
-# 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q = 2)
-# and 8's command without its packing in the thirty-third (docs/benchmarks.md).
+# Waiting (2026-12-06, thirty-fourth session): 7 with bench/gpu/patches/exp2-flushed.diff (~300 s,
+# first); 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so
+# far was on an H100; ~975 s, so start them with most of a session's budget left); then 5 (and 8)
+# on the H200 too. Steps 4 and 6 ran on an H100 in the twenty-seventh session, 5, 7, 1 and 2 (the
+# patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3 in the twenty-ninth, 7 (four times) and 5
+# in the thirtieth, 7 (three times) in the thirty-first, 5, 1, 2 and 3 in the thirty-second, with
+# 8's command by hand on the next machine, 7 (BF16 at s_q = 2) and 8's command without its
+# packing in the thirty-third, 5, 9 and 7 (the 128-head kernels' operands) in the thirty-fourth
+# (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
 # what a step needs; then run with the carries above. To wait for an H200 at ~30 s a look, ask
 # for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
-# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). Step 7
-# needs nothing moved: the tree (~66 MB) with the diffs alone stays under the limit (64 MiB, 67.1
-# MB); with .anchor (1.1 MB, steps 5 and 8) it does not since the thirty-second session: move
-# docs/benchmarks aside for those too.
+# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). The
+# device tool refused the tree with only a diff carried in the thirty-fourth session (66.6 MB of
+# tracked bytes; ~68.5 MB in disk blocks, which it seems to count, over 64 MiB = 67.1 MB): move
+# docs/benchmarks aside for every step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
