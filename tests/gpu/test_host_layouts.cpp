@@ -1,8 +1,9 @@
 // Host-side index math of the GPU runner's kernels, checked exhaustively without a GPU: the
 // padded layout of the batched expert GEMMs puts every (token, choice) in its expert's block
 // exactly once, and moe_sort's scan cuts every expert's column of chunk counts into runs that
-// cover it once, in order; and the warpgroup decode kernel reads a page's tensor-map boxes as its
-// values through the MN-major operand layout. Exit status 0 when every check passes.
+// cover it once, in order; the warpgroup decode kernel reads a page's tensor-map boxes as its
+// values through the MN-major operand layout; and an operand descriptor stepped by an offset is
+// the one made at the offset's address. Exit status 0 when every check passes.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -170,6 +171,34 @@ void check_values_operand() {
   expect(seen.size() == 64u * 512u, "the operands cover the page's 512 content channels once");
 }
 
+// The kernels make an operand's descriptor once and step it a k-step at a time (descriptor_at):
+// for every 16-byte-aligned shared address and every offset that stays below 2^18 (a block's
+// shared memory, 227 KB, lies there), the stepped descriptor must be the one made anew at the
+// offset's address, for both operand layouts (the MN-major one with the decode kernels' 8 KB
+// column blocks in its leading-offset field, which the step must not touch). Counted as one check
+// a layout, each failure reported.
+void check_descriptor_steps() {
+  constexpr uint32_t kLimit = 1u << 18;
+  for (const bool mn_major : {false, true}) {
+    const auto made = [&](uint32_t address) {
+      return mn_major ? gpu::wgmma_descriptor_mn(address, 64 * 128)
+                      : gpu::wgmma_descriptor(address);
+    };
+    bool all = true;
+    for (uint32_t address = 0; address < kLimit; address += 16) {
+      const uint64_t base = made(address);
+      for (uint32_t bytes = 0; address + bytes < kLimit; bytes += 16) {
+        if (gpu::descriptor_at(base, bytes) == made(address + bytes)) continue;
+        all = false;
+        expect(false, std::string(mn_major ? "MN-major" : "K-major") + " descriptor at " +
+                          std::to_string(address) + " stepped by " + std::to_string(bytes) +
+                          " bytes differs from the one made at " + std::to_string(address + bytes));
+      }
+    }
+    if (all) expect(true, "");
+  }
+}
+
 // The plan's kernel choice (and a captured decode step's graph key) turns on the longest sequence
 // holding more than kLongContextPages pages: 16,384 tokens fill 256 pages exactly, one more
 // token opens the 257th.
@@ -195,6 +224,7 @@ int main(int argc, char** argv) {
   check_expert_layout(rng);
   check_scan_runs();
   check_values_operand();
+  check_descriptor_steps();
   check_long_context();
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -1,6 +1,6 @@
 // Byte offsets of the 128-byte-swizzled shared-memory layouts that the tensor-map copies write and
-// the warpgroup MMAs (wgmma.cuh) read, shared by the kernels and their host test
-// (tests/gpu/test_host_layouts.cpp).
+// the warpgroup MMAs (wgmma.cuh) read, and the MMAs' descriptors of them, shared by the kernels and
+// their host test (tests/gpu/test_host_layouts.cpp).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,36 @@ QUANTMLA_HOST_DEVICE constexpr uint32_t mn_major_offset(int k, int n, uint32_t n
 // 16-bit columns (1024-byte-aligned destination): row r at 128 r, its chunk c at c ^ (r % 8).
 QUANTMLA_HOST_DEVICE constexpr uint32_t tma_box_offset(int row, int column) {
   return swizzled_chunk_offset(row, column / 8) + static_cast<uint32_t>(column % 8) * 2;
+}
+
+// Descriptor of a K-major, 128-byte-swizzled operand starting at shared `address`: the stride
+// between 8-row groups is 1024 bytes; the leading offset is unused by this layout (set to 1, as
+// the PTX ISA's canonical layouts have it).
+QUANTMLA_HOST_DEVICE constexpr uint64_t wgmma_descriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// Descriptor of an MN-major, 128-byte-swizzled B operand (imm-trans-b 1) at shared `address`
+// (mn_major_offset): 64 consecutive N of one k in each 128-byte row, the next 8 k 1024 bytes on
+// (the stride offset), the next 64 N `n_block_bytes` on (the leading offset). A page of keys
+// copied as column blocks of 64 channels reads as its values this way, untransposed.
+QUANTMLA_HOST_DEVICE constexpr uint64_t wgmma_descriptor_mn(uint32_t address,
+                                                            uint32_t n_block_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(n_block_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes:
+// only its start address field (bits 0-13, address / 16) changes, and a shared-memory address
+// stays below 2^18, so a 32-bit add of the low word cannot carry out of it (test_host_layouts
+// checks every address and offset). One uniform-datapath
+// instruction where a descriptor made anew from an address takes about five: a k-loop of products
+// should make its operands' descriptors once and step them with this.
+QUANTMLA_HOST_DEVICE constexpr uint64_t descriptor_at(uint64_t descriptor, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
+  return (descriptor & 0xFFFFFFFF00000000ull) | low;
 }
 
 }  // namespace quantmla::gpu

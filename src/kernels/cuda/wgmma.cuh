@@ -61,34 +61,6 @@ constexpr bool copies_fill_a_block_once() {
   return true;
 }
 
-// Descriptor of a K-major, 128-byte-swizzled operand starting at shared `address`: the stride
-// between 8-row groups is 1024 bytes; the leading offset is unused by this layout (set to 1, as
-// the PTX ISA's canonical layouts have it).
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-// Descriptor of an MN-major, 128-byte-swizzled B operand (imm-trans-b 1) at shared `address`
-// (mn_major_offset): 64 consecutive N of one k in each 128-byte row, the next 8 k 1024 bytes on
-// (the stride offset), the next 64 N `n_block_bytes` on (the leading offset). A page of keys
-// copied as column blocks of 64 channels reads as its values this way, untransposed.
-__device__ __forceinline__ uint64_t wgmma_descriptor_mn(uint32_t address, uint32_t n_block_bytes) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(n_block_bytes >> 4) << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes:
-// only its start address field (bits 0-13, address / 16) changes, and a shared-memory address
-// stays below 2^18, so a 32-bit add of the low word cannot carry out of it. One uniform-datapath
-// instruction where a descriptor made anew from an address takes about five: a k-loop of products
-// should make its operands' descriptors once and step them with this.
-__device__ __forceinline__ uint64_t descriptor_at(uint64_t descriptor, uint32_t bytes) {
-  const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
-  return (descriptor & 0xFFFFFFFF00000000ull) | low;
-}
-
 // Orders register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
