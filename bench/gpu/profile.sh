@@ -4,9 +4,9 @@
 #   bash bench/gpu/profile.sh "int4g64/int4,16,32768,16" ["bf16/bf16,16,32768,16" ...]
 # DETAILS=1 adds the source counters and prints every metric of the sections, among them each stall
 # reason's cycles per issued instruction and its sampled warps.
-# A shape "flashmla,B,CTX,H" profiles FlashMLA's dense decode kernel instead, with the same sections,
-# from the anchor unpacked in ANCHOR_ROOT (.anchor/README.md; build it there first, outside the
-# profiler: bench_flashmla.py reuses that build).
+# A shape "flashmla,B,CTX,H" profiles FlashMLA's dense decode kernel instead, with the same
+# sections, from the anchor unpacked in ANCHOR_ROOT (.anchor/README.md; build it there first,
+# outside the profiler: bench_flashmla.py reuses that build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
