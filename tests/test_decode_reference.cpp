@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,9 +77,13 @@ std::vector<uint16_t> to_bf16(const std::vector<double>& v) {
 }
 std::vector<float> to_f32(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
+// A fresh seed each run, printed; QUANTMLA_TEST_SEED=S replays one.
 std::mt19937_64 seeded(const char* test) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("%s: seed %llu\n", test, static_cast<unsigned long long>(seed));
+  const char* fixed = std::getenv("QUANTMLA_TEST_SEED");
+  const uint64_t seed =
+      fixed != nullptr ? std::strtoull(fixed, nullptr, 10) : std::random_device{}();
+  std::printf("%s: seed %llu (replay with QUANTMLA_TEST_SEED)\n", test,
+              static_cast<unsigned long long>(seed));
   return std::mt19937_64(seed);
 }
 

@@ -189,6 +189,9 @@ struct RunResult {
   std::vector<double> out, flip, magnitude;  // [kLatentDim]: acc / sum, and the allowances' parts
   double lse = -INFINITY;
   double score_error = 0.0;  // a scaled logit's FP32 error, largest over the keys (log2 units)
+  // What P's roundings near a tie may move the log-sum-exp by (natural-log units): FP16 P, whose
+  // row sums add the rounded P (int and fp8 codes), only.
+  double lse_flip = 0.0;
   int keys = 0;
 };
 
@@ -290,6 +293,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     }
     float row_max = -INFINITY;
     double row_sum = 0.0;
+    double sum_flip = 0.0;                // the row sum's part that P's near-tie roundings may move
     int exponent[kLatentDim / 128] = {};  // fp8: each group's running scale exponent (biased)
     std::vector<float> x(static_cast<size_t>(step_keys));
     std::vector<double> score(static_cast<size_t>(step_keys));  // each key's score error
@@ -368,7 +372,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
       for (int d = 0; d < kLatentDim; ++d) {
         run.out[d] = round(run.out[d] * alpha), run.flip[d] *= alpha, run.magnitude[d] *= alpha;
       }
-      double sum = 0.0;
+      double sum = 0.0, step_flip = 0.0;
       // The largest P scale of the step's keys a group (the subnormal products' window): the
       // kernel's 16-key tiles may take the keys in any order, so each tile is bounded by it.
       std::vector<double> window(kLatentDim / 64, 0.0);
@@ -399,6 +403,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
           const double tie = std::fabs(p - std::floor(p / unit) * unit - unit / 2);
           const double flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
           sum = round(sum + rounded);
+          step_flip += flip;
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
           for (int g = 0; g < groups; ++g) {
             // The FP16 operand P * scale (fp8: P * fp16(scale / 2^E)) and its value's factor.
@@ -455,6 +460,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
         }
       }
       row_sum = round(round(row_sum * alpha) + sum);
+      sum_flip = sum_flip * alpha + step_flip;
       row_max = new_max;
     }
     const double inverse = row_sum > 0.0 ? 1.0 / row_sum : 0.0;
@@ -462,6 +468,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
       run.out[d] *= inverse, run.flip[d] *= inverse, run.magnitude[d] *= inverse;
     }
     run.lse = row_sum > 0.0 ? (row_max + std::log2(row_sum)) * 0.69314718055994531 : -INFINITY;
+    run.lse_flip = row_sum > 0.0 ? sum_flip / row_sum : 0.0;
     return run;
   };
 
@@ -481,7 +488,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   result.lse_allowed.assign(runs.size(), 0.0);
   for (size_t row = 0; row < runs.size(); ++row) {
     // The combine's merge (a single run passes through): weights exp(lse - max), FP32 sums.
-    double max_lse = -INFINITY, total = 0.0, score_error = 0.0;
+    double max_lse = -INFINITY, total = 0.0, score_error = 0.0, lse_flip = 0.0;
     int keys_seen = 0;
     for (const RunResult& run : runs[row]) {
       max_lse = std::max(max_lse, run.lse);
@@ -492,6 +499,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     for (const RunResult& run : runs[row]) {
       const double w = run.lse == -INFINITY ? 0.0 : std::exp(run.lse - max_lse);
       total += w;
+      lse_flip += w * run.lse_flip;
       for (int d = 0; d < kLatentDim; ++d) {
         out[d] += w * run.out[d], flip[d] += w * run.flip[d];
         magnitude[d] += w * run.magnitude[d];
@@ -510,7 +518,8 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     }
     result.lse[row] = runs[row].size() == 1 ? runs[row][0].lse : max_lse + std::log(total);
     result.lse_allowed[row] = 0.6931471805599453 * score_error + accumulation +
-                              8.0 * std::ldexp(1.0, -24) * (1.0 + std::fabs(result.lse[row]));
+                              8.0 * std::ldexp(1.0, -24) * (1.0 + std::fabs(result.lse[row])) +
+                              (total > 0.0 ? lse_flip / total : 0.0);
   }
   return result;
 }

@@ -77,6 +77,8 @@ struct FaithfulResult {
   std::vector<double> out;      // [batch, s_q, heads, kLatentDim] before the rounding to BF16
   std::vector<double> allowed;  // the same shape: what the kernel may differ by (see above)
   std::vector<double> lse;      // [batch, s_q, heads]
+  // The scores' FP32 error, the sums' accumulation and, where the row sums add FP16 P (int and
+  // fp8 codes), what a P rounded the other way near a tie moves the sum by.
   std::vector<double> lse_allowed;
 };
 
