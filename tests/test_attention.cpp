@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "quantmla/attention.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -30,8 +31,8 @@ class AttentionVsReference : public ::testing::TestWithParam<std::tuple<Case, bo
 
 TEST_P(AttentionVsReference, SameOutputAndLse) {
   const auto [c, tiled_keys] = GetParam();
-  std::random_device device;
-  std::mt19937 rng(device());
+  std::mt19937 rng(static_cast<uint32_t>(quantmla::testing::test_seed(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name())));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t width = c.kv_lora_rank + c.rope_dim;
   const int64_t num_keys = c.q_pos0 + c.n_q;

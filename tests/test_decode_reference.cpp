@@ -16,6 +16,7 @@
 #include "quantmla/cache_format.h"
 #include "quantmla/dtype.h"
 #include "quantmla/gpu_mla.h"
+#include "test_seed.h"
 
 namespace quantmla::testing {
 namespace {
@@ -77,15 +78,7 @@ std::vector<uint16_t> to_bf16(const std::vector<double>& v) {
 }
 std::vector<float> to_f32(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
-// A fresh seed each run, printed; QUANTMLA_TEST_SEED=S replays one.
-std::mt19937_64 seeded(const char* test) {
-  const char* fixed = std::getenv("QUANTMLA_TEST_SEED");
-  const uint64_t seed =
-      fixed != nullptr ? std::strtoull(fixed, nullptr, 10) : std::random_device{}();
-  std::printf("%s: seed %llu (replay with QUANTMLA_TEST_SEED)\n", test,
-              static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
-}
+std::mt19937_64 seeded(const char* test) { return std::mt19937_64(test_seed(test)); }
 
 TEST(DecodeReference, KernelValuesAreTheDecodedValuesInBf16) {
   std::mt19937_64 rng = seeded("KernelValuesAreTheDecodedValuesInBf16");

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/gemv_bf16.h"
 #include "quantmla/dtype.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -39,7 +40,8 @@ class GemvBf16 : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(GemvBf16, RowsMatchReference) {
   const Shape s = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(static_cast<uint32_t>(quantmla::testing::test_seed(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name())));
   const auto w = random_bf16(static_cast<size_t>(s.rows * s.ld), rng);
   const auto x = random_f32(static_cast<size_t>(s.cols), rng);
   for (bool accumulate : {false, true}) {
@@ -56,7 +58,8 @@ TEST_P(GemvBf16, RowsMatchReference) {
 
 TEST_P(GemvBf16, TransposedMatchesReference) {
   const Shape s = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(static_cast<uint32_t>(quantmla::testing::test_seed(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name())));
   const auto w = random_bf16(static_cast<size_t>(s.rows * s.ld), rng);
   const auto x = random_f32(static_cast<size_t>(s.rows), rng);
   for (bool accumulate : {false, true}) {

@@ -13,6 +13,7 @@
 #include "quantmla/cache.h"
 #include "quantmla/dtype.h"
 #include "quantmla/error.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -33,7 +34,7 @@ class PagedCacheFormats : public ::testing::TestWithParam<const char*> {};
 TEST_P(PagedCacheFormats, EveryPositionReadsBackItsOwnRow) {
   const CacheFormat format = CacheFormat::parse(GetParam());
   constexpr int64_t kCapacity = 3 * kPageTokens + 17;
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(static_cast<uint32_t>(quantmla::testing::test_seed(GetParam())));
   auto cache = make_cache(kShape, format, kCapacity);
   EXPECT_EQ(cache->bytes_per_token_per_layer(),
             format.record_bytes(kShape.kv_lora_rank, kShape.rope_dim));
@@ -76,7 +77,7 @@ TEST_P(PagedCacheFormats, EveryPositionReadsBackItsOwnRow) {
 // over the same decoded rows.
 TEST_P(PagedCacheFormats, AttentionMatchesReferenceOnDecodedRows) {
   const CacheFormat format = CacheFormat::parse(GetParam());
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(static_cast<uint32_t>(quantmla::testing::test_seed(GetParam())));
   const int64_t width = kShape.row_width();
   // 1 and 3 queries take the decode kernel, 70 the prefill one; 100 from position 230 make the
   // prefill decode spans of several pages, the last one partial.
@@ -141,7 +142,8 @@ TEST(PagedCache, KeptRopePairsReadBackAsBf16) {
   const CacheFormat format = CacheFormat::parse("content=int4:g64,rope=int4:g64:bf16pairs=5+21");
   constexpr int64_t kTokens = kPageTokens + 6;
   const int64_t kept[] = {10, 11, 42, 43};
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(
+      static_cast<uint32_t>(quantmla::testing::test_seed("KeptRopePairsReadBackAsBf16")));
   auto cache = make_cache(kShape, format, kTokens);
   const auto c = random_rows(kTokens, kShape.kv_lora_rank, rng);
   auto k_pe = random_rows(kTokens, kShape.rope_dim, rng);
