@@ -34,12 +34,16 @@
 #      says how to run each)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
+#   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
+#      BF16 kernel that batch 1 now takes): the build with the CUDA runner, the random V2-Lite
+#      made there, `bench_runner --only decode:1` on the BF16 and INT4/INT4 caches, two rounds
+#      (~350 s cold; carry .carry/deps.tar.xz)
 #   9  the 128-head BF16 kernel (the seesaw) and FlashMLA's under Nsight Compute at one shape,
 #      PROFILE_SHAPE (bench_gpu_decode's --only, default bf16/bf16,64,32768,128): the same sections
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
 # Waiting (2026-12-06, thirty-fourth session): 7 with bench/gpu/patches/exp2-flushed.diff (~300 s,
-# first), 7 with mask-branch.diff and seesaw-l2-prefetch.diff (~330 s); 1, 2, 3 on one machine where an H200 comes (the
+# first), 7 with mask-branch.diff and seesaw-l2-prefetch.diff (~330 s), 10; 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
 # session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
@@ -60,13 +64,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^[1-9]$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-9 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|10)$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-10 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5 || step == 8 || step == 9)) && needs=(.anchor/bench_flashmla.py)
-((step == 6)) && needs=(.carry/deps.tar.xz)
+((step == 6 || step == 10)) && needs=(.carry/deps.tar.xz)
 if ((step == 7)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
   diffs=(.carry/patches/*.diff)
@@ -139,6 +143,19 @@ case $step in
       "flashmla,$batch,$ctx,$heads" >"$OUT/profile.txt" 2>&1 || status=1; }
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  10)
+    within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
+    if ((status == 0)); then
+      within build-gpu-full/quantmla make-random-model --preset deepseek-v2-lite --out /tmp/v2-lite \
+        --seed 1 --tokenizer models/mla-tiny/tokenizer.json 2>&1 | tail -1
+      for round in 1 2; do
+        for cache in bf16 content=int4:g64,rope=int4:g64; do
+          within build-gpu-full/bench/gpu/bench_runner --model /tmp/v2-lite --only decode:1 \
+            --cache "$cache" --repeats 20 2>&1 | tail -1 | sed "s/^/round $round: /" || status=1
+        done
+      done >"$OUT/batch1.txt"
+    fi
+    ;;
   6)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
     ((status)) || within bash bench/gpu/profile-runner.sh decode:25 decode:81 decode:139 \
