@@ -54,9 +54,9 @@ QUANTMLA_HOST_DEVICE constexpr uint64_t wgmma_descriptor_mn(uint32_t address,
 // The descriptor of the operand `bytes` (a multiple of 16) past the one `descriptor` describes:
 // only its start address field (bits 0-13, address / 16) changes, and a shared-memory address
 // stays below 2^18, so a 32-bit add of the low word cannot carry out of it (test_host_layouts
-// checks every address and offset). One uniform-datapath
-// instruction where a descriptor made anew from an address takes about five: a k-loop of products
-// should make its operands' descriptors once and step them with this.
+// checks every address and offset). One uniform-datapath instruction where a descriptor made anew
+// from an address takes about five: a k-loop of products should make its operands' descriptors
+// once and step them with this.
 QUANTMLA_HOST_DEVICE constexpr uint64_t descriptor_at(uint64_t descriptor, uint32_t bytes) {
   const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
   return (descriptor & 0xFFFFFFFF00000000ull) | low;

@@ -171,12 +171,6 @@ __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a,
 #undef QUANTMLA_WGMMA_SS
 }
 
-// d (+)= A B^T over 64 x 16 x 16, both operands BF16 from shared memory (descriptors): A K-major
-// or, with kTransposeA, MN-major (wgmma_descriptor_mn: 64 consecutive M of one k in each 128-byte
-// row); B K-major. d holds the accumulators as mma.m16n8's two n-tiles (d[n][i]: columns
-// 8 n + 2 (t % 4) + i % 2 of row 16 (t / 32) + (t % 32) / 4, + 8 for i >= 2), an m64n16 product's
-// 8 registers. Accumulates into d when `accumulate`, overwrites it otherwise (written into the
-// instruction's text: a constant once the caller's loops are unrolled).
 // The product kWgmma(scale-d, imm-trans-a) with both written into the instruction's text: one of
 // four, by kTransposeA and `accumulate` (wgmma_m64n16k16_ss and wgmma_m64n32k16_ss).
 #define QUANTMLA_WGMMA_SCALE_AND_TRANSPOSE(kWgmma) \
@@ -194,6 +188,12 @@ __device__ __forceinline__ void wgmma_m64nk16_ss(float (&d)[kCount], uint64_t a,
     }                                              \
   }
 
+// d (+)= A B^T over 64 x 16 x 16, both operands BF16 from shared memory (descriptors): A K-major
+// or, with kTransposeA, MN-major (wgmma_descriptor_mn: 64 consecutive M of one k in each 128-byte
+// row); B K-major. d holds the accumulators as mma.m16n8's two n-tiles (d[n][i]: columns
+// 8 n + 2 (t % 4) + i % 2 of row 16 (t / 32) + (t % 32) / 4, + 8 for i >= 2), an m64n16 product's
+// 8 registers. Accumulates into d when `accumulate`, overwrites it otherwise (written into the
+// instruction's text: a constant once the caller's loops are unrolled).
 template <bool kTransposeA>
 __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[2][4], uint64_t a, uint64_t b,
                                                    bool accumulate) {
