@@ -16,6 +16,7 @@
 #include "quantmla/cache_format.h"
 #include "quantmla/dtype.h"
 #include "quantmla/error.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -75,13 +76,11 @@ std::vector<float> decode(const PathFormat& format, const std::vector<uint8_t>& 
 
 // Random inputs for every test run; the seed is printed with any failure, and QUANTMLA_TEST_SEED
 // replays one.
-class CodecTest : public testing::Test {
+class CodecTest : public ::testing::Test {
  protected:
   static uint32_t pick_seed() {
-    if (const char* fixed = std::getenv("QUANTMLA_TEST_SEED")) {
-      return static_cast<uint32_t>(std::stoul(fixed));
-    }
-    return std::random_device{}();
+    return static_cast<uint32_t>(
+        testing::test_seed(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
 
   enum class Shape { kNormal, kUniform, kOutliers };
@@ -115,10 +114,10 @@ class CodecTest : public testing::Test {
 
   const uint32_t seed_ = pick_seed();
   std::mt19937 rng_{seed_};
-  testing::ScopedTrace seed_trace_{__FILE__, __LINE__,
-                                   "random seed " + std::to_string(seed_) +
-                                       " (replay with QUANTMLA_TEST_SEED=" + std::to_string(seed_) +
-                                       ")"};
+  ::testing::ScopedTrace seed_trace_{
+      __FILE__, __LINE__,
+      "random seed " + std::to_string(seed_) +
+          " (replay with QUANTMLA_TEST_SEED=" + std::to_string(seed_) + ")"};
 };
 
 // ---- int8 / int4 / int2 ----

@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -22,6 +21,7 @@
 #include "quant/path_dispatch.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -86,10 +86,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 uint32_t pick_seed() {
-  if (const char* fixed = std::getenv("QUANTMLA_TEST_SEED")) {
-    return static_cast<uint32_t>(std::stoul(fixed));
-  }
-  return std::random_device{}();
+  return static_cast<uint32_t>(
+      testing::test_seed(::testing::UnitTest::GetInstance()->current_test_info()->name()));
 }
 
 // Bit equality of two decoded rows, NaN payloads aside.
