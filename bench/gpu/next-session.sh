@@ -30,8 +30,8 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      exp2-flushed.diff, mask-branch.diff, seesaw-l2-prefetch.diff (bench/gpu/patches/README.md
-#      says how to run each)
+#      exp2-flushed.diff, mask-branch.diff, seesaw-l2-prefetch.diff, seesaw-queued-values.diff
+#      (bench/gpu/patches/README.md says how to run each)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -43,7 +43,7 @@
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
 # Waiting (2026-12-06, thirty-fourth session): 7 with bench/gpu/patches/exp2-flushed.diff (~300 s,
-# first), 7 with mask-branch.diff and seesaw-l2-prefetch.diff (~330 s), 10; 1, 2, 3 on one machine where an H200 comes (the
+# first), 7 with mask-branch.diff, seesaw-l2-prefetch.diff and seesaw-queued-values.diff (~420 s), 10; 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
 # session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
