@@ -694,8 +694,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
         const float reference = new_max == -INFINITY ? 0.0f : new_max;
         alpha[n][e] = exp2f(row_max[n][e] - reference);
         row_max[n][e] = new_max;
-        const __half p_lo = __float2half_rn(exp2f(x[n][e] - reference));
-        const __half p_hi = __float2half_rn(exp2f(x[n][2 + e] - reference));
+        // exp2_flushed's zero below 2^-126 is FP16's rounding of such a weight anyway.
+        const __half p_lo = __float2half_rn(exp2_flushed(x[n][e] - reference));
+        const __half p_hi = __float2half_rn(exp2_flushed(x[n][2 + e] - reference));
         row_sum[n][e] = row_sum[n][e] * alpha[n][e] + (__half2float(p_lo) + __half2float(p_hi));
         uint16_t* const prob_row = probs + row * L::kProbStride;
         prob_row[column_lo] = __half_as_ushort(p_lo);

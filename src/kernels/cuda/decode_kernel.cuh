@@ -333,8 +333,8 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
         uint32_t packed[kKeys / 2];
 #pragma unroll
         for (int j = 0; j < kKeys / 2; ++j) {
-          const float p0 = exp2f(x[2 * j] - reference);
-          const float p1 = exp2f(x[2 * j + 1] - reference);
+          const float p0 = exp2_flushed(x[2 * j] - reference);
+          const float p1 = exp2_flushed(x[2 * j + 1] - reference);
           sum += p0 + p1;
           packed[j] = bf16x2_bits(__floats2bfloat162_rn(p0, p1));
         }

@@ -82,14 +82,12 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
                                              float& rescale0, float& rescale1, float& sum0,
                                              float& sum1, uint32_t (&probs)[4][4]) {
   const int t4 = threadIdx.x % 4;
+  if (masked) warpgroup_detail::mask_scores(sc, key0 + 2 * t4, last0, last1);
   float page_max0 = -INFINITY, page_max1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kScoreRegs / 4; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? last0 : last1)) {
-        sc[4 * j + e] = -INFINITY;
-      }
       if (e < 2) {
         page_max0 = fmaxf(page_max0, sc[4 * j + e]);
       } else {
@@ -400,22 +398,25 @@ __global__ void __launch_bounds__(256, 1)
       named_barrier_arrive(kOddMaxReady, L::kThreads);
       copy_boxes(has_next_b, b + 2, L::kRopeBox, L::kBoxes);  // S(b) is done
       max0 = max_b0, max1 = max_b1;
-      // O_R to m_b (through m_a), then P_b V_b,R (P from the registers), P_b to warpgroup 0;
-      // page b's right values copied again once that product is done.
+      // O_R to m_b (through m_a), then P_b V_b,R (P from the registers), P_b to warpgroup 0.
       scale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
+      // Then P_a V_a,R (P_a from warpgroup 0, rescaled to m_b) queued behind it, so that the
+      // tensor cores have this warpgroup's second product before its first is done; page b's
+      // right values copied again once the first is done, the next page b's S behind the second,
+      // page a's right values copied again once the second is done.
       if (has_b) {
         issue_values(o, probs, value_descriptors[1]);
         store_probs(base_bytes + L::kOddProbOffset, probs, r0, r1);
         fence_proxy_async_shared();
         named_barrier_arrive(kOddProbsReady, L::kThreads);
-        wgmma_wait<0>();
-        wgmma_fence_registers(o);
+        named_barrier(kEvenProbsReady, L::kThreads);
+        issue_values(o, even_probs, value_descriptors[0]);
+        wgmma_wait<1>();
         copy_boxes(has_next_b, b + 2, L::kRopeBox / 2, L::kRopeBox);
+      } else {
+        named_barrier(kEvenProbsReady, L::kThreads);
+        issue_values(o, even_probs, value_descriptors[0]);
       }
-      // P_a V_a,R (P_a from warpgroup 0, rescaled to m_b); the next page b's S behind it, page
-      // a's right values copied again once that product is done.
-      named_barrier(kEvenProbsReady, L::kThreads);
-      issue_values(o, even_probs, value_descriptors[0]);
       if (has_next_b) {
         scores.template operator()<L::kRopeBox, L::kBoxes>(b + 2);
         wgmma_wait<1>();

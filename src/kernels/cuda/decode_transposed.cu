@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
         const float reference = warpgroup_detail::softmax_base(new_max);
         alpha[n][e] = exp2f(row_max[n][e] - reference);
         row_max[n][e] = new_max;
-        const float p_lo = exp2f(x[n][e] - reference), p_hi = exp2f(x[n][2 + e] - reference);
+        const float p_lo = exp2_flushed(x[n][e] - reference);
+        const float p_hi = exp2_flushed(x[n][2 + e] - reference);
         row_sum[n][e] = row_sum[n][e] * alpha[n][e] + (p_lo + p_hi);
         *reinterpret_cast<__nv_bfloat16*>(probs_bytes + tma_box_offset(row, key_lo)) =
             __float2bfloat16_rn(p_lo);

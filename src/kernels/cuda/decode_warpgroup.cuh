@@ -120,6 +120,22 @@ __device__ __forceinline__ float rescale_between(float from, float to) {
   return exp2f(from - softmax_base(to));
 }
 
+// Scores of keys past a row's last visible one as -inf, in accumulators of m64nN (the N / 8
+// n-tiles of rows r0 and r1: registers 4 j + e hold key first_key + 8 j + (e & 1), of row r0 for
+// e < 2 and r1 otherwise; first_key includes the thread's 2 (lane % 4)). Called on the pages that
+// need it only, behind a branch: the compares and selects then cost nothing on the others.
+template <int kRegs>
+__device__ __forceinline__ void mask_scores(float (&sc)[kRegs], int first_key, int last0,
+                                            int last1) {
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (first_key + 8 * j + (e & 1) > (e < 2 ? last0 : last1)) sc[4 * j + e] = -INFINITY;
+    }
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -417,13 +433,12 @@ __global__ void __launch_bounds__(256, 1)
     // order of the products with a positive scale), so that P takes one FFMA an element below.
     const int key0 = page_key + warpgroup * kHalfKeys;
     const bool masked = key0 + kHalfKeys - 1 > run.block_last;
+    if (masked) mask_scores(sc, key0 + 2 * t4, run.last0, run.last1);
     float page_max0 = -INFINITY, page_max1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kHalfKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (masked && key0 + 8 * j + 2 * t4 + (e & 1) > (e < 2 ? run.last0 : run.last1))
-          sc[4 * j + e] = -INFINITY;
         if (e < 2) {
           page_max0 = fmaxf(page_max0, sc[4 * j + e]);
         } else {
