@@ -43,13 +43,13 @@
 #      .anchor)
 # Waiting (2026-12-06, thirty-fifth session): 5 on merged main (the three patches merged that
 # session together for the first time, beside FlashMLA: issue 15's 128-head figure), 7 with
-# bench/gpu/patches/seesaw-l2-prefetch.diff (~200 s), 10; 1, 2, 3 on one machine where an H200
-# comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
-# with most of a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an
-# H100 in the twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
+# bench/gpu/patches/seesaw-l2-prefetch.diff (~200 s), 10; 1, 2, 3 on one machine where an H200 comes
+# (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
+# a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
+# twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
-# 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q
-# = 2) and 8's command without its packing in the thirty-third, 5, 9 and 7 (the 128-head kernels'
+# 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q =
+# 2) and 8's command without its packing in the thirty-third, 5, 9 and 7 (the 128-head kernels'
 # operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
