@@ -16,7 +16,8 @@
 #      Nsight Compute's per-instruction samples (profile_sass.sh) of INT4 at 128 x 512 and 16 x
 #      32K, to join here with `census-fragments.sh --as-built` by bench/gpu/stall_lines.py
 #   5  the kernel grid on main beside FlashMLA (run.sh, ~450 s; carry .anchor): issue 15's figures
-#      on whichever card comes, with the full GPU test and compute-sanitizer's memcheck
+#      on whichever card comes, with the full GPU test and compute-sanitizer's memcheck; RUN_ARGS
+#      (run.sh's flags, e.g. "--heads 128") and LEAN=1 (the quick cases only) for a shorter call
 #   6  which kernels of a decode step grow with the batch, beside the decode kernel and the routed
 #      experts (whose growth the ablation measured): Nsight Compute's per-kernel times
 #      (profile-runner.sh) on the 3-layer V2-Lite at 1K, BF16 at 25, 81 and 139 sequences (workload
@@ -42,7 +43,8 @@
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
 # Waiting (2026-12-06, thirty-fifth session): 5 on merged main (the three patches merged that
-# session together for the first time, beside FlashMLA: issue 15's 128-head figure), 7 with
+# session together for the first time, beside FlashMLA: issue 15's 128-head figure; where time is
+# short, `RUN_ARGS="--heads 128" LEAN=1`, whose full test step 7's changed tree then runs), 7 with
 # bench/gpu/patches/seesaw-l2-prefetch.diff (~200 s), 10; 1, 2, 3 on one machine where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
@@ -127,7 +129,7 @@ case $step in
       done
     fi
     ;;
-  5) within bash bench/gpu/run.sh >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  5) within bash bench/gpu/run.sh ${RUN_ARGS:-} >"$OUT/grid.txt" 2>&1 || status=1 ;;
   9)
     IFS=, read -r _ batch ctx heads <<<"${PROFILE_SHAPE:=bf16/bf16,64,32768,128}"
     export ANCHOR_ROOT=$(mktemp -d)
