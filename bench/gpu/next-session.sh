@@ -31,7 +31,8 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      seesaw-l2-prefetch.diff (bench/gpu/patches/README.md says how to run it)
+#      seesaw-l2-prefetch.diff, page-schedule-split-dequantize.diff (bench/gpu/patches/README.md
+#      says how to run them, together)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -45,7 +46,7 @@
 # Waiting (2026-12-06, thirty-fifth session): 5 on merged main (the three patches merged that
 # session together for the first time, beside FlashMLA: issue 15's 128-head figure; where time is
 # short, `RUN_ARGS="--heads 128" LEAN=1`, whose full test step 7's changed tree then runs), 7 with
-# bench/gpu/patches/seesaw-l2-prefetch.diff (~200 s), 10; 1, 2, 3 on one machine where an H200 comes
+# bench/gpu/patches/seesaw-l2-prefetch.diff and page-schedule-split-dequantize.diff (~350 s), 10; 1, 2, 3 on one machine where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
