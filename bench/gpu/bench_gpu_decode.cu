@@ -10,9 +10,10 @@
 // (vllm bench's --random-range-ratio; drawn once per shape from --seed, printed), the mixed
 // contexts of a serving step instead of one for all. "cache MB" counts the
 // records of every visible token (the bytes the kernel must read); GB/s is that over the time;
-// TFLOP/s counts 2 x heads x tokens x (576 + 512). Physical cache memory for one 128K-token
-// sequence of a DeepSeek-V3-shaped model (61 layers) comes from cache_physical_bytes, pages and
-// block table included.
+// TFLOP/s counts 2 x heads x tokens x (576 + 512); each row names the plan's kernel, its blocks
+// and the pages of their runs (the shortest and the longest, also in the JSON). Physical cache
+// memory for one 128K-token sequence of a DeepSeek-V3-shaped model (61 layers) comes from
+// cache_physical_bytes, pages and block table included.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_common.cuh"
@@ -81,8 +83,21 @@ struct Row {
   int batch, context, heads, s_q;
   double ms, cache_mb, gbps, tflops;
   int repeats, blocks;
-  std::string kernel;  // the plan's choice (MlaDecodePlan::kernel_name)
+  std::string kernel;                // the plan's choice (MlaDecodePlan::kernel_name)
+  int run_pages_min, run_pages_max;  // the pages of the plan's shortest and longest block runs
 };
+
+// The pages of the shortest and the longest run of a plan's blocks: whether a kernel's per-run
+// costs and its steady state (a prefetch, say) matter at a shape.
+std::pair<int, int> run_pages_range(const gpu::MlaDecodePlan& plan) {
+  int shortest = 0, longest = 0;
+  for (const gpu::MlaDecodePlan::Block& block : plan.blocks()) {
+    const int pages = block.page_end - block.page_begin;
+    shortest = shortest == 0 ? pages : std::min(shortest, pages);
+    longest = std::max(longest, pages);
+  }
+  return {shortest, longest};
+}
 
 std::string iso_date() {
   const std::time_t now = std::time(nullptr);
@@ -352,6 +367,7 @@ int main(int argc, char** argv) {
             QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
             QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
             const double tokens = std::accumulate(lens.begin(), lens.end(), 0.0);
+            const auto [run_pages_min, run_pages_max] = run_pages_range(plan);
             Row row{run.name,
                     batch,
                     context,
@@ -363,14 +379,22 @@ int main(int argc, char** argv) {
                     2.0 * heads * s_q * tokens * (kKeyDim + kLatentDim) / (ms * 1e-3) / 1e12,
                     static_cast<int>(times.size()),
                     plan.num_blocks(),
-                    plan.kernel_name()};
+                    plan.kernel_name(),
+                    run_pages_min,
+                    run_pages_max};
             rows.push_back(row);
+            char runs[32];
+            if (run_pages_min == run_pages_max) {
+              std::snprintf(runs, sizeof runs, "%d", run_pages_max);
+            } else {
+              std::snprintf(runs, sizeof runs, "%d-%d", run_pages_min, run_pages_max);
+            }
             std::printf(
                 "%-20s B=%-3d ctx=%-6d H=%-3d s_q=%d %9.3f ms %9.1f MB %7.0f GB/s (%3.0f%% of "
                 "copy) "
-                "%6.1f TFLOP/s  [%s, %d blocks, %d repeats]\n",
+                "%6.1f TFLOP/s  [%s, %d blocks, runs of %s pages, %d repeats]\n",
                 row.format.c_str(), batch, context, heads, s_q, ms, row.cache_mb, row.gbps,
-                100.0 * row.gbps / copy_gbps, row.tflops, row.kernel.c_str(), row.blocks,
+                100.0 * row.gbps / copy_gbps, row.tflops, row.kernel.c_str(), row.blocks, runs,
                 row.repeats);
             std::fflush(stdout);
           }
@@ -432,10 +456,10 @@ int main(int argc, char** argv) {
                      "    {\"format\": \"%s\", \"heads\": %d, \"batch\": %d, \"context\": %d, "
                      "\"s_q\": %d, \"ms\": %.4f, \"cache_mb\": %.2f, \"gbps\": %.1f, "
                      "\"pct_copy\": %.1f, \"tflops\": %.2f, \"repeats\": %d, \"blocks\": %d, "
-                     "\"kernel\": \"%s\"}%s\n",
+                     "\"kernel\": \"%s\", \"run_pages_min\": %d, \"run_pages_max\": %d}%s\n",
                      r.format.c_str(), r.heads, r.batch, r.context, r.s_q, r.ms, r.cache_mb, r.gbps,
                      100.0 * r.gbps / copy_gbps, r.tflops, r.repeats, r.blocks, r.kernel.c_str(),
-                     i + 1 < rows.size() ? "," : "");
+                     r.run_pages_min, r.run_pages_max, i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "  ],\n  \"memory_128k_v3\": [\n");
       for (size_t i = 0; i < formats.size(); ++i) {
