@@ -61,7 +61,6 @@ struct SeesawLayout {
 
 namespace seesaw_detail {
 
-using warpgroup_detail::quad_max;
 using warpgroup_detail::rescale_between;
 using L = SeesawLayout;
 constexpr int kScoreRegs = kPageTokens / 2;  // m64n64's accumulators a thread
@@ -83,20 +82,10 @@ __device__ __forceinline__ void page_softmax(float (&sc)[kScoreRegs], int key0, 
                                              float& sum1, uint32_t (&probs)[4][4]) {
   const int t4 = threadIdx.x % 4;
   if (masked) warpgroup_detail::mask_scores(sc, key0 + 2 * t4, last0, last1);
-  float page_max0 = -INFINITY, page_max1 = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kScoreRegs / 4; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (e < 2) {
-        page_max0 = fmaxf(page_max0, sc[4 * j + e]);
-      } else {
-        page_max1 = fmaxf(page_max1, sc[4 * j + e]);
-      }
-    }
-  }
-  max_out0 = fmaxf(max_in0, quad_max(page_max0) * scale_log2);
-  max_out1 = fmaxf(max_in1, quad_max(page_max1) * scale_log2);
+  float page_max0, page_max1;
+  warpgroup_detail::scaled_row_maxima(sc, scale_log2, page_max0, page_max1);
+  max_out0 = fmaxf(max_in0, page_max0);
+  max_out1 = fmaxf(max_in1, page_max1);
   const float base0 = warpgroup_detail::softmax_base(max_out0);
   const float base1 = warpgroup_detail::softmax_base(max_out1);
   rescale0 = exp2f(max_in0 - base0), rescale1 = exp2f(max_in1 - base1);

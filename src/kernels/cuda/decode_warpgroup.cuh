@@ -140,6 +140,28 @@ __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
+
+// The maxima of rows r0 and r1 over accumulators of m64nN (laid out as in mask_scores), across the
+// four lanes of each row, times `scale` (positive: rounding keeps the order of the products, so
+// these are the scaled scores' maxima, and P takes one FFMA an element).
+template <int kRegs>
+__device__ __forceinline__ void scaled_row_maxima(const float (&sc)[kRegs], float scale,
+                                                  float& max0, float& max1) {
+  float row_max0 = -INFINITY, row_max1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < 2) {
+        row_max0 = fmaxf(row_max0, sc[4 * j + e]);
+      } else {
+        row_max1 = fmaxf(row_max1, sc[4 * j + e]);
+      }
+    }
+  }
+  max0 = quad_max(row_max0) * scale, max1 = quad_max(row_max1) * scale;
+}
+
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
@@ -428,25 +450,13 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_fence_registers(sc);
     wgmma_fence_registers(o);
 
-    // 2. The mask, this warpgroup's maxima of the rows, the page maxima through shared memory:
-    // those of the raw scores times the scale (as the scaled scores' maxima: rounding keeps the
-    // order of the products with a positive scale), so that P takes one FFMA an element below.
+    // 2. The mask, this warpgroup's maxima of the rows (scaled), the page maxima through shared
+    // memory.
     const int key0 = page_key + warpgroup * kHalfKeys;
     const bool masked = key0 + kHalfKeys - 1 > run.block_last;
     if (masked) mask_scores(sc, key0 + 2 * t4, run.last0, run.last1);
-    float page_max0 = -INFINITY, page_max1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kHalfKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e < 2) {
-          page_max0 = fmaxf(page_max0, sc[4 * j + e]);
-        } else {
-          page_max1 = fmaxf(page_max1, sc[4 * j + e]);
-        }
-      }
-    }
-    page_max0 = quad_max(page_max0) * p.scale_log2, page_max1 = quad_max(page_max1) * p.scale_log2;
+    float page_max0, page_max1;
+    scaled_row_maxima(sc, p.scale_log2, page_max0, page_max1);
     if (t4 == 0) {
       max_exchange[warpgroup * L::kRows + r0] = page_max0;
       max_exchange[warpgroup * L::kRows + r1] = page_max1;
