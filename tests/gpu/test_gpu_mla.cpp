@@ -746,7 +746,11 @@ void run_error_cases() {
                gpu::MlaDecodePlan(int2, many, 1, 64).blocks().front().rows == 64,
            "auto: the warpgroup kernel for 32 int4 / int2 sequences at 64 or more heads");
     expect(gpu::MlaDecodePlan(int4, one, 1, 128).blocks().front().rows != 64,
-           "auto: not the warpgroup kernel for one int4 sequence");
+           "auto: not the warpgroup kernel for one short int4 sequence");
+    const std::vector<int32_t> one_long(1, (gpu::kLongContextPages + 1) * gpu::kPageTokens);
+    expect(gpu::MlaDecodePlan(int4, one_long, 1, 128).kernel_name() == "warpgroup" &&
+               gpu::MlaDecodePlan(int2, one_long, 1, 64).kernel_name() == "warpgroup",
+           "auto: the warpgroup kernel for one long int4 / int2 sequence at 64 or more heads");
   }
   setenv("QUANTMLA_DECODE_KERNEL", "fragments", 1);
   expect_throws<InvalidArgument>("the fragment kernel forced on a BF16 cache",

@@ -129,7 +129,11 @@ int fragments_min_batch(const CacheFormat& format, bool long_context) {
 }
 
 // Where the plan takes the warpgroup kernel: from 64 heads (its 64-row blocks need no padding at
-// s_q = 1), for a BF16 cache at every batch, for the other formats it reads from batch 2. Measured
+// s_q = 1), for a BF16 cache at every batch, for the other formats it reads from batch 2 and, at
+// long contexts (decode_long_context), for one sequence too (H100, 2026-12-06, 128 heads, on the
+// page schedule's half-page slots: one INT4 sequence of 32K / 128K 0.066 / 0.140 ms against the
+// fragment kernel's 0.083 / 0.247, INT2 0.065 / 0.138 against 0.067 / 0.192; at 4K as fast for
+// INT4 and 13% slower for INT2, 0.034 against 0.030 ms). Measured
 // on the H200 at 128 heads beside the previous kernels (bench_gpu_decode, docs/benchmarks.md,
 // 2026-12-05): BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x; on the
 // seesaw schedule since, 0.75-0.84x), at batch 1 as fast at 4K and faster beyond; INT4 and INT2
@@ -173,13 +177,13 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // (benchmarks and tests time and check each; fragments3 is the fragment kernel's three-block form,
 // transposed32 the transposed kernel's two-tile form); unset or "auto": the warpgroup kernel
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
-// kWarpgroupMinBatchQuantized sequences; never for a batch-invariant plan, whose blocks take 16
-// rows), else the transposed kernel for a BF16 cache at up to kTransposedMaxHeads heads (not
-// batch-invariant; its two-tile form where the rows come in 32s and transposed_two_tiles holds),
-// else the fragment kernel where it reads the format and the batch has at least
-// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
-// content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan keeps
-// more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
+// kWarpgroupMinBatchQuantized sequences or at long contexts; never for a batch-invariant plan,
+// whose blocks take 16 rows), else the transposed kernel for a BF16 cache at up to
+// kTransposedMaxHeads heads (not batch-invariant; its two-tile form where the rows come in 32s and
+// transposed_two_tiles holds), else the fragment kernel where it reads the format and the batch has
+// at least fragments_min_batch(format, long_context) sequences, in its three-block form for int4
+// and int2 content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan
+// keeps more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
 // `row_tiles` 16-row tiles a sequence on `multiprocessors`).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant, bool long_context, int row_tiles,
@@ -226,7 +230,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
   if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
-      (bf16 || batch >= kWarpgroupMinBatchQuantized)) {
+      (bf16 || batch >= kWarpgroupMinBatchQuantized || long_context)) {
     return DecodeKernel::kWarpgroup;
   }
   // A BF16 cache at up to 16 heads: the transposed kernel was faster than the tiled one at every

@@ -10,13 +10,19 @@
 // work items, the roundings and the output stage (store_rows) with it.
 //
 // Thread 0 copies Q's 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte
-// swizzle (wgmma.cuh). The pages are copied raw (bulk copies of the page's records, two
-// stages), and both warpgroups dequantize each into one BF16 tile with the
-// tiled kernel's decoders (record_formats.cuh), so the values are the tiled kernel's; those
-// decoders put a channel pair where the codes make it cheapest (a "pair span", tile column
-// order), so Q's columns are permuted to the same order once, and the output's back at the end.
-// Per page, the two warpgroups:
-//   1. S = Q K^T, each over its own 32 keys of the page (m64n32, 36 k-steps of 16 channels).
+// swizzle (wgmma.cuh). The pages are copied raw in halves of 32 records (bulk copies, three half
+// pages in flight, two for FP8 content), and both warpgroups dequantize each half into a BF16
+// slot of 32 keys with the tiled kernel's decoders (record_formats.cuh), so the values are the
+// tiled kernel's; those decoders put a channel pair where the codes make it cheapest (a "pair
+// span", tile column order), so Q's columns are permuted to the same order once, and the
+// output's back at the end. Three slots turn: page i's halves are in slots 2i % 3 and
+// (2i + 1) % 3, and the third is free for the next page's first half. Per page, the two
+// warpgroups:
+//   1. S = Q K^T, each over its own half of the page (one slot: m64n32, 36 k-steps of 16
+//      channels). Warpgroup 0's first half was converted while the previous page's P V ran, so
+//      its S runs while both warpgroups convert the second half (into the slot the previous
+//      page's first half held, free once the first of that P V's two commit groups is done);
+//      warpgroup 1's S follows.
 //   2. The online softmax in the log2 domain: each warpgroup's maximum of a row goes through
 //      shared memory (a barrier of both), so both rescale by the same page maximum; P = exp2 in
 //      FP32, rounded to BF16 into one 64 x 64 box (K-major for the next product's A operand); each
@@ -24,8 +30,10 @@
 //      query (s_q > 1) or the sequence are -inf; records past the sequence's end are
 //      dequantized as zeros (their pool bytes are arbitrary, and NaN would survive a probability
 //      of 0 in P V).
-//   3. O += P V, each warpgroup over its own 256 of the 512 channels (m64n256, 4 k-steps): V is the
-//      page's own content channels, read untransposed as an MN-major B operand.
+//   3. O += P V, each warpgroup over its own 256 of the 512 channels (m64n256, 4 k-steps, two
+//      commit groups of a half page each): V is the slots' own content channels, read
+//      untransposed as an MN-major B operand. While it runs, both warpgroups convert the next
+//      page's first half into the third slot.
 // The softmax's steps are pages and P is rounded as the tiled kernel rounds it, so the host
 // reference of test_gpu_mla (MlaDecodePlan::Operands::kBf16Tile) follows this kernel too.
 #pragma once
@@ -54,34 +62,46 @@ struct WarpgroupLayout {
   using Rope = RopeType;
   // A BF16 cache's pages are copied as tiles by the seesaw kernel (decode_seesaw.cuh) instead.
   static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;
-  static constexpr int kThreads = 256;                            // two warpgroups
-  static constexpr int kRows = kWarpgroupRows;                    // wgmma's M
-  static constexpr int kStepKeys = kWarpgroupStepKeys;            // a page
-  static constexpr int kColumnBlocks = kKeyDim / 64;              // boxes of 64 channels
-  static constexpr int kBlockBytes = 64 * 128;                    // a box of 64 rows
-  static constexpr int kTileBytes = kColumnBlocks * kBlockBytes;  // Q, or a page as BF16
-  static constexpr int kRawStages = 2;                            // raw pages in flight
-  static constexpr int kRawBytes =
-      (kPageTokens * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
-  static constexpr int kProbBytes = kBlockBytes;            // P: 64 rows x 64 keys, one box
-  static constexpr int kExchangeBytes = 2 * 2 * kRows * 4;  // [max, sum][warpgroup][row] FP32
-  static constexpr int kBarrierBytes = 3 * 8;               // Q's, and one a stage
-  // Q, the page tiles and P, each of whole 1024-byte swizzle atoms from a 1024-byte-aligned base
+  static constexpr int kThreads = 256;                              // two warpgroups
+  static constexpr int kRows = kWarpgroupRows;                      // wgmma's M
+  static constexpr int kStepKeys = kWarpgroupStepKeys;              // a page
+  static constexpr int kHalfKeys = kStepKeys / 2;                   // a half page, one tile slot
+  static constexpr int kColumnBlocks = kKeyDim / 64;                // boxes of 64 channels
+  static constexpr int kBlockBytes = 64 * 128;                      // a box of 64 rows (Q, P)
+  static constexpr int kQBytes = kColumnBlocks * kBlockBytes;       // Q's 64 rows
+  static constexpr int kHalfBoxBytes = kHalfKeys * 128;             // a box of a half page's keys
+  static constexpr int kSlotBytes = kColumnBlocks * kHalfBoxBytes;  // a half page as BF16
+  // Three half-page slots: a page's two halves and the next page's first, converted while the
+  // products of this page run.
+  static constexpr int kSlots = 3;
+  static constexpr int kProbBytes = kBlockBytes;  // P: 64 rows x 64 keys, one box
+  static constexpr int kRawHalfBytes =            // a half page's records, copied raw
+      (kHalfKeys * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
+  static constexpr int kExchangeBytes = 2 * kRows * 4;  // the row maxima, [warpgroup][row] FP32
+  // Q, the slots and P, each of whole 1024-byte swizzle atoms from a 1024-byte-aligned base
   // (+ 1024: the dynamic allocation only promises 16), then the raw stages (16-byte aligned for
-  // the bulk copies), the exchange and the barriers.
-  static constexpr int kProbOffset = 2 * kTileBytes;  // Q and the page's tile before it
+  // the bulk copies), the exchange and the barriers (Q's, and one a raw stage).
+  static constexpr int kSlotOffset = kQBytes;
+  static constexpr int kProbOffset = kSlotOffset + kSlots * kSlotBytes;
   static constexpr int kRawOffset = kProbOffset + kProbBytes;
-  static constexpr int kExchangeOffset = kRawOffset + kRawStages * kRawBytes;
-  static constexpr int kSharedBytes = 1024 + kExchangeOffset + kExchangeBytes + kBarrierBytes;
-  static_assert(kTileBytes % 1024 == 0 && kProbOffset % 1024 == 0 && kRawOffset % 16 == 0,
+  static constexpr int shared_bytes(int raw_stages) {
+    return 1024 + kRawOffset + raw_stages * kRawHalfBytes + kExchangeBytes + (1 + raw_stages) * 8;
+  }
+  // Half pages in flight: three where they fit (a copy then has a page and a half to land), else
+  // two (FP8 content, and INT4 content with a BF16 RoPE key).
+  static constexpr int kRawStages = shared_bytes(3) <= kSharedLimit ? 3 : 2;
+  static constexpr int kExchangeOffset = kRawOffset + kRawStages * kRawHalfBytes;
+  static constexpr int kSharedBytes = shared_bytes(kRawStages);
+  static_assert(kSlotBytes % 1024 == 0 && kProbOffset % 1024 == 0 && kRawOffset % 16 == 0,
                 "swizzled boxes on 1024-byte atoms, raw stages on 16 bytes");
   static_assert(kKeyDim % 64 == 0 && kLatentDim == 2 * 256, "two warpgroups of 256 channels");
   static_assert(kRows == 64 && kStepKeys == kPageTokens && kStepKeys == 64,
                 "64 rows of wgmma's M; a page is one box of keys and one k-block of P");
 };
 
-// The formats whose tiles and raw stages fit an SM's shared memory: all but BF16 content with an
-// int4 RoPE key and FP8 content with a BF16 one (two raw pages of 67 or 41 KB beside the tiles),
+// The formats whose slots and raw stages fit an SM's shared memory: all but BF16 content with an
+// int4 RoPE key and FP8 content with a BF16 one (two raw half pages of 34 or 21 KB beside the
+// slots),
 // as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below). A BF16
 // cache is copied as tiles by the seesaw kernel, whose layout decode_seesaw.cuh checks.
 template <class Content, class Rope>
@@ -98,6 +118,11 @@ static_assert(kWarpgroupFits<ContentBf16, RopeBf16> && !kWarpgroupFits<ContentBf
                   kWarpgroupFits<ContentInt<2, 128>, RopeBf16> &&
                   kWarpgroupFits<ContentInt<2, 128>, RopeInt4>,
               "warpgroup_kernel_reads (decode_kernels.h) names the two formats that do not fit");
+static_assert(WarpgroupLayout<ContentInt<4, 64>, RopeInt4>::kRawStages == 3 &&
+                  WarpgroupLayout<ContentInt<2, 64>, RopeInt4>::kRawStages == 3 &&
+                  WarpgroupLayout<ContentInt<4, 64>, RopeBf16>::kRawStages == 2 &&
+                  WarpgroupLayout<ContentFp8, RopeInt4>::kRawStages == 2,
+              "three half pages in flight for the int4 and int2 caches with an int4 RoPE key");
 
 namespace warpgroup_detail {
 
@@ -220,42 +245,42 @@ __device__ __forceinline__ void set_value(uint4& v, int column, uint32_t value) 
   v.w = word == 3 ? (v.w & keep) | put : v.w;
 }
 
-// A raw page (64 records of p.record_bytes at `raw`) into the BF16 tile (nine boxes, tile column
-// order), the tiled kernel's decoders and kept pairs; records past `valid` as zeros.
+// A raw half page (32 records of p.record_bytes at `raw`) into a slot (nine boxes of 32 keys, tile
+// column order), the tiled kernel's decoders and kept pairs; records from `valid` on as zeros.
+// One content chunk and one RoPE unit a thread.
 template <class L>
-__device__ __forceinline__ void dequantize_page(const uint8_t* raw, uint8_t* tile, int valid,
+__device__ __forceinline__ void dequantize_half(const uint8_t* raw, uint8_t* slot, int valid,
                                                 const DecodeKernelParams& p) {
   using Content = typename L::Content;
   using Rope = typename L::Rope;
+  constexpr int kRows = L::kHalfKeys, kBoxBytes = L::kHalfBoxBytes;
   constexpr int kChunks = kLatentDim / 64;  // content boxes
-  for (int task = threadIdx.x; task < kPageTokens * kChunks; task += L::kThreads) {
-    const int r = task % kPageTokens, c = task / kPageTokens;
-    uint4 v[8];
-    if (r < valid) {
-      Content::chunk(raw + r * p.record_bytes, c, v);
-    } else {
+  static_assert(kRows * kChunks == L::kThreads && kRows * (kRopeDim / 8) == L::kThreads,
+                "a content chunk and a RoPE unit a thread");
+  const int r = threadIdx.x % kRows, c = threadIdx.x / kRows;
+  const uint8_t* const rec = raw + r * p.record_bytes;
+  uint4 v[8];
+  if (r < valid) {
+    Content::chunk(rec, c, v);
+  } else {
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int u = 0; u < 8; ++u) v[u] = make_uint4(0u, 0u, 0u, 0u);
+  }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      *reinterpret_cast<uint4*>(tile + c * kBlockBytes + tma_box_offset(r, 8 * u)) = v[u];
-    }
+  for (int u = 0; u < 8; ++u) {
+    *reinterpret_cast<uint4*>(slot + c * kBoxBytes + tma_box_offset(r, 8 * u)) = v[u];
   }
-  for (int task = threadIdx.x; task < kPageTokens * (kRopeDim / 8); task += L::kThreads) {
-    const int r = task % kPageTokens, k = task / kPageTokens;
-    const uint8_t* const rec = raw + r * p.record_bytes + Content::kBytes;
-    uint4 v = r < valid ? Rope::unit(rec, k) : make_uint4(0u, 0u, 0u, 0u);
-    // Kept pairs replace their two channels (both in this unit of 8).
-    for (int n = 0; n < p.kept.count; ++n) {
-      const int pair = p.kept.pairs[n];
-      if (pair / 4 != k || r >= valid) continue;
-      const uint32_t stored = Rope::kept_pair(rec, n);
-      set_value(v, column_of_channel<Rope::kPairSpan>(2 * pair) % 8, stored & 0xffffu);
-      set_value(v, column_of_channel<Rope::kPairSpan>(2 * pair + 1) % 8, stored >> 16);
-    }
-    *reinterpret_cast<uint4*>(tile + kChunks * kBlockBytes + tma_box_offset(r, 8 * k)) = v;
+  // The RoPE key's unit k = c of this record.
+  uint4 w = r < valid ? Rope::unit(rec + Content::kBytes, c) : make_uint4(0u, 0u, 0u, 0u);
+  // Kept pairs replace their two channels (both in this unit of 8).
+  for (int n = 0; n < p.kept.count; ++n) {
+    const int pair = p.kept.pairs[n];
+    if (pair / 4 != c || r >= valid) continue;
+    const uint32_t stored = Rope::kept_pair(rec + Content::kBytes, n);
+    set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair) % 8, stored & 0xffffu);
+    set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair + 1) % 8, stored >> 16);
   }
+  *reinterpret_cast<uint4*>(slot + kChunks * kBoxBytes + tma_box_offset(r, 8 * c)) = w;
 }
 
 // A work item's run as both warpgroup kernels read it, and this thread's two rows of the block
@@ -353,7 +378,7 @@ __global__ void __launch_bounds__(256, 1)
   using L = WarpgroupLayout<Content, Rope>;
   using namespace warpgroup_detail;
   static_assert(kWarpgroupFits<Content, Rope> && !L::kDirect,
-                "a format whose pages fit raw beside the tile; BF16 takes the seesaw kernel");
+                "a format whose pages fit raw beside the tiles; BF16 takes the seesaw kernel");
   wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
@@ -361,57 +386,73 @@ __global__ void __launch_bounds__(256, 1)
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t base = swizzle_base(shared_raw);
   uint8_t* const base_bytes = shared_raw + (base - shared_address(shared_raw));
-  // Q, the page's tile, P, the raw stages, the exchange of row maxima and sums, the barriers.
+  // Q, the three slots, P, the raw stages, the exchange of row maxima, the barriers.
   const uint32_t q_tile = base;
-  const uint32_t keys = base + L::kTileBytes;
+  const uint32_t slots = base + L::kSlotOffset;
+  uint8_t* const slot_bytes = base_bytes + L::kSlotOffset;
   const uint32_t probs = base + L::kProbOffset;
   uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
   uint8_t* const raw_stages = base_bytes + L::kRawOffset;
-  const auto raw_stage = [&](int i) { return raw_stages + (i % 2) * L::kRawBytes; };
   float* const max_exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [2][64]
-  float* const sum_exchange = max_exchange + 2 * L::kRows;                                // [2][64]
-  uint64_t* const q_full = reinterpret_cast<uint64_t*>(sum_exchange + 2 * L::kRows);
-  uint64_t* const page_full = q_full + 1;  // [2]: the raw stages
+  uint64_t* const q_full = reinterpret_cast<uint64_t*>(max_exchange + 2 * L::kRows);
+  uint64_t* const half_full = q_full + 1;  // [kRawStages]
 
   const BlockRun run = block_run(p, item);
+  const int halves = 2 * run.num_pages;  // half h: page h / 2's records 32 (h % 2) on
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
-    for (int s = 0; s < 2; ++s) mbarrier_init(&page_full[s], 1);
+    for (int s = 0; s < L::kRawStages; ++s) mbarrier_init(&half_full[s], 1);
     fence_barrier_init();
   }
   __syncthreads();
-  // Page i of the run into raw stage i % 2, as the records' bytes.
-  const auto load_page = [&](int i) {
-    uint64_t* const full = &page_full[i % 2];
-    const uint32_t bytes = static_cast<uint32_t>(kPageTokens * p.record_bytes);
-    mbarrier_arrive_expect_bytes(full, bytes);
-    bulk_copy_to_shared(raw_stage(i),
-                        p.pool + static_cast<int64_t>(run.pages[i]) * kPageTokens * p.record_bytes,
-                        bytes, full);
+  // Half page h of the run into raw stage h % kRawStages, as the records' bytes.
+  const uint32_t half_bytes = static_cast<uint32_t>(L::kHalfKeys * p.record_bytes);
+  const auto load_half = [&](int h) {
+    uint64_t* const full = &half_full[h % L::kRawStages];
+    const int64_t record =
+        static_cast<int64_t>(run.pages[h / 2]) * kPageTokens + (h % 2) * L::kHalfKeys;
+    mbarrier_arrive_expect_bytes(full, half_bytes);
+    bulk_copy_to_shared(raw_stages + (h % L::kRawStages) * L::kRawHalfBytes,
+                        p.pool + record * p.record_bytes, half_bytes, full);
   };
   if (threadIdx.x == 0) {
-    mbarrier_arrive_expect_bytes(q_full, L::kTileBytes);
+    mbarrier_arrive_expect_bytes(q_full, L::kQBytes);
     const int q_row = item.batch * run.rows_per_seq + run.first_row;
 #pragma unroll
     for (int b = 0; b < L::kColumnBlocks; ++b) {
       tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
     }
-    for (int i = 0; i < 2 && i < run.num_pages; ++i) load_page(i);
+    for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h);
   }
   __syncwarp();  // warp 0 converged again for the warpgroup instructions
+  // Half h into its slot (h % 3) by all the block's threads, then a barrier of both warpgroups:
+  // its raw stage is free for half h + kRawStages, and the slot's keys are ready for the products.
+  const auto convert_half = [&](int h, int barrier) {
+    mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
+    const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
+    dequantize_half<L>(raw_stages + (h % L::kRawStages) * L::kRawHalfBytes,
+                       slot_bytes + (h % L::kSlots) * L::kSlotBytes, valid, p);
+    fence_proxy_async_shared();
+    named_barrier(barrier, L::kThreads);
+    if (threadIdx.x == 0 && h + L::kRawStages < halves) load_half(h + L::kRawStages);
+    __syncwarp();
+  };
 
-  const int warpgroup = threadIdx.x / 128, t4 = threadIdx.x % 4;
+  // The warpgroup as a value the compiler knows to be the same in a warp (a shuffle): wgmma under
+  // a branch it takes for divergent would be serialized (ptxas C7520).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int t4 = threadIdx.x % 4;
   const int r0 = run.r0, r1 = run.r1;
   float o[kOutputRegs] = {};
   float max0 = -INFINITY, max1 = -INFINITY;  // the page maxima so far (both warpgroups' keys)
   float sum0 = 0.0f, sum1 = 0.0f;            // this thread's keys only
-  const uint32_t own_keys = warpgroup * kHalfKeys * 128;  // rows of the warpgroup's keys in a box
-  const uint32_t own_values = warpgroup * (kHalfChannels / 64) * L::kBlockBytes;
-  // The products' operands as descriptors made once (a k-step adds its offset: descriptor_at).
+  // The products' operands as descriptors made once (a k-step, and a slot, add their offsets:
+  // descriptor_at). The warpgroup's values are its four boxes of a slot.
   const uint64_t q_descriptor = wgmma_descriptor(q_tile);
-  const uint64_t own_keys_descriptor = wgmma_descriptor(keys + own_keys);
-  const uint64_t own_values_descriptor = wgmma_descriptor_mn(keys + own_values, L::kBlockBytes);
+  const uint64_t keys_descriptor = wgmma_descriptor(slots);
+  const uint64_t values_descriptor = wgmma_descriptor_mn(
+      slots + warpgroup * (kHalfChannels / 64) * L::kHalfBoxBytes, L::kHalfBoxBytes);
   const uint64_t probs_descriptor = wgmma_descriptor(probs);
   mbarrier_wait(q_full, 0);
   if constexpr (Content::kPairSpan > 1 || Rope::kPairSpan > 1) {
@@ -420,33 +461,42 @@ __global__ void __launch_bounds__(256, 1)
     fence_proxy_async_shared();
     __syncthreads();
   }
+  if (halves > 0) convert_half(0, 5);
 
+  // Page i's halves sit in slots 2i % 3 (warpgroup 0's keys) and (2i + 1) % 3 (warpgroup 1's).
+  // Its first half was converted during page i - 1 (while that page's P V ran); its second goes
+  // into the slot of page i - 1's first half once the P V over it (the first of that product's
+  // two commit groups) is done, while warpgroup 0's S runs; then the next page's first half goes
+  // into the third slot while this page's P V runs.
   for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
-    const int valid = run.seq_len - page_key;  // records of the page in the sequence
-    mbarrier_wait(&page_full[i % 2], static_cast<uint32_t>((i / 2) & 1));
-    // The one tile is free once both warpgroups' P V of the previous page is done.
-    wgmma_wait<0>();
-    wgmma_fence_registers(o);
-    named_barrier(3, L::kThreads);
-    dequantize_page<L>(raw_stage(i), base_bytes + (keys - base), valid, p);
-    fence_proxy_async_shared();
-    named_barrier(4, L::kThreads);
-    // Every thread is past its dequantization: the raw stage is free for page i + 2.
-    if (threadIdx.x == 0 && i + 2 < run.num_pages) load_page(i + 2);
-    __syncwarp();
-
-    // 1. S over this warpgroup's keys.
+    const int first_slot = (2 * i) % L::kSlots, second_slot = (2 * i + 1) % L::kSlots;
+    // 1. S over this warpgroup's keys (its half of the page, one slot), warpgroup 0's while both
+    // convert the page's second half. Each S completes inside its warpgroup's branch (a product
+    // in flight where the branches join would be serialized, C7515).
     float sc[kScoreRegs];
-    wgmma_fence();
+    const auto issue_scores = [&](int slot) {
+      const uint64_t keys_at = descriptor_at(keys_descriptor, slot * L::kSlotBytes);
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kKeyDim / 16; ++s) {
-      const uint32_t column = (s / 4) * L::kBlockBytes + (s % 4) * 32;
-      wgmma_m64nk16_ss<kHalfKeys>(sc, descriptor_at(q_descriptor, column),
-                                  descriptor_at(own_keys_descriptor, column), s);
+      for (int s = 0; s < kKeyDim / 16; ++s) {
+        wgmma_m64nk16_ss<kHalfKeys>(
+            sc, descriptor_at(q_descriptor, (s / 4) * L::kBlockBytes + (s % 4) * 32),
+            descriptor_at(keys_at, (s / 4) * L::kHalfBoxBytes + (s % 4) * 32), s);
+      }
+      wgmma_commit();
+    };
+    if (warpgroup == 0) {
+      issue_scores(first_slot);
+      wgmma_wait<2>();  // the previous page's P V over its first half (then S's group is last)
+      convert_half(2 * i + 1, 3);
+      wgmma_wait<0>();
+    } else {
+      wgmma_wait<1>();  // the previous page's P V over its first half
+      convert_half(2 * i + 1, 3);
+      issue_scores(second_slot);
+      wgmma_wait<0>();
     }
-    wgmma_commit();
-    wgmma_wait<0>();
     wgmma_fence_registers(sc);
     wgmma_fence_registers(o);
 
@@ -470,7 +520,8 @@ __global__ void __launch_bounds__(256, 1)
     max0 = new_max0, max1 = new_max1;
     sum0 *= rescale0, sum1 *= rescale1;
 
-    // P into this warpgroup's 32 key columns of the box.
+    // P into this warpgroup's 32 key columns of the box (the previous page's P V, its reader, is
+    // done in both warpgroups: each waited for it above, before barrier 1).
 #pragma unroll
     for (int j = 0; j < kHalfKeys / 8; ++j) {
       const float p0 = exp2_flushed(fmaf(sc[4 * j], p.scale_log2, -base0));
@@ -494,20 +545,33 @@ __global__ void __launch_bounds__(256, 1)
     fence_proxy_async_shared();
     named_barrier(2, L::kThreads);
 
-    // 3. O += P V over this warpgroup's channels, left in flight.
+    // 3. O += P V over this warpgroup's channels, left in flight as two commit groups, one a
+    // half page (keys 0-31 from the first slot, 32-63 from the second).
     wgmma_fence_registers(o);
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kPageTokens / 16; ++k) {
-      wgmma_m64nk16_ss<kHalfChannels, true>(o, descriptor_at(probs_descriptor, k * 32),
-                                            descriptor_at(own_values_descriptor, k * 16 * 128), 1);
+    for (int half = 0; half < 2; ++half) {
+      const uint64_t values_at =
+          descriptor_at(values_descriptor, (half == 0 ? first_slot : second_slot) * L::kSlotBytes);
+#pragma unroll
+      for (int k = 0; k < kHalfKeys / 16; ++k) {
+        wgmma_m64nk16_ss<kHalfChannels, true>(o,
+                                              descriptor_at(probs_descriptor, (2 * half + k) * 32),
+                                              descriptor_at(values_at, k * 16 * 128), 1);
+      }
+      wgmma_commit();
     }
-    wgmma_commit();
+    // The next page's first half into the third slot, whose last reader (this page's S, or the
+    // previous page's P V over its second half) is done.
+    if (i + 1 < run.num_pages) convert_half(2 * i + 2, 4);
   }
   wgmma_wait<0>();
   wgmma_fence_registers(o);
 
-  store_rows<Content::kPairSpan>(p, item, run, max0, max1, sum0, sum1, o, sum_exchange);
+  // Q's bytes are free (every S is done: each warpgroup waited for its last before barrier 1):
+  // the exchange of the rows' sums.
+  store_rows<Content::kPairSpan>(p, item, run, max0, max1, sum0, sum1, o,
+                                 reinterpret_cast<float*>(base_bytes));
 }
 
 }  // namespace quantmla::gpu
