@@ -132,11 +132,11 @@ int fragments_min_batch(const CacheFormat& format, bool long_context) {
 // s_q = 1), for a BF16 cache at every batch, for the other formats it reads from batch 2 and, at
 // long contexts (decode_long_context), for one sequence too (H100, 2026-12-06, 128 heads, on the
 // page schedule's half-page slots: one INT4 sequence of 32K / 128K 0.066 / 0.140 ms against the
-// fragment kernel's 0.083 / 0.247, INT2 0.065 / 0.138 against 0.067 / 0.192; at 4K as fast for
-// INT4 and 13% slower for INT2, 0.034 against 0.030 ms). Measured
-// on the H200 at 128 heads beside the previous kernels (bench_gpu_decode, docs/benchmarks.md,
-// 2026-12-05): BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x; on the
-// seesaw schedule since, 0.75-0.84x), at batch 1 as fast at 4K and faster beyond; INT4 and INT2
+// tiled kernel's 0.083 / 0.247, INT2 0.065 / 0.138 against the fragment kernel's 0.067 / 0.193; at
+// 4K as fast for INT4 and 13% slower for INT2, 0.034 against 0.030 ms). Measured on the H200 at 128
+// heads beside the previous kernels (bench_gpu_decode, docs/benchmarks.md, 2026-12-05):
+// BF16 2.0-4.5x faster from batch 16 (0.62-0.75x FlashMLA against 0.27-0.32x; on the seesaw
+// schedule since, 0.75-0.84x), at batch 1 as fast at 4K and faster beyond; INT4 and INT2
 // g64 1.6-2.0x faster from batch 16, at batch 1 1.1-1.6x faster from 32K but 3-13% slower at 4K
 // (0.034 against 0.030-0.033 ms). At 16 heads (padded to 64 rows) the tiled and fragment kernels
 // stay faster.
