@@ -31,7 +31,7 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      seesaw-l2-prefetch.diff, page-schedule-split-dequantize.diff (bench/gpu/patches/README.md
+#      rescale-skip-128-heads.diff, seesaw-l2-prefetch-template.diff (bench/gpu/patches/README.md
 #      says how to run them, together)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
@@ -43,17 +43,17 @@
 #      PROFILE_SHAPE (bench_gpu_decode's --only, default bf16/bf16,64,32768,128): the same sections
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
-# Waiting (2026-12-06, thirty-fifth session): 5 on merged main (the three patches merged that
-# session together for the first time, beside FlashMLA: issue 15's 128-head figure; where time is
-# short, `RUN_ARGS="--heads 128" LEAN=1`, whose full test step 7's changed tree then runs), 7 with
-# bench/gpu/patches/seesaw-l2-prefetch.diff and page-schedule-split-dequantize.diff (~350 s), 10; 1, 2, 3 on one machine where an H200 comes
+# Waiting (2026-12-06, thirty-sixth session): 7 with bench/gpu/patches/rescale-skip-128-heads.diff
+# and seesaw-l2-prefetch-template.diff (~350 s); 5 in full on merged main (the half-page page
+# schedule's memcheck: the thirty-sixth's step 5 was LEAN); 1, 2, 3 on one machine where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
 # 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q =
 # 2) and 8's command without its packing in the thirty-third, 5, 9 and 7 (the 128-head kernels'
-# operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth (docs/benchmarks.md).
+# operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth, 7, 5 (LEAN, 128
+# heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth (docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
