@@ -11,13 +11,13 @@
 //
 // Thread 0 copies Q's 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte
 // swizzle (wgmma.cuh). The pages are copied raw in halves of 32 records (bulk copies, three half
-// pages in flight, two for FP8 content), and both warpgroups dequantize each half into a BF16
-// slot of 32 keys with the tiled kernel's decoders (record_formats.cuh), so the values are the
-// tiled kernel's; those decoders put a channel pair where the codes make it cheapest (a "pair
-// span", tile column order), so Q's columns are permuted to the same order once, and the
-// output's back at the end. Three slots turn: page i's halves are in slots 2i % 3 and
-// (2i + 1) % 3, and the third is free for the next page's first half. Per page, the two
-// warpgroups:
+// pages in flight, two where three do not fit: WarpgroupLayout::kRawStages), and both
+// warpgroups dequantize each half into a BF16 slot of 32 keys with the tiled kernel's decoders
+// (record_formats.cuh), so the values are the tiled kernel's; those decoders put a channel pair
+// where the codes make it cheapest (a "pair span", tile column order), so Q's columns are
+// permuted to the same order once, and the output's back at the end. Three slots turn: page i's
+// halves are in slots 2i % 3 and (2i + 1) % 3, and the third is free for the next page's first
+// half. Per page, the two warpgroups:
 //   1. S = Q K^T, each over its own half of the page (one slot: m64n32, 36 k-steps of 16
 //      channels). Warpgroup 0's first half was converted while the previous page's P V ran, so
 //      its S runs while both warpgroups convert the second half (into the slot the previous
