@@ -27,7 +27,8 @@
 #      .carry/patch.diff, `git diff` of the change, or .carry/patches/NAME.diff for several, with
 #      the changes themselves not in the tree that travels): a copy of the tree with each diff
 #      applied built beside it, each changed tree's GPU test (full, under 200 s), then the
-#      fragment kernel's formats at 16 heads, each tree in turn, three rounds: the serving shapes
+#      fragment kernel's formats at 16 heads, each tree in turn, three rounds (AB_ROUNDS: fewer
+#      where device time is short): the serving shapes
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
@@ -198,8 +199,8 @@ case $step in
         within $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" >"$OUT/$name-$tree.txt" 2>&1 ||
           status=1
       }
-      # The serving shapes and the grid, three rounds, each tree in turn.
-      for round in 1 2 3; do
+      # The serving shapes and the grid, three rounds (AB_ROUNDS), each tree in turn.
+      for round in $(seq "${AB_ROUNDS:-3}"); do
         for tree in "${!tree_of[@]}" main; do
           bench $tree short-$round --short-contexts --max-seconds 60
           bench $tree grid-$round --max-seconds 80
