@@ -74,6 +74,23 @@ struct WarpgroupLayout {
   // Three half-page slots: a page's two halves and the next page's first, converted while the
   // products of this page run.
   static constexpr int kSlots = 3;
+  // Half page h's slot (page i's halves: h = 2i and 2i + 1).
+  static constexpr int slot_of_half(int h) { return h % kSlots; }
+  // What the kernel's order of waits relies on, page by page: a page's halves in two slots; its
+  // second half where the previous page's first half was (free once the first of that page's two
+  // P V commit groups is done); the next page's first half where the previous page's second half
+  // was (free once that page's P V is done), neither of this page's slots.
+  static constexpr bool slots_turn_as_scheduled() {
+    for (int i = 1; i < 4 * kSlots; ++i) {
+      const int first = slot_of_half(2 * i), second = slot_of_half(2 * i + 1);
+      const int next_first = slot_of_half(2 * i + 2);
+      if (first == second || second != slot_of_half(2 * i - 2) ||
+          next_first != slot_of_half(2 * i - 1) || next_first == first || next_first == second) {
+        return false;
+      }
+    }
+    return true;
+  }
   static constexpr int kProbBytes = kBlockBytes;  // P: 64 rows x 64 keys, one box
   static constexpr int kRawHalfBytes =            // a half page's records, copied raw
       (kHalfKeys * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
@@ -118,6 +135,8 @@ static_assert(kWarpgroupFits<ContentBf16, RopeBf16> && !kWarpgroupFits<ContentBf
                   kWarpgroupFits<ContentInt<2, 128>, RopeBf16> &&
                   kWarpgroupFits<ContentInt<2, 128>, RopeInt4>,
               "warpgroup_kernel_reads (decode_kernels.h) names the two formats that do not fit");
+static_assert(WarpgroupLayout<ContentInt<4, 64>, RopeInt4>::slots_turn_as_scheduled(),
+              "the page schedule's three slots turn as its waits presume");
 static_assert(WarpgroupLayout<ContentInt<4, 64>, RopeInt4>::kRawStages == 3 &&
                   WarpgroupLayout<ContentInt<2, 64>, RopeInt4>::kRawStages == 3 &&
                   WarpgroupLayout<ContentInt<4, 64>, RopeBf16>::kRawStages == 2 &&
@@ -426,13 +445,13 @@ __global__ void __launch_bounds__(256, 1)
     for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h);
   }
   __syncwarp();  // warp 0 converged again for the warpgroup instructions
-  // Half h into its slot (h % 3) by all the block's threads, then a barrier of both warpgroups:
+  // Half h into its slot by all the block's threads, then a barrier of both warpgroups:
   // its raw stage is free for half h + kRawStages, and the slot's keys are ready for the products.
   const auto convert_half = [&](int h, int barrier) {
     mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
     const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
     dequantize_half<L>(raw_stages + (h % L::kRawStages) * L::kRawHalfBytes,
-                       slot_bytes + (h % L::kSlots) * L::kSlotBytes, valid, p);
+                       slot_bytes + L::slot_of_half(h) * L::kSlotBytes, valid, p);
     fence_proxy_async_shared();
     named_barrier(barrier, L::kThreads);
     if (threadIdx.x == 0 && h + L::kRawStages < halves) load_half(h + L::kRawStages);
@@ -470,7 +489,7 @@ __global__ void __launch_bounds__(256, 1)
   // into the third slot while this page's P V runs.
   for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
-    const int first_slot = (2 * i) % L::kSlots, second_slot = (2 * i + 1) % L::kSlots;
+    const int first_slot = L::slot_of_half(2 * i), second_slot = L::slot_of_half(2 * i + 1);
     // 1. S over this warpgroup's keys (its half of the page, one slot), warpgroup 0's while both
     // convert the page's second half. Each S completes inside its warpgroup's branch (a product
     // in flight where the branches join would be serialized, C7515).
