@@ -118,9 +118,8 @@ struct WarpgroupLayout {
 
 // The formats whose slots and raw stages fit an SM's shared memory: all but BF16 content with an
 // int4 RoPE key and FP8 content with a BF16 one (two raw half pages of 34 or 21 KB beside the
-// slots),
-// as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below). A BF16
-// cache is copied as tiles by the seesaw kernel, whose layout decode_seesaw.cuh checks.
+// slots), as decode_kernels.h's warpgroup_kernel_reads states it for the plan (checked below). A
+// BF16 cache is copied as tiles by the seesaw kernel, whose layout decode_seesaw.cuh checks.
 template <class Content, class Rope>
 inline constexpr bool kWarpgroupFits = WarpgroupLayout<Content, Rope>::kDirect ||
                                        WarpgroupLayout<Content, Rope>::kSharedBytes <= kSharedLimit;
@@ -412,6 +411,7 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t probs = base + L::kProbOffset;
   uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
   uint8_t* const raw_stages = base_bytes + L::kRawOffset;
+  const auto raw_stage = [&](int h) { return raw_stages + (h % L::kRawStages) * L::kRawHalfBytes; };
   float* const max_exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [2][64]
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(max_exchange + 2 * L::kRows);
   uint64_t* const half_full = q_full + 1;  // [kRawStages]
@@ -432,8 +432,7 @@ __global__ void __launch_bounds__(256, 1)
     const int64_t record =
         static_cast<int64_t>(run.pages[h / 2]) * kPageTokens + (h % 2) * L::kHalfKeys;
     mbarrier_arrive_expect_bytes(full, half_bytes);
-    bulk_copy_to_shared(raw_stages + (h % L::kRawStages) * L::kRawHalfBytes,
-                        p.pool + record * p.record_bytes, half_bytes, full);
+    bulk_copy_to_shared(raw_stage(h), p.pool + record * p.record_bytes, half_bytes, full);
   };
   if (threadIdx.x == 0) {
     mbarrier_arrive_expect_bytes(q_full, L::kQBytes);
@@ -450,8 +449,7 @@ __global__ void __launch_bounds__(256, 1)
   const auto convert_half = [&](int h, int barrier) {
     mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
     const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
-    dequantize_half<L>(raw_stages + (h % L::kRawStages) * L::kRawHalfBytes,
-                       slot_bytes + L::slot_of_half(h) * L::kSlotBytes, valid, p);
+    dequantize_half<L>(raw_stage(h), slot_bytes + L::slot_of_half(h) * L::kSlotBytes, valid, p);
     fence_proxy_async_shared();
     named_barrier(barrier, L::kThreads);
     if (threadIdx.x == 0 && h + L::kRawStages < halves) load_half(h + L::kRawStages);
