@@ -53,3 +53,8 @@ if [ -e "${patches[0]}" ]; then
   done
   echo "test.sh: ${#patches[@]} waiting patches apply, one after the other (and the stacked ones reverse)"
 fi
+# The measurement probes (bench/gpu/probes/README.md) apply to this tree, each alone.
+for probe in bench/gpu/probes/*.diff; do
+  [ -e "$probe" ] || continue
+  git apply --check "$probe" || { echo "test.sh: $probe does not apply to this tree" >&2; exit 1; }
+done

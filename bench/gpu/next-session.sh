@@ -32,8 +32,8 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      rescale-skip-128-heads.diff, seesaw-l2-prefetch-template.diff (bench/gpu/patches/README.md
-#      says how to run them, together)
+#      page-schedule-crossover.diff (alone first), rescale-skip-128-heads.diff and
+#      seesaw-l2-prefetch-template.diff (together; bench/gpu/patches/README.md says how)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -44,8 +44,17 @@
 #      PROFILE_SHAPE (bench_gpu_decode's --only, default bf16/bf16,64,32768,128): the same sections
 #      with every detail for both, where issue 15's 0.9x at 128 heads is missed (~200 s; carry
 #      .anchor)
-# Waiting (2026-12-06, thirty-sixth session): 7 with bench/gpu/patches/rescale-skip-128-heads.diff
-# and seesaw-l2-prefetch-template.diff (~350 s); 5 in full on merged main (the half-page page
+#   11 where the page schedule's time goes at one shape (PROFILE_SHAPE, default
+#      int4g64/int4@warpgroup,64,32768,128): its warps' stalls instruction by instruction
+#      (profile_sass.sh's samples, to join here with the kernel's line table, a cubin of the one
+#      kernel and `sass_census.py lines`, by bench/gpu/stall_lines.py), and beside it a copy of the
+#      tree with bench/gpu/probes/page-schedule-phase-clocks.diff applied, whose block 0 stamps the
+#      SM's clock at each phase of pages 100-104 for both warpgroups (phase.txt; ~150 s cold;
+#      carry nothing)
+# Waiting (2026-12-06, thirty-seventh session, which got no device): 7 with
+# bench/gpu/patches/page-schedule-crossover.diff alone (~200 s), then 7 with
+# rescale-skip-128-heads.diff and seesaw-l2-prefetch-template.diff (~350 s); 11 (where the page
+# schedule's time goes: stalls by line and the phase clocks); 5 in full on merged main (the half-page page
 # schedule's memcheck: the thirty-sixth's step 5 was LEAN); 1, 2, 3 on one machine where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
@@ -68,8 +77,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|10)$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-10 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[01])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-11 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
@@ -145,6 +154,24 @@ case $step in
     wait $anchor_pid || status=1
     ((status == 0)) && { DETAILS=1 within bash bench/gpu/profile.sh "$PROFILE_SHAPE" \
       "flashmla,$batch,$ctx,$heads" >"$OUT/profile.txt" 2>&1 || status=1; }
+    ;;
+  11)
+    probe=$(mktemp -d)/tree
+    (bash bench/gpu/patched-tree.sh bench/gpu/probes/page-schedule-phase-clocks.diff "$probe" &&
+      cd "$probe" && build_kernels "$OUT/build-probe.txt" bench_gpu_decode) &
+    probe_pid=$!
+    bash bench/gpu/touch-changed-sources.sh build-gpu
+    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
+      bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
+    ((status == 0)) && { within bash bench/gpu/profile_sass.sh \
+      "${PROFILE_SHAPE:-int4g64/int4@warpgroup,64,32768,128}" >"$OUT/profile.txt" 2>&1 || status=1; }
+    if wait $probe_pid; then
+      within "$probe/build-gpu/bench/gpu/bench_gpu_decode" \
+        --only "${PROFILE_SHAPE:-int4g64/int4@warpgroup,64,32768,128}" 2>&1 |
+        grep -E "phase|B=" >"$OUT/phase.txt" || status=1
+    else
+      status=1
+    fi
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   10)
