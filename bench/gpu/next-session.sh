@@ -54,8 +54,9 @@
 # Waiting (2026-12-06, thirty-seventh session, which got no device): 7 with
 # bench/gpu/patches/page-schedule-crossover.diff alone (~200 s), then 7 with
 # rescale-skip-128-heads.diff and seesaw-l2-prefetch-template.diff (~350 s); 11 (where the page
-# schedule's time goes: stalls by line and the phase clocks); 5 in full on merged main (the half-page page
-# schedule's memcheck: the thirty-sixth's step 5 was LEAN); 1, 2, 3 on one machine where an H200 comes
+# schedule's time goes: stalls by line and the phase clocks); 5 in full on merged main (the
+# half-page page schedule's memcheck: the thirty-sixth's step 5 was LEAN); 1, 2, 3 on one machine
+# where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
@@ -63,7 +64,8 @@
 # 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q =
 # 2) and 8's command without its packing in the thirty-third, 5, 9 and 7 (the 128-head kernels'
 # operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth, 7, 5 (LEAN, 128
-# heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth (docs/benchmarks.md).
+# heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth, none in the thirty-seventh (every
+# start refused; docs/benchmarks.md).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
