@@ -111,6 +111,13 @@ build_kernels() {
   bash bench/gpu/configure-kernels.sh build-gpu >"$log" 2>&1 &&
     within cmake --build build-gpu -j 8 --target "$@" >>"$log" 2>&1
 }
+# This tree's bench_gpu_decode in build-gpu (a warm machine's earlier build reused only where the
+# sources it was built from are these: touch-changed-sources.sh), log in build.txt.
+build_main_decode() {
+  bash bench/gpu/touch-changed-sources.sh build-gpu
+  build_kernels "$OUT/build.txt" bench_gpu_decode &&
+    bash bench/gpu/touch-changed-sources.sh build-gpu --record
+}
 case $step in
   1 | 2 | 3)
     formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
@@ -121,9 +128,7 @@ case $step in
       >"$OUT/serve.txt" 2>&1 || status=1
     ;;
   4)
-    bash bench/gpu/touch-changed-sources.sh build-gpu
-    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
-      bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
+    build_main_decode || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
     if ((status == 0)); then
       # Runs of 64 pages: one block a sequence at these contexts, and no combine.
@@ -158,18 +163,16 @@ case $step in
       "flashmla,$batch,$ctx,$heads" >"$OUT/profile.txt" 2>&1 || status=1; }
     ;;
   11)
+    shape=${PROFILE_SHAPE:-int4g64/int4@warpgroup,64,32768,128}
     probe=$(mktemp -d)/tree
     (bash bench/gpu/patched-tree.sh bench/gpu/probes/page-schedule-phase-clocks.diff "$probe" &&
       cd "$probe" && build_kernels "$OUT/build-probe.txt" bench_gpu_decode) &
     probe_pid=$!
-    bash bench/gpu/touch-changed-sources.sh build-gpu
-    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
-      bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
-    ((status == 0)) && { within bash bench/gpu/profile_sass.sh \
-      "${PROFILE_SHAPE:-int4g64/int4@warpgroup,64,32768,128}" >"$OUT/profile.txt" 2>&1 || status=1; }
+    build_main_decode || status=1
+    ((status == 0)) &&
+      { within bash bench/gpu/profile_sass.sh "$shape" >"$OUT/profile.txt" 2>&1 || status=1; }
     if wait $probe_pid; then
-      within "$probe/build-gpu/bench/gpu/bench_gpu_decode" \
-        --only "${PROFILE_SHAPE:-int4g64/int4@warpgroup,64,32768,128}" 2>&1 |
+      within "$probe/build-gpu/bench/gpu/bench_gpu_decode" --only "$shape" 2>&1 |
         grep -E "phase|B=" >"$OUT/phase.txt" || status=1
     else
       status=1
@@ -207,9 +210,7 @@ case $step in
         build_kernels "$OUT/build-$name.txt" bench_gpu_decode test_gpu_mla) &
       pids+=($!) names+=("$name")
     done
-    bash bench/gpu/touch-changed-sources.sh build-gpu
-    { build_kernels "$OUT/build.txt" bench_gpu_decode &&
-      bash bench/gpu/touch-changed-sources.sh build-gpu --record; } || status=1
+    build_main_decode || status=1
     for k in "${!pids[@]}"; do
       wait "${pids[$k]}" || { echo "this tree's build failed" >>"$OUT/build-${names[$k]}.txt"; status=1; }
     done
