@@ -87,18 +87,6 @@ struct Row {
   int run_pages_min, run_pages_max;  // the pages of the plan's shortest and longest block runs
 };
 
-// The pages of the shortest and the longest run of a plan's blocks: whether a kernel's per-run
-// costs and its steady state (a prefetch, say) matter at a shape.
-std::pair<int, int> run_pages_range(const gpu::MlaDecodePlan& plan) {
-  int shortest = 0, longest = 0;
-  for (const gpu::MlaDecodePlan::Block& block : plan.blocks()) {
-    const int pages = block.page_end - block.page_begin;
-    shortest = shortest == 0 ? pages : std::min(shortest, pages);
-    longest = std::max(longest, pages);
-  }
-  return {shortest, longest};
-}
-
 std::string iso_date() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -367,7 +355,7 @@ int main(int argc, char** argv) {
             QUANTMLA_CUDA_CHECK(cudaGraphDestroy(graph));
             QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
             const double tokens = std::accumulate(lens.begin(), lens.end(), 0.0);
-            const auto [run_pages_min, run_pages_max] = run_pages_range(plan);
+            const auto [run_pages_min, run_pages_max] = plan.run_pages();
             Row row{run.name,
                     batch,
                     context,

@@ -114,6 +114,13 @@ class MlaDecodePlan {
   // fragment kernel's three-block form), warpgroup or transposed.
   std::string kernel_name() const;
   int max_splits() const;  // most page runs of one sequence
+  // The pages of the shortest and of the longest block run (a block's pages of one sequence):
+  // whether a kernel's per-run costs or its steady state (a prefetch, say) weigh at a shape.
+  struct RunPages {
+    int shortest = 0;
+    int longest = 0;
+  };
+  RunPages run_pages() const;
 
   // What the kernel's roundings depend on besides the inputs, for references that follow its
   // arithmetic (tests): each block's sequence, query rows [first_row, first_row + rows) of its

@@ -369,7 +369,13 @@ struct MlaDecodePlan::State {
         batch(plan_batch),
         s_q(plan_s_q),
         num_heads(plan_heads),
-        layout(plan_layout) {}
+        layout(plan_layout) {
+    for (const WorkItem& item : schedule.items) {
+      const int pages = item.page_end - item.page_begin;
+      run_pages.shortest = run_pages.shortest == 0 ? pages : std::min(run_pages.shortest, pages);
+      run_pages.longest = std::max(run_pages.longest, pages);
+    }
+  }
 
   // Points the buffers at `base` (layout's offsets) and copies the schedule in, padding the grid
   // with items that exit at once (batch -1).
@@ -408,6 +414,7 @@ struct MlaDecodePlan::State {
   int s_q;
   int num_heads;
   PlanLayout layout;
+  RunPages run_pages;                           // the launch's L2 prefetch depends on the shortest
   std::unique_ptr<DeviceArray<uint8_t>> owned;  // the plan's own memory, when not in a workspace
   WorkItem* items = nullptr;                    // [layout.items]
   CombineItem* combines = nullptr;              // [layout.combines]
@@ -493,6 +500,7 @@ int MlaDecodePlan::num_blocks() const { return static_cast<int>(state_->schedule
 
 std::string MlaDecodePlan::kernel_name() const { return decode_kernel_name(state_->kernel); }
 int MlaDecodePlan::max_splits() const { return state_->schedule.max_splits; }
+MlaDecodePlan::RunPages MlaDecodePlan::run_pages() const { return state_->run_pages; }
 
 std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
   const DecodeSchedule& schedule = state_->schedule;
@@ -582,7 +590,8 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
     using Content = decltype(content);
     using Rope = decltype(rope);
     if (state.kernel == DecodeKernel::kWarpgroup) {
-      launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items, stream);
+      launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items,
+                                             state.run_pages.shortest, stream);
     } else if (is_transposed_kernel(state.kernel)) {
       launch_decode_transposed(kernel, schedule.row_tiles_per_block, layout.items, stream);
     } else if (is_fragment_kernel(state.kernel)) {

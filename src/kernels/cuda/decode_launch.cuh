@@ -38,7 +38,7 @@ void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, in
 // the format's, CudaError on CUDA errors.
 template <class Content, class Rope>
 void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
-                             cudaStream_t stream) {
+                             int shortest_run_pages, cudaStream_t stream) {
   using L = WarpgroupLayout<Content, Rope>;
   if constexpr (!kWarpgroupFits<Content, Rope>) {
     throw InvalidArgument(
@@ -64,8 +64,13 @@ void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
     if constexpr (L::kDirect) {
       const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
       const CUtensorMap pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
-      launch_large_shared<mla_decode_seesaw_kernel<Content, Rope>>(
-          blocks, SeesawLayout::kThreads, SeesawLayout::kSharedBytes, stream, p, q_map, pool_map);
+      if (shortest_run_pages >= SeesawLayout::kL2PrefetchMinPages) {
+        launch_large_shared<mla_decode_seesaw_kernel<Content, Rope, true>>(
+            blocks, SeesawLayout::kThreads, SeesawLayout::kSharedBytes, stream, p, q_map, pool_map);
+      } else {
+        launch_large_shared<mla_decode_seesaw_kernel<Content, Rope, false>>(
+            blocks, SeesawLayout::kThreads, SeesawLayout::kSharedBytes, stream, p, q_map, pool_map);
+      }
     } else {
       launch_large_shared<mla_decode_warpgroup_kernel<Content, Rope>>(
           blocks, L::kThreads, L::kSharedBytes, stream, p, q_map);
@@ -84,7 +89,7 @@ void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
   template void launch_decode<Content, RopeInt4>(const DecodeKernelParams&, int, int,           \
                                                  cudaStream_t);                                 \
   template void launch_decode_warpgroup<Content, RopeBf16>(const DecodeKernelParams&, int, int, \
-                                                           cudaStream_t);                       \
+                                                           int, cudaStream_t);                  \
   template void launch_decode_warpgroup<Content, RopeInt4>(const DecodeKernelParams&, int, int, \
-                                                           cudaStream_t);                       \
+                                                           int, cudaStream_t);                  \
   }

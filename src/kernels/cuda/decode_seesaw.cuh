@@ -39,6 +39,13 @@ struct SeesawLayout {
   static constexpr int kRows = kWarpgroupRows;
   static constexpr int kBoxes = kKeyDim / 64;  // of 64 channels: 8 of content, 1 of RoPE
   static constexpr int kRopeBox = kBoxes - 1;
+  // The shortest run of a plan's blocks for which the launch requests pages into L2 ahead of their
+  // copies (mla_decode_seesaw_kernel's kPrefetchL2). Measured on an H100 (2026-12-06, 128 heads):
+  // requested in every run, 6-10% faster where the runs were 128 pages and more (32K and 128K
+  // from 16 sequences), 1-8% slower in runs of 4-32; in runs of 64 (4K from 64 sequences) 1.6%
+  // faster in one call and 1.9% slower in another; chosen at launch from runs of 128 (2026-12-07):
+  // 0.925-0.985x the time without it at 32K and 128K from 16 sequences (docs/benchmarks.md).
+  static constexpr int kL2PrefetchMinPages = 128;
   static constexpr int kBoxBytes = 64 * 128;  // 64 rows of 64 BF16 channels
   static constexpr int kTileBytes = kBoxes * kBoxBytes;
   // From the 1024-byte-aligned base: Q's boxes, its RoPE box's place then holding P_b; the two
@@ -145,15 +152,6 @@ __device__ __forceinline__ void zero_tail_values(uint8_t* tile, int valid) {
   fence_proxy_async_shared();
 }
 
-__device__ __forceinline__ void scale_output(float (&o)[warpgroup_detail::kOutputRegs], float s0,
-                                             float s1) {
-#pragma unroll
-  for (int j = 0; j < warpgroup_detail::kOutputRegs / 4; ++j) {
-    o[4 * j] *= s0, o[4 * j + 1] *= s0;
-    o[4 * j + 2] *= s1, o[4 * j + 3] *= s1;
-  }
-}
-
 // O (+)= P V over a page's 64 keys and this warpgroup's 256 channels (`values`: the descriptor of
 // the first of its four value boxes of the page tile, read untransposed as an MN-major operand),
 // committed as one group; P from the registers (this warpgroup's page) or from a 64 x 64 box in
@@ -206,7 +204,9 @@ __device__ __forceinline__ void issue_scores(float (&sc)[kScoreRegs],
 
 }  // namespace seesaw_detail
 
-template <class Content, class Rope>
+// kPrefetchL2: page i + 2 of the run requested into L2 with page i's first copy (the launch
+// chooses it by the plan's runs: SeesawLayout::kL2PrefetchMinPages).
+template <class Content, class Rope, bool kPrefetchL2>
 __global__ void __launch_bounds__(256, 1)
     mla_decode_seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                              const __grid_constant__ CUtensorMap q_map,
@@ -240,13 +240,22 @@ __global__ void __launch_bounds__(256, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  // Boxes [first, end) of page i (of the run) into its tile, i % 2 (one thread).
+  // Boxes [first, end) of page i (of the run) into its tile, i % 2 (one thread); with kPrefetchL2
+  // and the copy that ends at the last box (the whole page in the prologue, its RoPE box in the
+  // loop, each the page's first), page i + 2 into L2: with no third tile, a page's copies go out
+  // only a few products before S reads them, so without it S waits for DRAM.
   const auto load_boxes = [&](int i, int first, int end) {
     const int t = i % 2, first_record = run.pages[i] * kPageTokens;
     for (int b = first; b < end; ++b) {
       uint64_t* const full = &box_full[t * L::kBoxes + b];
       mbarrier_arrive_expect_bytes(full, L::kBoxBytes);
       tma_load_2d(tile(t) + b * L::kBoxBytes, &pool_map, 64 * b, first_record, full);
+    }
+    if constexpr (kPrefetchL2) {
+      if (end == L::kBoxes && i + 2 < run.num_pages) {
+        const uint32_t page_bytes = kPageTokens * static_cast<uint32_t>(p.record_bytes);
+        bulk_prefetch_l2(p.pool + static_cast<int64_t>(run.pages[i + 2]) * page_bytes, page_bytes);
+      }
     }
   };
   if (threadIdx.x == 0) {
@@ -330,7 +339,7 @@ __global__ void __launch_bounds__(256, 1)
       named_barrier_arrive(kEvenMaxReady, L::kThreads);
       copy_boxes(has_next, a + 2, L::kRopeBox, L::kBoxes);  // S(a) is done
       // O_L to m_a, then P_a V_a,L (P from the registers).
-      scale_output(o, scale_a0, scale_a1);
+      warpgroup_detail::rescale_output(o, scale_a0, scale_a1);
       issue_values(o, probs, value_descriptors[0]);
       // m_b from warpgroup 1: P_a for its half rescaled to m_b, then rounded.
       named_barrier(kOddMaxReady, L::kThreads);
@@ -347,7 +356,7 @@ __global__ void __launch_bounds__(256, 1)
       // b's left values copied again once P_b V_b,L is done.
       max0 = max_b0, max1 = max_b1;
       sum0 *= scale_b0, sum1 *= scale_b1;
-      scale_output(o, scale_b0, scale_b1);
+      warpgroup_detail::rescale_output(o, scale_b0, scale_b1);
       if (has_b) {
         named_barrier(kOddProbsReady, L::kThreads);
         issue_values(o, odd_probs, value_descriptors[1]);
@@ -388,7 +397,7 @@ __global__ void __launch_bounds__(256, 1)
       copy_boxes(has_next_b, b + 2, L::kRopeBox, L::kBoxes);  // S(b) is done
       max0 = max_b0, max1 = max_b1;
       // O_R to m_b (through m_a), then P_b V_b,R (P from the registers), P_b to warpgroup 0.
-      scale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
+      warpgroup_detail::rescale_output(o, scale_a0 * scale_b0, scale_a1 * scale_b1);
       // Then P_a V_a,R (P_a from warpgroup 0, rescaled to m_b) queued behind it, so that the
       // tensor cores have this warpgroup's second product before its first is done; page b's
       // right values copied again once the first is done, the next page b's S behind the second,

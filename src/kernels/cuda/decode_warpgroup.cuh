@@ -205,6 +205,19 @@ __device__ __forceinline__ void scaled_row_maxima(const float (&sc)[kRegs], floa
   max0 = quad_max(row_max0) * scale, max1 = quad_max(row_max1) * scale;
 }
 
+// O's rows r0 and r1 (the accumulators of m64n256: registers 4 j + e, row r0 for e < 2) times
+// their rescale factors s0 and s1, skipped where no row of the warp changed its maximum (factors
+// of 1: the multiplications would change nothing, and once a row's maximum has settled that is
+// most pages).
+__device__ __forceinline__ void rescale_output(float (&o)[kOutputRegs], float s0, float s1) {
+  if (!__any_sync(0xffffffffu, s0 != 1.0f || s1 != 1.0f)) return;
+#pragma unroll
+  for (int j = 0; j < kOutputRegs / 4; ++j) {
+    o[4 * j] *= s0, o[4 * j + 1] *= s0;
+    o[4 * j + 2] *= s1, o[4 * j + 3] *= s1;
+  }
+}
+
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
@@ -553,11 +566,7 @@ __global__ void __launch_bounds__(256, 1)
       *reinterpret_cast<uint32_t*>(probs_bytes + tma_box_offset(r1, column)) =
           bf16x2_bits(__floats2bfloat162_rn(p2, p3));
     }
-#pragma unroll
-    for (int j = 0; j < kOutputRegs / 4; ++j) {
-      o[4 * j] *= rescale0, o[4 * j + 1] *= rescale0;
-      o[4 * j + 2] *= rescale1, o[4 * j + 3] *= rescale1;
-    }
+    rescale_output(o, rescale0, rescale1);
     // The writes above reach the tensor cores' (asynchronous) reads of shared memory.
     fence_proxy_async_shared();
     named_barrier(2, L::kThreads);

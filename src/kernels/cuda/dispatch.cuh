@@ -18,10 +18,12 @@ template <class Content, class Rope>
 void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, int blocks,
                    cudaStream_t stream);
 
-// Defined in decode_warpgroup.cuh, instantiated in decode_<content>.cu.
+// Defined in decode_launch.cuh, instantiated in decode_<content>.cu; shortest_run_pages: the
+// pages of the plan's shortest block run (a BF16 cache's pages are requested into L2 ahead of
+// their copies from SeesawLayout::kL2PrefetchMinPages on).
 template <class Content, class Rope>
 void launch_decode_warpgroup(const DecodeKernelParams& params, int batch, int blocks,
-                             cudaStream_t stream);
+                             int shortest_run_pages, cudaStream_t stream);
 
 // Defined in decode_fragments.cuh, instantiated in decode_fragments_<content>.cu; three_blocks:
 // its form without a producer warp (kFragmentsThreeBlocksContent).

@@ -124,6 +124,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
         : "memory");
   } while (!done);
 }
+// `bytes` (a multiple of 16, 16-byte aligned) of global memory requested into L2 by the bulk-copy
+// engine, nothing waiting for them: a later copy of them then comes from L2.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* global, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(global), "r"(bytes) : "memory");
+}
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared by the bulk-copy
 // engine; the barrier's transaction count drops by `bytes` when they have landed.
 __device__ __forceinline__ void bulk_copy_to_shared(void* shared, const void* global,

@@ -216,9 +216,7 @@ __device__ RowTile locate_tile(const SkinnyGemmParams& p, int tile, int tile_row
 __device__ __forceinline__ void prefetch_l2(const uint16_t* row, int64_t skip, int64_t k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (skip >= k) return;
-  const auto bytes = static_cast<uint32_t>((k - skip) * 2);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + skip), "r"(bytes)
-               : "memory");
+  bulk_prefetch_l2(row + skip, static_cast<uint32_t>((k - skip) * 2));
 #endif
 }
 
