@@ -32,8 +32,8 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      page-schedule-crossover.diff (alone first), rescale-skip-128-heads.diff and
-#      seesaw-l2-prefetch-template.diff (together; bench/gpu/patches/README.md says how)
+#      early-next-half.diff and rope-words-first.diff (together; bench/gpu/patches/README.md says
+#      how)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -51,12 +51,10 @@
 #      tree with bench/gpu/probes/page-schedule-phase-clocks.diff applied, whose block 0 stamps the
 #      SM's clock at each phase of pages 100-104 for both warpgroups (phase.txt; ~150 s cold;
 #      carry nothing)
-# Waiting (2026-12-06, thirty-seventh session, which got no device): 7 with
-# bench/gpu/patches/page-schedule-crossover.diff alone (~200 s), then 7 with
-# rescale-skip-128-heads.diff and seesaw-l2-prefetch-template.diff (~350 s); 11 (where the page
-# schedule's time goes: stalls by line and the phase clocks); 5 in full on merged main (the
-# half-page page schedule's memcheck: the thirty-sixth's step 5 was LEAN); 1, 2, 3 on one machine
-# where an H200 comes
+# Waiting (2026-12-07, thirty-eighth session): 5 in full on merged main (its GPU test with the
+# rescale skip and the seesaw's L2 prefetch together, each measured alone; the memcheck, quick
+# cases, passed on the main before them), then 7 with bench/gpu/patches/early-next-half.diff and
+# rope-words-first.diff (~350 s); 1, 2, 3 on one machine where an H200 comes
 # (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
 # a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
@@ -65,7 +63,8 @@
 # 2) and 8's command without its packing in the thirty-third, 5, 9 and 7 (the 128-head kernels'
 # operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth, 7, 5 (LEAN, 128
 # heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth, none in the thirty-seventh (every
-# start refused; docs/benchmarks.md).
+# start refused; docs/benchmarks.md), 7 (the crossover), 11, 7 (two patches) and the memcheck's
+# command by hand in the thirty-eighth.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
