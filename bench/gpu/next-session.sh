@@ -216,16 +216,16 @@ case $step in
     done
     if ((status == 0)); then
       for name in "${!tree_of[@]}"; do
-        test=${tree_of[$name]}/build-gpu/tests/gpu/test_gpu_mla
+        gpu_test=${tree_of[$name]}/build-gpu/tests/gpu/test_gpu_mla
         # The quick cases first, briefly: a tree whose kernel fails or hangs (a barrier nobody
         # reaches) is left out of the timing instead of costing the call.
-        if ! timeout 60 "$test" --quick >"$OUT/test-quick-$name.txt" 2>&1; then
+        if ! timeout 60 "$gpu_test" --quick >"$OUT/test-quick-$name.txt" 2>&1; then
           echo "$name: the quick GPU test failed or hung; not timed" | tee -a "$OUT/test-quick-$name.txt"
           unset "tree_of[$name]"
           status=1
           continue
         fi
-        timeout 200 "$test" >"$OUT/test-$name.txt" 2>&1 || status=1
+        timeout 200 "$gpu_test" >"$OUT/test-$name.txt" 2>&1 || status=1
         echo "$name: $(tail -1 "$OUT/test-$name.txt")"
       done
       formats=${AB_FORMATS:-int4g64/int4,int2g64/int4,fp8/bf16}
