@@ -9,20 +9,21 @@
 // pages are copied as tiles and take the seesaw schedule (decode_seesaw.cuh), which shares the
 // work items, the roundings and the output stage (store_rows) with it.
 //
-// Thread 0 copies Q's 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte
-// swizzle (wgmma.cuh). The pages are copied raw in halves of 32 records (bulk copies, three half
-// pages in flight, two where three do not fit: WarpgroupLayout::kRawStages), and both
-// warpgroups dequantize each half into a BF16 slot of 32 keys with the tiled kernel's decoders
-// (record_formats.cuh), so the values are the tiled kernel's; those decoders put a channel pair
-// where the codes make it cheapest (a "pair span", tile column order), so Q's columns are
-// permuted to the same order once, and the output's back at the end. Three slots turn: page i's
-// halves are in slots 2i % 3 and (2i + 1) % 3, and the third is free for the next page's first
-// half. Per page, the two warpgroups:
+// Two of the block's four warpgroups multiply, two convert (warp specialization: each role gets
+// its share of the registers with setmaxnreg). The converting warpgroups' first thread copies Q's
+// 64 rows with a tensor map, as nine boxes of 64 channels in the 128-byte swizzle (wgmma.cuh), and
+// the pages raw in halves of 32 records (bulk copies, three half pages in flight, two where three
+// do not fit: WarpgroupLayout::kRawStages); all 256 converting threads dequantize each half into
+// a BF16 slot of 32 keys with the tiled kernel's decoders (record_formats.cuh), so the values are
+// the tiled kernel's; those decoders put a channel pair where the codes make it cheapest (a "pair
+// span", tile column order), so Q's columns are permuted to the same order once, and the output's
+// back at the end. Three slots turn: page i's halves are in slots 2i % 3 and (2i + 1) % 3, and the
+// third takes the next page's first half. A slot's half is signalled converted on a shared-memory
+// barrier, and released on another once both multiplying warpgroups' P V over it is done, which
+// the converting warpgroups wait for before they write the slot again. Per page, the multiplying
+// warpgroups:
 //   1. S = Q K^T, each over its own half of the page (one slot: m64n32, 36 k-steps of 16
-//      channels). Warpgroup 0's first half was converted while the previous page's P V ran, so
-//      its S runs while both warpgroups convert the second half (into the slot the previous
-//      page's first half held, free once the first of that P V's two commit groups is done);
-//      warpgroup 1's S follows.
+//      channels), each once its half is converted.
 //   2. The online softmax in the log2 domain: each warpgroup's maximum of a row goes through
 //      shared memory (a barrier of both), so both rescale by the same page maximum; P = exp2 in
 //      FP32, rounded to BF16 into one 64 x 64 box (K-major for the next product's A operand); each
@@ -30,10 +31,10 @@
 //      query (s_q > 1) or the sequence are -inf; records past the sequence's end are
 //      dequantized as zeros (their pool bytes are arbitrary, and NaN would survive a probability
 //      of 0 in P V).
-//   3. O += P V, each warpgroup over its own 256 of the 512 channels (m64n256, 4 k-steps, two
-//      commit groups of a half page each): V is the slots' own content channels, read
-//      untransposed as an MN-major B operand. While it runs, both warpgroups convert the next
-//      page's first half into the third slot.
+//   3. O += P V, each warpgroup over its own 256 of the 512 channels (two m64n128 products a
+//      k-step, 4 k-steps, two commit groups of a half page each): V is the slots' own content
+//      channels, read untransposed as an MN-major B operand. It runs while the next page's S is
+//      issued; each warpgroup releases a half's slot once its commit group over it is done.
 // The softmax's steps are pages and P is rounded as the tiled kernel rounds it, so the host
 // reference of test_gpu_mla (MlaDecodePlan::Operands::kBf16Tile) follows this kernel too.
 #pragma once
@@ -62,7 +63,15 @@ struct WarpgroupLayout {
   using Rope = RopeType;
   // A BF16 cache's pages are copied as tiles by the seesaw kernel (decode_seesaw.cuh) instead.
   static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;
-  static constexpr int kThreads = 256;                              // two warpgroups
+  // Two multiplying warpgroups (S, the softmax, P V) and two converting ones (the raw half pages'
+  // copies and their dequantization into the slots), each role with its share of registers.
+  static constexpr int kMultiplierThreads = 256;
+  static constexpr int kConverterThreads = 256;
+  static constexpr int kThreads = kMultiplierThreads + kConverterThreads;
+  static constexpr int kMultiplierRegs = 184;  // O's 128 accumulators, S's 16, the softmax
+  static constexpr int kConverterRegs = 72;    // a content chunk's codes and values
+  static_assert(kMultiplierThreads * kMultiplierRegs + kConverterThreads * kConverterRegs <= 65536,
+                "the roles' registers fit the SM's register file");
   static constexpr int kRows = kWarpgroupRows;                      // wgmma's M
   static constexpr int kStepKeys = kWarpgroupStepKeys;              // a page
   static constexpr int kHalfKeys = kStepKeys / 2;                   // a half page, one tile slot
@@ -76,10 +85,11 @@ struct WarpgroupLayout {
   static constexpr int kSlots = 3;
   // Half page h's slot (page i's halves: h = 2i and 2i + 1).
   static constexpr int slot_of_half(int h) { return h % kSlots; }
-  // What the kernel's order of waits relies on, page by page: a page's halves in two slots; its
-  // second half where the previous page's first half was (free once the first of that page's two
-  // P V commit groups is done); the next page's first half where the previous page's second half
-  // was (free once that page's P V is done), neither of this page's slots.
+  // What the kernel's order of waits relies on to never wait in a circle, page by page: a page's
+  // halves in two slots; its second half where the previous page's first half was (released once
+  // the first of that page's two P V commit groups is done, which warpgroup 1 waits for before it
+  // waits for the second half); the next page's first half where the previous page's second half
+  // was (released once this page's S is done), neither of this page's slots.
   static constexpr bool slots_turn_as_scheduled() {
     for (int i = 1; i < 4 * kSlots; ++i) {
       const int first = slot_of_half(2 * i), second = slot_of_half(2 * i + 1);
@@ -97,12 +107,14 @@ struct WarpgroupLayout {
   static constexpr int kExchangeBytes = 2 * kRows * 4;  // the row maxima, [warpgroup][row] FP32
   // Q, the slots and P, each of whole 1024-byte swizzle atoms from a 1024-byte-aligned base
   // (+ 1024: the dynamic allocation only promises 16), then the raw stages (16-byte aligned for
-  // the bulk copies), the exchange and the barriers (Q's, and one a raw stage).
+  // the bulk copies), the exchange and the barriers (Q's, one a raw stage, two a slot: converted
+  // and released).
   static constexpr int kSlotOffset = kQBytes;
   static constexpr int kProbOffset = kSlotOffset + kSlots * kSlotBytes;
   static constexpr int kRawOffset = kProbOffset + kProbBytes;
   static constexpr int shared_bytes(int raw_stages) {
-    return 1024 + kRawOffset + raw_stages * kRawHalfBytes + kExchangeBytes + (1 + raw_stages) * 8;
+    return 1024 + kRawOffset + raw_stages * kRawHalfBytes + kExchangeBytes +
+           (1 + raw_stages + 2 * kSlots) * 8;
   }
   // Half pages in flight: three where they fit (a copy then has a page and a half to land), else
   // two (FP8 content, and INT4 content with a BF16 RoPE key).
@@ -149,7 +161,8 @@ constexpr int kHalfChannels = kLatentDim / 2;   // one warpgroup's channels of t
 constexpr int kScoreRegs = kHalfKeys / 2;       // m64n32's accumulators a thread
 constexpr int kOutputRegs = kHalfChannels / 2;  // m64n256's
 constexpr int kBlockBytes = 64 * 128;
-constexpr int kStoreBarrier = 7;  // the named barrier of store_rows (1-6: the kernels' own)
+constexpr int kStoreBarrier = 7;      // the named barrier of store_rows (1-6: the kernels' own)
+constexpr int kConvertedBarrier = 3;  // the page schedule's converting warpgroups
 // A BF16 pool's tensor map spans this many records (the kernel parameters do not carry the pool's
 // size; a copy only reads the pages the block table names): 2^28 records are 309 GB, more than any
 // GPU holds, and keep the map's extent below the hardware's 2^40 bytes.
@@ -278,17 +291,18 @@ __device__ __forceinline__ void set_value(uint4& v, int column, uint32_t value) 
 
 // A raw half page (32 records of p.record_bytes at `raw`) into a slot (nine boxes of 32 keys, tile
 // column order), the tiled kernel's decoders and kept pairs; records from `valid` on as zeros.
-// One content chunk and one RoPE unit a thread.
+// One content chunk and one RoPE unit a converting thread (`thread`: its index among them).
 template <class L>
 __device__ __forceinline__ void dequantize_half(const uint8_t* raw, uint8_t* slot, int valid,
-                                                const DecodeKernelParams& p) {
+                                                const DecodeKernelParams& p, int thread) {
   using Content = typename L::Content;
   using Rope = typename L::Rope;
   constexpr int kRows = L::kHalfKeys, kBoxBytes = L::kHalfBoxBytes;
   constexpr int kChunks = kLatentDim / 64;  // content boxes
-  static_assert(kRows * kChunks == L::kThreads && kRows * (kRopeDim / 8) == L::kThreads,
-                "a content chunk and a RoPE unit a thread");
-  const int r = threadIdx.x % kRows, c = threadIdx.x / kRows;
+  static_assert(
+      kRows * kChunks == L::kConverterThreads && kRows * (kRopeDim / 8) == L::kConverterThreads,
+      "a content chunk and a RoPE unit a converting thread");
+  const int r = thread % kRows, c = thread / kRows;
   const uint8_t* const rec = raw + r * p.record_bytes;
   uint4 v[8];
   if (r < valid) {
@@ -403,7 +417,7 @@ __device__ __forceinline__ void store_rows(const DecodeKernelParams& p, const Wo
 }  // namespace warpgroup_detail
 
 template <class Content, class Rope>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
     mla_decode_warpgroup_kernel(const __grid_constant__ DecodeKernelParams p,
                                 const __grid_constant__ CUtensorMap q_map) {
   using L = WarpgroupLayout<Content, Rope>;
@@ -423,58 +437,89 @@ __global__ void __launch_bounds__(256, 1)
   uint8_t* const slot_bytes = base_bytes + L::kSlotOffset;
   const uint32_t probs = base + L::kProbOffset;
   uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
-  uint8_t* const raw_stages = base_bytes + L::kRawOffset;
-  const auto raw_stage = [&](int h) { return raw_stages + (h % L::kRawStages) * L::kRawHalfBytes; };
   float* const max_exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);  // [2][64]
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(max_exchange + 2 * L::kRows);
-  uint64_t* const half_full = q_full + 1;  // [kRawStages]
-
-  const BlockRun run = block_run(p, item);
-  const int halves = 2 * run.num_pages;  // half h: page h / 2's records 32 (h % 2) on
+  uint64_t* const half_full = q_full + 1;                 // [kRawStages]: a raw half page landed
+  uint64_t* const converted = half_full + L::kRawStages;  // [kSlots]: a half page in the slot
+  uint64_t* const released = converted + L::kSlots;       // [kSlots]: both P V over it done
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     for (int s = 0; s < L::kRawStages; ++s) mbarrier_init(&half_full[s], 1);
+    for (int s = 0; s < L::kSlots; ++s) {
+      mbarrier_init(&converted[s], 1);
+      mbarrier_init(&released[s], 2);  // one thread of each multiplying warpgroup
+    }
     fence_barrier_init();
   }
   __syncthreads();
-  // Half page h of the run into raw stage h % kRawStages, as the records' bytes.
-  const uint32_t half_bytes = static_cast<uint32_t>(L::kHalfKeys * p.record_bytes);
-  const auto load_half = [&](int h) {
-    uint64_t* const full = &half_full[h % L::kRawStages];
-    const int64_t record =
-        static_cast<int64_t>(run.pages[h / 2]) * kPageTokens + (h % 2) * L::kHalfKeys;
-    mbarrier_arrive_expect_bytes(full, half_bytes);
-    bulk_copy_to_shared(raw_stage(h), p.pool + record * p.record_bytes, half_bytes, full);
-  };
-  if (threadIdx.x == 0) {
-    mbarrier_arrive_expect_bytes(q_full, L::kQBytes);
-    const int q_row = item.batch * run.rows_per_seq + run.first_row;
-#pragma unroll
-    for (int b = 0; b < L::kColumnBlocks; ++b) {
-      tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
-    }
-    for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h);
-  }
-  __syncwarp();  // warp 0 converged again for the warpgroup instructions
-  // Half h into its slot by all the block's threads, then a barrier of both warpgroups:
-  // its raw stage is free for half h + kRawStages, and the slot's keys are ready for the products.
-  const auto convert_half = [&](int h, int barrier) {
-    mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
-    const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
-    dequantize_half<L>(raw_stage(h), slot_bytes + L::slot_of_half(h) * L::kSlotBytes, valid, p);
-    fence_proxy_async_shared();
-    named_barrier(barrier, L::kThreads);
-    if (threadIdx.x == 0 && h + L::kRawStages < halves) load_half(h + L::kRawStages);
-    __syncwarp();
-  };
+  const BlockRun run = block_run(p, item);
+  const int halves = 2 * run.num_pages;  // half h: page h / 2's records 32 (h % 2) on
 
+  // The converting warpgroups (threads 256-511): Q's copy and the raw half pages' (their first
+  // thread), each half converted into its slot (slot_of_half) once the slot's previous half is
+  // released. The roles split right after the barriers' set-up, before the roles' own state.
+  const bool converting =
+      __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / L::kMultiplierThreads), 0) > 0;
+  if (converting) {
+    setmaxnreg_dec<L::kConverterRegs>();
+    const int thread = threadIdx.x - L::kMultiplierThreads;
+    uint8_t* const raw_stages = base_bytes + L::kRawOffset;
+    const auto raw_stage = [&](int h) {
+      return raw_stages + (h % L::kRawStages) * L::kRawHalfBytes;
+    };
+    // Half page h of the run into raw stage h % kRawStages, as the records' bytes.
+    const uint32_t half_bytes = static_cast<uint32_t>(L::kHalfKeys * p.record_bytes);
+    const auto load_half = [&](int h) {
+      uint64_t* const full = &half_full[h % L::kRawStages];
+      const int64_t record =
+          static_cast<int64_t>(run.pages[h / 2]) * kPageTokens + (h % 2) * L::kHalfKeys;
+      mbarrier_arrive_expect_bytes(full, half_bytes);
+      bulk_copy_to_shared(raw_stage(h), p.pool + record * p.record_bytes, half_bytes, full);
+    };
+    if (thread == 0) {
+      mbarrier_arrive_expect_bytes(q_full, L::kQBytes);
+      const int q_row = item.batch * run.rows_per_seq + run.first_row;
+#pragma unroll
+      for (int b = 0; b < L::kColumnBlocks; ++b) {
+        tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
+      }
+      for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h);
+    }
+    for (int h = 0; h < halves; ++h) {
+      const int slot = L::slot_of_half(h);
+      // The slot's previous half (h - kSlots) read by both warpgroups' P V, and this half's bytes.
+      if (h >= L::kSlots)
+        mbarrier_wait(&released[slot], static_cast<uint32_t>((h / L::kSlots - 1) & 1));
+      mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
+      const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
+      dequantize_half<L>(raw_stage(h), slot_bytes + slot * L::kSlotBytes, valid, p, thread);
+      // Every converting thread's writes reach the tensor cores' reads, and its reads of the raw
+      // stage are done (the stage takes half h + kRawStages next).
+      fence_proxy_async_shared();
+      named_barrier(kConvertedBarrier, L::kConverterThreads);
+      if (thread == 0) {
+        mbarrier_arrive(&converted[slot]);
+        if (h + L::kRawStages < halves) load_half(h + L::kRawStages);
+      }
+    }
+    return;
+  }
+
+  // The multiplying warpgroups (threads 0-255).
+  setmaxnreg_inc<L::kMultiplierRegs>();
   // The warpgroup as a value the compiler knows to be the same in a warp (a shuffle): wgmma under
   // a branch it takes for divergent would be serialized (ptxas C7520).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int t4 = threadIdx.x % 4;
   const int r0 = run.r0, r1 = run.r1;
   float o[kOutputRegs] = {};
+  // O as two products of 128 channels each: an instruction of m64n256's 128 accumulators needs
+  // more registers than the block's even share (the launch's 512 threads: 128), which is all
+  // ptxas allows an instruction whatever setmaxnreg gives the warpgroup (C7602).
+  float(&o_left)[kOutputRegs / 2] = *reinterpret_cast<float(*)[kOutputRegs / 2]>(&o[0]);
+  float(&o_right)[kOutputRegs / 2] =
+      *reinterpret_cast<float(*)[kOutputRegs / 2]>(&o[kOutputRegs / 2]);
   float max0 = -INFINITY, max1 = -INFINITY;  // the page maxima so far (both warpgroups' keys)
   float sum0 = 0.0f, sum1 = 0.0f;            // this thread's keys only
   // The products' operands as descriptors made once (a k-step, and a slot, add their offsets:
@@ -486,24 +531,30 @@ __global__ void __launch_bounds__(256, 1)
   const uint64_t probs_descriptor = wgmma_descriptor(probs);
   mbarrier_wait(q_full, 0);
   if constexpr (Content::kPairSpan > 1 || Rope::kPairSpan > 1) {
-    to_tile_columns<Content::kPairSpan, L::kThreads>(base_bytes, 0, kLatentDim / 64);
-    to_tile_columns<Rope::kPairSpan, L::kThreads>(base_bytes, kLatentDim / 64, 1);
+    to_tile_columns<Content::kPairSpan, L::kMultiplierThreads>(base_bytes, 0, kLatentDim / 64);
+    to_tile_columns<Rope::kPairSpan, L::kMultiplierThreads>(base_bytes, kLatentDim / 64, 1);
     fence_proxy_async_shared();
-    __syncthreads();
+    named_barrier(1, L::kMultiplierThreads);
   }
-  if (halves > 0) convert_half(0, 5);
+  // Half h converted into its slot; half h's slot released by this warpgroup (its P V over it
+  // done: one thread arrives for the warpgroup).
+  const auto wait_converted = [&](int h) {
+    mbarrier_wait(&converted[L::slot_of_half(h)], static_cast<uint32_t>((h / L::kSlots) & 1));
+  };
+  const auto release = [&](int h) {
+    if (h >= 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&released[L::slot_of_half(h)]);
+  };
 
   // Page i's halves sit in slots 2i % 3 (warpgroup 0's keys) and (2i + 1) % 3 (warpgroup 1's).
-  // Its first half was converted during page i - 1 (while that page's P V ran); its second goes
-  // into the slot of page i - 1's first half once the P V over it (the first of that product's
-  // two commit groups) is done, while warpgroup 0's S runs; then the next page's first half goes
-  // into the third slot while this page's P V runs.
+  // Page i - 1's P V is in flight as two commit groups, one a half page: each warpgroup releases
+  // a half's slot once its group over it is done. Warpgroup 1 releases page i - 1's first half
+  // before waiting for page i's second, which takes that slot.
   for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
     const int first_slot = L::slot_of_half(2 * i), second_slot = L::slot_of_half(2 * i + 1);
-    // 1. S over this warpgroup's keys (its half of the page, one slot), warpgroup 0's while both
-    // convert the page's second half. Each S completes inside its warpgroup's branch (a product
-    // in flight where the branches join would be serialized, C7515).
+    // 1. S over this warpgroup's keys (its half of the page, one slot). Each S completes inside
+    // its warpgroup's branch (a product in flight where the branches join would be serialized,
+    // C7515).
     float sc[kScoreRegs];
     const auto issue_scores = [&](int slot) {
       const uint64_t keys_at = descriptor_at(keys_descriptor, slot * L::kSlotBytes);
@@ -516,17 +567,22 @@ __global__ void __launch_bounds__(256, 1)
       }
       wgmma_commit();
     };
+    // (No wgmma_wait<1> while S is in flight: ptxas then serializes every product, C7514. So the
+    // previous page's second half is released once S is done, after its P V in any case.)
     if (warpgroup == 0) {
+      wait_converted(2 * i);
       issue_scores(first_slot);
-      wgmma_wait<2>();  // the previous page's P V over its first half (then S's group is last)
-      convert_half(2 * i + 1, 3);
+      wgmma_wait<2>();  // the previous page's P V over its first half
+      release(2 * i - 2);
       wgmma_wait<0>();
     } else {
       wgmma_wait<1>();  // the previous page's P V over its first half
-      convert_half(2 * i + 1, 3);
+      release(2 * i - 2);
+      wait_converted(2 * i + 1);
       issue_scores(second_slot);
       wgmma_wait<0>();
     }
+    release(2 * i - 1);
     wgmma_fence_registers(sc);
     wgmma_fence_registers(o);
 
@@ -541,7 +597,7 @@ __global__ void __launch_bounds__(256, 1)
       max_exchange[warpgroup * L::kRows + r0] = page_max0;
       max_exchange[warpgroup * L::kRows + r1] = page_max1;
     }
-    named_barrier(1, L::kThreads);
+    named_barrier(1, L::kMultiplierThreads);
     const int other = (1 - warpgroup) * L::kRows;
     const float new_max0 = fmaxf(max0, fmaxf(page_max0, max_exchange[other + r0]));
     const float new_max1 = fmaxf(max1, fmaxf(page_max1, max_exchange[other + r1]));
@@ -569,7 +625,7 @@ __global__ void __launch_bounds__(256, 1)
     rescale_output(o, rescale0, rescale1);
     // The writes above reach the tensor cores' (asynchronous) reads of shared memory.
     fence_proxy_async_shared();
-    named_barrier(2, L::kThreads);
+    named_barrier(2, L::kMultiplierThreads);
 
     // 3. O += P V over this warpgroup's channels, left in flight as two commit groups, one a
     // half page (keys 0-31 from the first slot, 32-63 from the second).
@@ -581,15 +637,14 @@ __global__ void __launch_bounds__(256, 1)
           descriptor_at(values_descriptor, (half == 0 ? first_slot : second_slot) * L::kSlotBytes);
 #pragma unroll
       for (int k = 0; k < kHalfKeys / 16; ++k) {
-        wgmma_m64nk16_ss<kHalfChannels, true>(o,
-                                              descriptor_at(probs_descriptor, (2 * half + k) * 32),
-                                              descriptor_at(values_at, k * 16 * 128), 1);
+        const uint64_t probs_at = descriptor_at(probs_descriptor, (2 * half + k) * 32);
+        wgmma_m64nk16_ss<kHalfChannels / 2, true>(o_left, probs_at,
+                                                  descriptor_at(values_at, k * 16 * 128), 1);
+        wgmma_m64nk16_ss<kHalfChannels / 2, true>(
+            o_right, probs_at, descriptor_at(values_at, 2 * L::kHalfBoxBytes + k * 16 * 128), 1);
       }
       wgmma_commit();
     }
-    // The next page's first half into the third slot, whose last reader (this page's S, or the
-    // previous page's P V over its second half) is done.
-    if (i + 1 < run.num_pages) convert_half(2 * i + 2, 4);
   }
   wgmma_wait<0>();
   wgmma_fence_registers(o);

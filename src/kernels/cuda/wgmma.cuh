@@ -73,6 +73,19 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// The calling warpgroup's registers a thread raised or lowered to kRegs (a multiple of 8 in
+// [24, 256]): warp-specialized roles share the register file unevenly, the launch's even share
+// being what each starts with.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 // Keeps the compiler from moving accesses to registers an asynchronous product reads or writes
 // (its accumulators, its A operand) across the wgmma_wait that ends it.
 template <int kCount>
