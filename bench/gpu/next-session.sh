@@ -33,8 +33,7 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      early-next-half.diff and rope-words-first.diff (together; bench/gpu/patches/README.md says
-#      how)
+#      rope-words-first.diff (bench/gpu/patches/README.md says how)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -50,14 +49,16 @@
 #      (profile_sass.sh's samples, to join here with the kernel's line table, a cubin of the one
 #      kernel and `sass_census.py lines`, by bench/gpu/stall_lines.py), and beside it a copy of the
 #      tree with bench/gpu/probes/page-schedule-phase-clocks.diff applied, whose block 0 stamps the
-#      SM's clock at each phase of pages 100-104 for both warpgroups (phase.txt; ~150 s cold;
-#      carry nothing)
-# Waiting (2026-12-07, thirty-eighth session): 5 in full on merged main (its GPU test with the
-# rescale skip and the seesaw's L2 prefetch together, each measured alone; the memcheck, quick
-# cases, passed on the main before them), then 7 with bench/gpu/patches/early-next-half.diff and
-# rope-words-first.diff (~350 s); 1, 2, 3 on one machine where an H200 comes
-# (the issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of
-# a session's budget left); then 5 (and 8) on the H200 too. Steps 4 and 6 ran on an H100 in the
+#      SM's clock at each phase of pages 100-104 for both multiplying warpgroups and the converting
+#      ones (phase.txt; ~150 s cold; carry nothing)
+# Waiting (2026-12-07, thirty-ninth session): 11 on main (where the page schedule's time goes now
+# that two warpgroups convert: the phase clocks of all three roles and the stall samples), then 7
+# with bench/gpu/patches/rope-words-first.diff (AB_FORMATS=int4g64/int4,int2g64/int4
+# AB_ARGS="--heads 128"; its full GPU test passed in the thirty-ninth session, on the kernel before
+# the converting warpgroups, but the call ran out of time before its timing); 1, 2, 3 on one
+# machine where an H200 comes (the issue's card: every run of this job so far was on an H100;
+# ~975 s, so start them with most of a session's budget left); then 5 (and 8) on the H200 too, and
+# 5 in full (memcheck included) wherever one comes. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
 # 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q =
@@ -65,7 +66,8 @@
 # operands) in the thirty-fourth, 7 twice (four patches) in the thirty-fifth, 7, 5 (LEAN, 128
 # heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth, none in the thirty-seventh (every
 # start refused; docs/benchmarks.md), 7 (the crossover), 11, 7 (two patches) and the memcheck's
-# command by hand in the thirty-eighth.
+# command by hand in the thirty-eighth, 7 twice (three patches, out of time; then the converting
+# warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
