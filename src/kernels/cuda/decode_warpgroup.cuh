@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
   uint64_t* const q_full = reinterpret_cast<uint64_t*>(max_exchange + 2 * L::kRows);
   uint64_t* const half_full = q_full + 1;                 // [kRawStages]: a raw half page landed
   uint64_t* const converted = half_full + L::kRawStages;  // [kSlots]: a half page in the slot
-  uint64_t* const released = converted + L::kSlots;       // [kSlots]: both P V over it done
+  uint64_t* const released = converted + L::kSlots;       // [kSlots]: both warpgroups' reads done
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
@@ -458,7 +458,8 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
 
   // The converting warpgroups (threads 256-511): Q's copy and the raw half pages' (their first
   // thread), each half converted into its slot (slot_of_half) once the slot's previous half is
-  // released. The roles split right after the barriers' set-up, before the roles' own state.
+  // released. The roles split right after the barriers' set-up, before the roles' own state, on a
+  // value the compiler knows to be the same in a warp (as `warpgroup` below).
   const bool converting =
       __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / L::kMultiplierThreads), 0) > 0;
   if (converting) {
