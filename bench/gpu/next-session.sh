@@ -34,7 +34,7 @@
 #      by bench/gpu/ab_table.py), last each changed tree's full GPU test (under 200 s, within
 #      what is left of the call); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      early-releases.diff, fused-code-bias.diff and dequantize-half-loads.diff, two a call
+#      early-releases.diff, fused-code-bias.diff and converter-instructions.diff, two a call
 #      (bench/gpu/patches/README.md says how)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the s_q = 2 rows
@@ -56,7 +56,7 @@
 # Waiting (2026-12-07, thirty-ninth session): 11 on main (where the page schedule's time goes now
 # that two warpgroups convert: the phase clocks of all three roles and the stall samples), then 7
 # with bench/gpu/patches/early-releases.diff and fused-code-bias.diff, then with
-# dequantize-half-loads.diff (its first part, rope-words-first.diff, passed the full GPU test in the
+# converter-instructions.diff (its first part, rope-words-first.diff, passed the full GPU test in the
 # thirty-ninth session on the kernel before the converting warpgroups, untimed), then
 # fused-code-bias.diff at 16 heads (bench/gpu/patches/README.md has the commands); 1, 2, 3 on one
 # machine where an H200 comes (the card: every run of this job so far was on an H100;
