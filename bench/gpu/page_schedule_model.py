@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""A timing model of the page schedule's slot ring (decode_warpgroup.cuh), to compare release orders.
+
+Not a measurement: it replays the kernel's waits page by page with fixed phase durations, so that
+the durations the phase-clocks probe measures (bench/gpu/probes/page-schedule-phase-clocks.diff,
+`next-session.sh 11`) can be put in and the orders compared before any is written or timed:
+
+  main            the previous page's first half released once its P V is done (warpgroup 1
+                  before waiting for its half, warpgroup 0 after issuing its S), its second half
+                  once this page's S is done (the kernel's work-around for ptxas's C7514)
+  early-releases  both halves released as soon as the P V over each is done, before either
+                  warpgroup waits for its half of the page (bench/gpu/patches/early-releases.diff)
+
+The model: the converting warpgroups convert the halves in order, each taking --convert cycles
+once the slot's previous half is released by both multiplying warpgroups (three slots, half h in
+slot h % 3); the tensor pipe runs one product at a time in the order issued: S (--scores cycles a
+warpgroup's half page) and P V (--values cycles a warpgroup's half page, two a page each);
+the softmax takes --softmax cycles from both S being done to P V's issue. Prints the period of a
+page (cycles, after a warm-up) for each order.
+
+  python3 bench/gpu/page_schedule_model.py [--convert 1800] [--scores 900] [--softmax 600]
+      [--values 256] [--pages 40]
+"""
+import argparse
+
+
+def period(order, convert, scores, softmax, values, pages):
+    converted = []  # converted[h]: when half h is in its slot
+    released = {}  # released[h]: when each multiplying warpgroup released half h's slot
+    pipe_free = 0.0
+
+    def product(issued, cycles):
+        nonlocal pipe_free
+        pipe_free = max(issued, pipe_free) + cycles
+        return pipe_free
+
+    def release(h, when):
+        released.setdefault(h, []).append(when)
+
+    def convert_through(h):
+        # Converts halves in order up to h; False where a slot is not yet released by both.
+        while len(converted) <= h:
+            k = len(converted)
+            start = converted[-1] if converted else 0.0
+            if k >= 3:
+                if len(released.get(k - 3, [])) < 2:
+                    return False
+                start = max(start, max(released[k - 3]))
+            converted.append(start + convert)
+        return True
+
+    ready = [0.0, 0.0]  # when each multiplying warpgroup reaches the page
+    first_half_done, second_half_done = {}, {}  # (warpgroup, page): its P V over each half done
+    scores_done = []
+    for i in range(pages):
+        if i > 0:
+            for w in (0, 1):
+                done0, done1 = first_half_done[w, i - 1], second_half_done[w, i - 1]
+                if order == "early-releases":
+                    release(2 * i - 2, max(ready[w], done0))
+                    ready[w] = max(ready[w], done1)
+                    release(2 * i - 1, ready[w])
+                elif w == 1:
+                    ready[1] = max(ready[1], done0)
+                    release(2 * i - 2, ready[1])
+        if not convert_through(2 * i):
+            raise SystemExit(f"{order}: page {i}'s first half never converted (a wait in a circle)")
+        issued0 = max(ready[0], converted[2 * i])
+        done_s0 = product(issued0, scores)
+        if order == "main" and i > 0:
+            release(2 * i - 2, max(issued0, first_half_done[0, i - 1]))
+        if not convert_through(2 * i + 1):
+            raise SystemExit(f"{order}: page {i}'s second half never converted (a wait in a circle)")
+        done_s1 = product(max(ready[1], converted[2 * i + 1]), scores)
+        if order == "main" and i > 0:
+            release(2 * i - 1, done_s0)
+            release(2 * i - 1, done_s1)
+        issue = max(done_s0, done_s1) + softmax
+        scores_done.append(max(done_s0, done_s1))
+        ready = [issue, issue]
+        for w in (0, 1):
+            first_half_done[w, i] = product(issue, values)
+        for w in (0, 1):
+            second_half_done[w, i] = product(issue, values)
+    warm = min(10, pages // 4)
+    return (scores_done[-1] - scores_done[warm]) / (pages - 1 - warm)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--convert", type=float, default=1800, help="cycles to convert a half page")
+    parser.add_argument("--scores", type=float, default=900, help="cycles of one warpgroup's S")
+    parser.add_argument("--softmax", type=float, default=600, help="cycles from S done to P V")
+    parser.add_argument("--values", type=float, default=256,
+                        help="cycles of one warpgroup's P V over a half page")
+    parser.add_argument("--pages", type=int, default=40)
+    args = parser.parse_args()
+    for order in ("main", "early-releases"):
+        cycles = period(order, args.convert, args.scores, args.softmax, args.values, args.pages)
+        print(f"{order:15s} {cycles:7.0f} cycles a page")
+
+
+if __name__ == "__main__":
+    main()
