@@ -52,7 +52,9 @@
 #      kernel and `sass_census.py lines`, by bench/gpu/stall_lines.py), and beside it a copy of the
 #      tree with bench/gpu/probes/page-schedule-phase-clocks.diff applied, whose block 0 stamps the
 #      SM's clock at each phase of pages 100-104 for both multiplying warpgroups and the converting
-#      ones (phase.txt; ~150 s cold; carry nothing)
+#      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
+#      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
+#      ring's timing model, beside the measured period, for main's and early-releases' orders)
 # Waiting (2026-12-07, thirty-ninth session): 11 on main (where the page schedule's time goes now
 # that two warpgroups convert: the phase clocks of all three roles and the stall samples), then 7
 # with bench/gpu/patches/early-releases.diff and fused-code-bias.diff, then with

@@ -19,9 +19,17 @@ the softmax takes --softmax cycles from both S being done to P V's issue. Prints
 page (cycles, after a warm-up) for each order.
 
   python3 bench/gpu/page_schedule_model.py [--convert 1800] [--scores 900] [--softmax 600]
-      [--values 256] [--pages 40]
+      [--values 256] [--pages 40] [--phases PHASE.txt]
+
+--phases takes the durations from the probe's lines (`next-session.sh 11`'s phase.txt; medians
+over the stamped pages) where they are measured: a half page's conversion (converted, less the
+later of its slot's release and its bytes' landing), warpgroup 1's S (its half converted to its
+S done) and the softmax (the later S done to P V issued); it prints them and the measured period
+beside the model's (P V's duration is not stamped: --values stays).
 """
 import argparse
+import re
+import statistics
 
 
 def period(order, convert, scores, softmax, values, pages):
@@ -86,6 +94,32 @@ def period(order, convert, scores, softmax, values, pages):
     return (scores_done[-1] - scores_done[warm]) / (pages - 1 - warm)
 
 
+def measured_durations(path):
+    """Medians of the probe's durations, and the measured period, from its phase lines."""
+    marks, halves = {}, {}
+    for line in open(path):
+        m = re.match(r"phase page (\d+) wg(\d):((?: -?\d+)+)\s*$", line)
+        if m:
+            marks[int(m.group(1)), int(m.group(2))] = [int(x) for x in m.group(3).split()]
+            continue
+        m = re.match(r"phase page (\d+) conv:(.*)$", line)
+        if m:
+            for e, start, released, landed, converted in re.findall(
+                    r"half (\d) start (-?\d+) released (-?\d+) landed (-?\d+) converted (-?\d+)",
+                    m.group(2)):
+                halves[int(m.group(1)), int(e)] = (int(released), int(landed), int(converted))
+    pages = sorted({page for page, _ in marks})
+    if not pages or not halves:
+        raise SystemExit(f"{path}: no phase lines of the converting page schedule")
+    convert = [c - max(r, l) for r, l, c in halves.values()]
+    scores = [marks[page, 1][3] - marks[page, 1][2] for page in pages]
+    softmax = [max(marks[page, 0][6], marks[page, 1][6]) -
+               max(marks[page, 0][3], marks[page, 1][3]) for page in pages]
+    periods = [marks[b, 0][0] - marks[a, 0][0] for a, b in zip(pages, pages[1:])]
+    return {"convert": statistics.median(convert), "scores": statistics.median(scores),
+            "softmax": statistics.median(softmax), "period": statistics.median(periods)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--convert", type=float, default=1800, help="cycles to convert a half page")
@@ -94,7 +128,14 @@ def main():
     parser.add_argument("--values", type=float, default=256,
                         help="cycles of one warpgroup's P V over a half page")
     parser.add_argument("--pages", type=int, default=40)
+    parser.add_argument("--phases", help="the phase-clocks probe's output (durations from it)")
     args = parser.parse_args()
+    if args.phases:
+        measured = measured_durations(args.phases)
+        args.convert, args.scores, args.softmax = (measured["convert"], measured["scores"],
+                                                   measured["softmax"])
+        print(f"measured: convert {args.convert:.0f}, scores {args.scores:.0f}, softmax "
+              f"{args.softmax:.0f} cycles; period {measured['period']:.0f} cycles a page")
     for order in ("main", "early-releases"):
         cycles = period(order, args.convert, args.scores, args.softmax, args.values, args.pages)
         print(f"{order:15s} {cycles:7.0f} cycles a page")
