@@ -12,14 +12,14 @@ the durations the phase-clocks probe measures (bench/gpu/probes/page-schedule-ph
                   warpgroup waits for its half of the page (bench/gpu/patches/early-releases.diff)
 
 The model: the converting warpgroups convert the halves in order, each taking --convert cycles
-once the slot's previous half is released by both multiplying warpgroups (three slots, half h in
-slot h % 3); the tensor pipe runs one product at a time in the order issued: S (--scores cycles a
+once the slot's previous half is released by both multiplying warpgroups (--slots half-page
+slots, three in the kernel, half h in slot h % slots); the tensor pipe runs one product at a time in the order issued: S (--scores cycles a
 warpgroup's half page) and P V (--values cycles a warpgroup's half page, two a page each);
 the softmax takes --softmax cycles from both S being done to P V's issue. Prints the period of a
 page (cycles, after a warm-up) for each order.
 
   python3 bench/gpu/page_schedule_model.py [--convert 1800] [--scores 900] [--softmax 600]
-      [--values 256] [--pages 40] [--phases PHASE.txt]
+      [--values 256] [--pages 40] [--slots 3] [--phases PHASE.txt]
 
 --phases takes the durations from the probe's lines (`next-session.sh 11`'s phase.txt; medians
 over the stamped pages) where they are measured: a half page's conversion (converted, less the
@@ -32,7 +32,7 @@ import re
 import statistics
 
 
-def period(order, convert, scores, softmax, values, pages):
+def period(order, convert, scores, softmax, values, pages, slots=3):
     converted = []  # converted[h]: when half h is in its slot
     released = {}  # released[h]: when each multiplying warpgroup released half h's slot
     pipe_free = 0.0
@@ -50,10 +50,10 @@ def period(order, convert, scores, softmax, values, pages):
         while len(converted) <= h:
             k = len(converted)
             start = converted[-1] if converted else 0.0
-            if k >= 3:
-                if len(released.get(k - 3, [])) < 2:
+            if k >= slots:
+                if len(released.get(k - slots, [])) < 2:
                     return False
-                start = max(start, max(released[k - 3]))
+                start = max(start, max(released[k - slots]))
             converted.append(start + convert)
         return True
 
@@ -128,6 +128,7 @@ def main():
     parser.add_argument("--values", type=float, default=256,
                         help="cycles of one warpgroup's P V over a half page")
     parser.add_argument("--pages", type=int, default=40)
+    parser.add_argument("--slots", type=int, default=3, help="half-page slots (the kernel's 3)")
     parser.add_argument("--phases", help="the phase-clocks probe's output (durations from it)")
     args = parser.parse_args()
     if args.phases:
@@ -137,7 +138,8 @@ def main():
         print(f"measured: convert {args.convert:.0f}, scores {args.scores:.0f}, softmax "
               f"{args.softmax:.0f} cycles; period {measured['period']:.0f} cycles a page")
     for order in ("main", "early-releases"):
-        cycles = period(order, args.convert, args.scores, args.softmax, args.values, args.pages)
+        cycles = period(order, args.convert, args.scores, args.softmax, args.values, args.pages,
+                        args.slots)
         print(f"{order:15s} {cycles:7.0f} cycles a page")
 
 
