@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
     fence_proxy_async_shared();
     named_barrier(1, L::kMultiplierThreads);
   }
-  // Half h converted into its slot; half h's slot released by this warpgroup (its P V over it
+  // Half h converted into its slot; half h's slot released by this warpgroup (its reads of it
   // done: one thread arrives for the warpgroup).
   const auto wait_converted = [&](int h) {
     mbarrier_wait(&converted[L::slot_of_half(h)], static_cast<uint32_t>((h / L::kSlots) & 1));
