@@ -880,6 +880,19 @@ int main(int argc, char** argv) {
           // alone), a sequence's last page whole and partly filled.
           run_decode_case({"content=bf16,rope=bf16", 128, 1, {5000, 4096, 37}, 4});
           run_decode_case({"content=bf16,rope=bf16", 64, 2, {4160, 321, 2}, 5});
+          // The seesaw with its L2 prefetch: every run at least kSeesawL2PrefetchMinPages pages
+          // (one a sequence), a sequence's last page whole and partly filled.
+          {
+            const DecodeCase prefetched{"content=bf16,rope=bf16", 64, 1, {20000, 8193, 8256}, 400};
+            const gpu::MlaDecodePlan plan(CacheFormat::parse(prefetched.format), prefetched.lens,
+                                          prefetched.s_q, prefetched.num_heads,
+                                          prefetched.pages_per_split);
+            expect(plan.kernel_name() == "warpgroup" &&
+                       plan.run_pages().shortest >= gpu::kSeesawL2PrefetchMinPages,
+                   "the seesaw's L2-prefetch case: kernel " + plan.kernel_name() +
+                       ", shortest run " + std::to_string(plan.run_pages().shortest) + " pages");
+            run_decode_case(prefetched);
+          }
           run_decode_case({"content=int2:g64,rope=int4:g64", 128, 1, {5000, 37}, 3});
           run_decode_case({"content=bf16,rope=bf16", 48, 2, {4097, 70, 2}, 0});
           run_decode_case({"content=int4:g64,rope=int4:g64", 128, 2, {4097, 70, 2}, 0});

@@ -63,6 +63,14 @@ inline bool warpgroup_kernel_reads(const CacheFormat& format) {
 inline constexpr int kWarpgroupRows = 64;
 inline constexpr int kWarpgroupStepKeys = 64;
 inline constexpr int kWarpgroupBlocksPerSm = 1;
+// The shortest run of a plan's blocks for which the seesaw schedule (a BF16 cache) requests pages
+// into L2 ahead of their copies (mla_decode_seesaw_kernel's kPrefetchL2, chosen at launch).
+// Measured on an H100 (2026-12-06, 128 heads): requested in every run, 6-10% faster where the runs
+// were 128 pages and more (32K and 128K from 16 sequences), 1-8% slower in runs of 4-32; in runs
+// of 64 (4K from 64 sequences) 1.6% faster in one call and 1.9% slower in another; chosen from
+// runs of 128 (2026-12-07): 0.925-0.985x the time without it at 32K and 128K from 16 sequences
+// (docs/benchmarks.md).
+inline constexpr int kSeesawL2PrefetchMinPages = 128;
 
 // What the transposed kernel reads: a BF16 cache (content and RoPE key), whose pages its tensor
 // maps copy as they are; its shape, for the plan: 16 query rows a block (wgmma's N, the keys

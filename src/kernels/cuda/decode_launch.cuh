@@ -64,7 +64,7 @@ void launch_decode_warpgroup(const DecodeKernelParams& p, int batch, int blocks,
     if constexpr (L::kDirect) {
       const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
       const CUtensorMap pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
-      if (shortest_run_pages >= SeesawLayout::kL2PrefetchMinPages) {
+      if (shortest_run_pages >= kSeesawL2PrefetchMinPages) {
         launch_large_shared<mla_decode_seesaw_kernel<Content, Rope, true>>(
             blocks, SeesawLayout::kThreads, SeesawLayout::kSharedBytes, stream, p, q_map, pool_map);
       } else {

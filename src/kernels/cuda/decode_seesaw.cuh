@@ -39,13 +39,6 @@ struct SeesawLayout {
   static constexpr int kRows = kWarpgroupRows;
   static constexpr int kBoxes = kKeyDim / 64;  // of 64 channels: 8 of content, 1 of RoPE
   static constexpr int kRopeBox = kBoxes - 1;
-  // The shortest run of a plan's blocks for which the launch requests pages into L2 ahead of their
-  // copies (mla_decode_seesaw_kernel's kPrefetchL2). Measured on an H100 (2026-12-06, 128 heads):
-  // requested in every run, 6-10% faster where the runs were 128 pages and more (32K and 128K
-  // from 16 sequences), 1-8% slower in runs of 4-32; in runs of 64 (4K from 64 sequences) 1.6%
-  // faster in one call and 1.9% slower in another; chosen at launch from runs of 128 (2026-12-07):
-  // 0.925-0.985x the time without it at 32K and 128K from 16 sequences (docs/benchmarks.md).
-  static constexpr int kL2PrefetchMinPages = 128;
   static constexpr int kBoxBytes = 64 * 128;  // 64 rows of 64 BF16 channels
   static constexpr int kTileBytes = kBoxes * kBoxBytes;
   // From the 1024-byte-aligned base: Q's boxes, its RoPE box's place then holding P_b; the two
@@ -205,7 +198,7 @@ __device__ __forceinline__ void issue_scores(float (&sc)[kScoreRegs],
 }  // namespace seesaw_detail
 
 // kPrefetchL2: page i + 2 of the run requested into L2 with page i's first copy (the launch
-// chooses it by the plan's runs: SeesawLayout::kL2PrefetchMinPages).
+// chooses it by the plan's runs: kSeesawL2PrefetchMinPages).
 template <class Content, class Rope, bool kPrefetchL2>
 __global__ void __launch_bounds__(256, 1)
     mla_decode_seesaw_kernel(const __grid_constant__ DecodeKernelParams p,

@@ -20,7 +20,7 @@ void launch_decode(const DecodeKernelParams& params, int row_tiles_per_block, in
 
 // Defined in decode_launch.cuh, instantiated in decode_<content>.cu; shortest_run_pages: the
 // pages of the plan's shortest block run (a BF16 cache's pages are requested into L2 ahead of
-// their copies from SeesawLayout::kL2PrefetchMinPages on).
+// their copies from kSeesawL2PrefetchMinPages on).
 template <class Content, class Rope>
 void launch_decode_warpgroup(const DecodeKernelParams& params, int batch, int blocks,
                              int shortest_run_pages, cudaStream_t stream);
