@@ -19,8 +19,9 @@
 // span", tile column order), so Q's columns are permuted to the same order once, and the output's
 // back at the end. Three slots turn: page i's halves are in slots 2i % 3 and (2i + 1) % 3, and the
 // third takes the next page's first half. A slot's half is signalled converted on a shared-memory
-// barrier, and released on another once both multiplying warpgroups' P V over it is done, which
-// the converting warpgroups wait for before they write the slot again. Per page, the multiplying
+// barrier, and released on another once both multiplying warpgroups are done reading it (a
+// first half when the P V over it is done, a second once the next page's S is), which the
+// converting warpgroups wait for before they write the slot again. Per page, the multiplying
 // warpgroups:
 //   1. S = Q K^T, each over its own half of the page (one slot: m64n32, 36 k-steps of 16
 //      channels), each once its half is converted.
@@ -34,7 +35,7 @@
 //   3. O += P V, each warpgroup over its own 256 of the 512 channels (two m64n128 products a
 //      k-step, 4 k-steps, two commit groups of a half page each): V is the slots' own content
 //      channels, read untransposed as an MN-major B operand. It runs while the next page's S is
-//      issued; each warpgroup releases a half's slot once its commit group over it is done.
+//      issued.
 // The softmax's steps are pages and P is rounded as the tiled kernel rounds it, so the host
 // reference of test_gpu_mla (MlaDecodePlan::Operands::kBf16Tile) follows this kernel too.
 #pragma once
@@ -548,8 +549,8 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
 
   // Page i's halves sit in slots 2i % 3 (warpgroup 0's keys) and (2i + 1) % 3 (warpgroup 1's).
   // Page i - 1's P V is in flight as two commit groups, one a half page: each warpgroup releases
-  // a half's slot once its group over it is done. Warpgroup 1 releases page i - 1's first half
-  // before waiting for page i's second, which takes that slot.
+  // the first half's slot once its group over it is done (warpgroup 1 before waiting for page
+  // i's second half, which takes that slot), the second half's once page i's S is done.
   for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
     const int first_slot = L::slot_of_half(2 * i), second_slot = L::slot_of_half(2 * i + 1);
