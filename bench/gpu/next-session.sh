@@ -107,9 +107,10 @@ final_out=${OUT:-gpu-results}
 rm -rf "$final_out/r" && mkdir -p "$final_out/r" && final_out=$(realpath "$final_out")
 export OUT=$final_out/r
 status=0
-# Every command gets what is left of 560 s, so that the results are packed before the device
-# tool's 600 s end the call.
-deadline=$((SECONDS + 560))
+# Every command gets what is left of DEADLINE_S (560 s), so that the results are packed before the
+# device tool ends the call (at 600 s, or sooner where less device time is left: pass the call's
+# timeout less ~40 s).
+deadline=$((SECONDS + ${DEADLINE_S:-560}))
 within() { timeout $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$@"; }
 # The kernels-only build of TARGET... in build-gpu of the current directory, logs to LOG.
 build_kernels() {
