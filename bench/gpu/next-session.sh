@@ -55,9 +55,10 @@
 #      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
 #      ring's timing model, beside the measured period, for main's and early-releases' orders)
-# Waiting (2026-12-07, thirty-ninth session): 11 on main (where the page schedule's time goes now
-# that two warpgroups convert: the phase clocks of all three roles and the stall samples), then 7
-# with bench/gpu/patches/early-releases.diff and fused-code-bias.diff, then with
+# Waiting (2026-12-07, thirty-ninth and fortieth sessions): 11 on main (where the page
+# schedule's time goes now that two warpgroups convert: the phase clocks of all three roles and
+# the stall samples), then 7 with bench/gpu/patches/early-releases.diff and fused-code-bias.diff,
+# then with
 # converter-instructions.diff (its first part, rope-words-first.diff, passed the full GPU test in the
 # thirty-ninth session on the kernel before the converting warpgroups, untimed), then
 # fused-code-bias.diff at 16 heads (bench/gpu/patches/README.md has the commands); 1, 2, 3 on one
@@ -72,7 +73,8 @@
 # heads), 10 and 9 (INT4 at 128 heads) in the thirty-sixth, none in the thirty-seventh (every
 # start refused; docs/benchmarks.md), 7 (the crossover), 11, 7 (two patches) and the memcheck's
 # command by hand in the thirty-eighth, 7 twice (three patches, out of time; then the converting
-# warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth.
+# warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
+# the fortieth (eleven starts failed; the waiting list above unchanged).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
