@@ -34,7 +34,8 @@
 #      by bench/gpu/ab_table.py), last each changed tree's full GPU test (under 200 s, within
 #      what is left of the call); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
 #      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      early-releases.diff, fused-code-bias.diff and converter-instructions.diff, two a call
+#      early-releases.diff, fused-code-bias.diff, converter-instructions.diff and
+#      balanced-last-wave.diff, two a call
 #      (bench/gpu/patches/README.md says how)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the s_q = 2 rows
@@ -61,8 +62,9 @@
 # then with
 # converter-instructions.diff (its first part, rope-words-first.diff, passed the full GPU test in the
 # thirty-ninth session on the kernel before the converting warpgroups, untimed), then
-# fused-code-bias.diff at 16 heads (bench/gpu/patches/README.md has the commands); 1, 2, 3 on one
-# machine where an H200 comes (the card: every run of this job so far was on an H100;
+# fused-code-bias.diff at 16 heads, then balanced-last-wave.diff (the fortieth session's; BF16
+# and INT4 at 128 heads, then BF16 at 16; bench/gpu/patches/README.md has the commands); 1, 2, 3
+# on one machine where an H200 comes (the card: every run of this job so far was on an H100;
 # ~975 s, so start them with most of a session's budget left); then 5 (and 8) on the H200 too, and
 # 5 in full (memcheck included) wherever one comes. Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
