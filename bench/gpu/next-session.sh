@@ -33,10 +33,8 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py), last each changed tree's full GPU test (under 200 s, within
 #      what is left of the call); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
-#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; waiting:
-#      early-releases.diff, fused-code-bias.diff, converter-instructions.diff and
-#      balanced-last-wave.diff, two a call
-#      (bench/gpu/patches/README.md says how)
+#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; two patches a
+#      call at most (bench/gpu/patches/README.md says how; none waiting now)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
 #   10 issue 13's batch-1 decode on main (its latest figure, 2026-12-04, predates the transposed
@@ -49,24 +47,20 @@
 #      .anchor)
 #   11 where the page schedule's time goes at one shape (PROFILE_SHAPE, default
 #      int4g64/int4@warpgroup,64,32768,128): its warps' stalls instruction by instruction
-#      (profile_sass.sh's samples, to join here with the kernel's line table, a cubin of the one
-#      kernel and `sass_census.py lines`, by bench/gpu/stall_lines.py), and beside it a copy of the
+#      (profile_sass.sh's samples, to join here by bench/gpu/stall_lines.py with lines.txt, the
+#      line table of the default shape's kernel built alone there), and beside it a copy of the
 #      tree with bench/gpu/probes/page-schedule-phase-clocks.diff applied, whose block 0 stamps the
 #      SM's clock at each phase of pages 100-104 for both multiplying warpgroups and the converting
 #      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
-#      ring's timing model, beside the measured period, for main's and early-releases' orders)
-# Waiting (2026-12-07, thirty-ninth and fortieth sessions): 11 on main (where the page
-# schedule's time goes now that two warpgroups convert: the phase clocks of all three roles and
-# the stall samples), then 7 with bench/gpu/patches/early-releases.diff and fused-code-bias.diff,
-# then with
-# converter-instructions.diff (its first part, rope-words-first.diff, passed the full GPU test in the
-# thirty-ninth session on the kernel before the converting warpgroups, untimed), then
-# fused-code-bias.diff at 16 heads, then balanced-last-wave.diff (the fortieth session's; BF16
-# and INT4 at 128 heads, then BF16 at 16; bench/gpu/patches/README.md has the commands); 1, 2, 3
+#      ring's timing model, beside the measured period, for main's order and the one before it)
+# Waiting (2026-12-07, forty-first session): 5 in full on main (the three page-schedule patches
+# merged in the forty-first session, each tested and timed alone there, together untested on a
+# GPU: their full GPU test, memcheck, and issue 15's grid beside FlashMLA), then 11 on main (the
+# phase clocks of the early releases; the probe rebased onto them); 1, 2, 3
 # on one machine where an H200 comes (the issue's card: every run of this job so far was on an H100;
-# ~975 s, so start them with most of a session's budget left); then 5 (and 8) on the H200 too, and
-# 5 in full (memcheck included) wherever one comes. Steps 4 and 6 ran on an H100 in the
+# ~975 s, so start them with most of a session's budget left); then 8 and 10 on the H200 too.
+# Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
 # 5, 1, 2 and 3 in the thirty-second, with 8's command by hand on the next machine, 7 (BF16 at s_q =
@@ -76,7 +70,8 @@
 # start refused; docs/benchmarks.md), 7 (the crossover), 11, 7 (two patches) and the memcheck's
 # command by hand in the thirty-eighth, 7 twice (three patches, out of time; then the converting
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
-# the fortieth (eleven starts failed; the waiting list above unchanged).
+# the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
+# forty-first.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -191,6 +186,20 @@ case $step in
     fi
     ((status == 0)) &&
       { within bash bench/gpu/profile_sass.sh "$shape" >"$OUT/profile.txt" 2>&1 || status=1; }
+    # The default shape's kernel alone, built by this machine's nvcc, and its line table for the
+    # join (one built on the development machine differed in 61 of the 567 opcodes the join
+    # checks in the forty-first session).
+    if [[ $shape == int4g64/int4@warpgroup,* ]]; then
+      unit=$(mktemp -d)/one.cu
+      printf '%s\n' '#include "kernels/cuda/decode_launch.cuh"' 'namespace quantmla::gpu {' \
+        'template void launch_decode_warpgroup<ContentInt<4, 64>, RopeInt4>(' \
+        '    const DecodeKernelParams&, int, int, int, cudaStream_t);' '}' >"$unit"
+      (source bench/gpu/library-nvcc-flags.sh &&
+        within "$nvcc" -I"$PWD/include" -I"$PWD/src" "${library_nvcc_flags[@]}" -cubin \
+          -o "${unit%.cu}.cubin" "$unit" &&
+        python3 bench/gpu/sass_census.py lines "${unit%.cu}.cubin" >"$OUT/lines.txt") ||
+        echo "next-session.sh: no line table of the kernel built here" >&2
+    fi
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   10)

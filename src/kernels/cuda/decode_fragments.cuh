@@ -143,20 +143,8 @@ __device__ __forceinline__ void prepare_page(uint8_t* page, int valid, int recor
   }
 }
 
-// Two int4 or two int2 codes, one in the low bits of each half (the masks of biased_codes, shifted
-// by a code's position for the subnormal operands of the scores and the values).
-constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
 // What a subnormal code operand's products are multiplied by to restore the code's units.
 constexpr float kSubnormalCodeUnit = 16777216.0f;  // 2^24
-
-// (bits & mask) | bias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
-// that two codes sit in the low bits of the halves and bias kCodeBias, the BF16 pair 128 + code.
-__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = kInt4Pair,
-                                                 uint32_t bias = kCodeBias) {
-  uint32_t biased;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(bias));
-  return biased;
-}
 
 __device__ __forceinline__ uint32_t with_half(uint32_t pair, int e, uint32_t value) {
   return e == 0 ? (pair & 0xffff0000u) | (value & 0xffffu) : (pair & 0xffffu) | (value << 16);

@@ -19,9 +19,8 @@
 // span", tile column order), so Q's columns are permuted to the same order once, and the output's
 // back at the end. Three slots turn: page i's halves are in slots 2i % 3 and (2i + 1) % 3, and the
 // third takes the next page's first half. A slot's half is signalled converted on a shared-memory
-// barrier, and released on another once both multiplying warpgroups are done reading it (a
-// first half when the P V over it is done, a second once the next page's S is), which the
-// converting warpgroups wait for before they write the slot again. Per page, the multiplying
+// barrier, and released on another once both multiplying warpgroups' P V over it is done, which
+// the converting warpgroups wait for before they write the slot again. Per page, the multiplying
 // warpgroups:
 //   1. S = Q K^T, each over its own half of the page (one slot: m64n32, 36 k-steps of 16
 //      channels), each once its half is converted.
@@ -87,10 +86,10 @@ struct WarpgroupLayout {
   // Half page h's slot (page i's halves: h = 2i and 2i + 1).
   static constexpr int slot_of_half(int h) { return h % kSlots; }
   // What the kernel's order of waits relies on to never wait in a circle, page by page: a page's
-  // halves in two slots; its second half where the previous page's first half was (released once
-  // the first of that page's two P V commit groups is done, which warpgroup 1 waits for before it
-  // waits for the second half); the next page's first half where the previous page's second half
-  // was (released once this page's S is done), neither of this page's slots.
+  // halves in two slots; its second half where the previous page's first half was, and the next
+  // page's first half where the previous page's second half was (each released once the P V over
+  // it is done, which both warpgroups wait for before they wait for this page's halves), neither
+  // of this page's slots.
   static constexpr bool slots_turn_as_scheduled() {
     for (int i = 1; i < 4 * kSlots; ++i) {
       const int first = slot_of_half(2 * i), second = slot_of_half(2 * i + 1);
@@ -294,7 +293,7 @@ __device__ __forceinline__ void set_value(uint4& v, int column, uint32_t value) 
 // column order), the tiled kernel's decoders and kept pairs; records from `valid` on as zeros.
 // One content chunk and one RoPE unit a converting thread (`thread`: its index among them).
 template <class L>
-__device__ __forceinline__ void dequantize_half(const uint8_t* raw, uint8_t* slot, int valid,
+__device__ __forceinline__ void dequantize_half(uint8_t* raw, uint8_t* slot, int valid,
                                                 const DecodeKernelParams& p, int thread) {
   using Content = typename L::Content;
   using Rope = typename L::Rope;
@@ -303,25 +302,35 @@ __device__ __forceinline__ void dequantize_half(const uint8_t* raw, uint8_t* slo
   static_assert(
       kRows * kChunks == L::kConverterThreads && kRows * (kRopeDim / 8) == L::kConverterThreads,
       "a content chunk and a RoPE unit a converting thread");
+  // Records past the sequence's end (in its last half page) hold arbitrary pool bytes, and NaN
+  // would survive a probability of 0 in P V: they are zeroed in the raw stage first (every
+  // supported format decodes a zero record to zeros), so that no thread selects zeros for them
+  // on every other half page. `valid` is the same in every converting thread.
+  if (valid < kRows) {
+    const int first = max(valid, 0) * p.record_bytes, words = (kRows * p.record_bytes - first) / 4;
+#pragma unroll 1  // a sequence's last half page only: kept short
+    for (int i = thread; i < words; i += L::kConverterThreads) store_u32(raw + first + 4 * i, 0u);
+    named_barrier(kConvertedBarrier, L::kConverterThreads);
+  }
   const int r = thread % kRows, c = thread / kRows;
   const uint8_t* const rec = raw + r * p.record_bytes;
+  // The RoPE unit's stored words first, so that they load with the content's: read after the
+  // content's stores (which the compiler cannot move a load above: both are shared memory), their
+  // latency was the conversion's largest stall (Nsight Compute, 64 x 32K, 128 heads: 6% of the
+  // kernel's samples).
+  const typename Rope::Unit rope_words = Rope::load_unit(rec + Content::kBytes, c);
   uint4 v[8];
-  if (r < valid) {
-    Content::chunk(rec, c, v);
-  } else {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = make_uint4(0u, 0u, 0u, 0u);
-  }
+  Content::chunk(rec, c, v);
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     *reinterpret_cast<uint4*>(slot + c * kBoxBytes + tma_box_offset(r, 8 * u)) = v[u];
   }
   // The RoPE key's unit k = c of this record.
-  uint4 w = r < valid ? Rope::unit(rec + Content::kBytes, c) : make_uint4(0u, 0u, 0u, 0u);
+  uint4 w = Rope::dequantize_unit(rope_words);
   // Kept pairs replace their two channels (both in this unit of 8).
   for (int n = 0; n < p.kept.count; ++n) {
     const int pair = p.kept.pairs[n];
-    if (pair / 4 != c || r >= valid) continue;
+    if (pair / 4 != c) continue;
     const uint32_t stored = Rope::kept_pair(rec + Content::kBytes, n);
     set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair) % 8, stored & 0xffffu);
     set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair + 1) % 8, stored >> 16);
@@ -467,17 +476,14 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
     setmaxnreg_dec<L::kConverterRegs>();
     const int thread = threadIdx.x - L::kMultiplierThreads;
     uint8_t* const raw_stages = base_bytes + L::kRawOffset;
-    const auto raw_stage = [&](int h) {
-      return raw_stages + (h % L::kRawStages) * L::kRawHalfBytes;
-    };
-    // Half page h of the run into raw stage h % kRawStages, as the records' bytes.
+    // Half page h of the run into raw stage `stage` (h % kRawStages), as the records' bytes.
     const uint32_t half_bytes = static_cast<uint32_t>(L::kHalfKeys * p.record_bytes);
-    const auto load_half = [&](int h) {
-      uint64_t* const full = &half_full[h % L::kRawStages];
+    const auto load_half = [&](int h, int stage) {
       const int64_t record =
           static_cast<int64_t>(run.pages[h / 2]) * kPageTokens + (h % 2) * L::kHalfKeys;
-      mbarrier_arrive_expect_bytes(full, half_bytes);
-      bulk_copy_to_shared(raw_stage(h), p.pool + record * p.record_bytes, half_bytes, full);
+      mbarrier_arrive_expect_bytes(&half_full[stage], half_bytes);
+      bulk_copy_to_shared(raw_stages + stage * L::kRawHalfBytes, p.pool + record * p.record_bytes,
+                          half_bytes, &half_full[stage]);
     };
     if (thread == 0) {
       mbarrier_arrive_expect_bytes(q_full, L::kQBytes);
@@ -486,24 +492,31 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
       for (int b = 0; b < L::kColumnBlocks; ++b) {
         tma_load_2d(q_tile + b * L::kBlockBytes, &q_map, 64 * b, q_row, q_full);
       }
-      for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h);
+      for (int h = 0; h < L::kRawStages && h < halves; ++h) load_half(h, h);
     }
+    // Half h's slot (slot_of_half) and raw stage, and the parities their barriers' phases wait
+    // for, stepped along with h rather than divided out of it: the slot's previous half's release
+    // (h / kSlots - 1: unused for the first kSlots halves), the stage's copy (h / kRawStages).
+    static_assert(L::slot_of_half(L::kSlots) == 0, "slots taken in turn");
+    int slot = 0, stage = 0;
+    uint32_t released_parity = 1, landed_parity = 0;
     for (int h = 0; h < halves; ++h) {
-      const int slot = L::slot_of_half(h);
-      // The slot's previous half (h - kSlots) read by both warpgroups' P V, and this half's bytes.
-      if (h >= L::kSlots)
-        mbarrier_wait(&released[slot], static_cast<uint32_t>((h / L::kSlots - 1) & 1));
-      mbarrier_wait(&half_full[h % L::kRawStages], static_cast<uint32_t>((h / L::kRawStages) & 1));
+      // The slot's previous half (h - kSlots) read by both warpgroups, and this half's bytes.
+      if (h >= L::kSlots) mbarrier_wait(&released[slot], released_parity);
+      mbarrier_wait(&half_full[stage], landed_parity);
       const int valid = run.seq_len - (item.page_begin * kPageTokens + h * L::kHalfKeys);
-      dequantize_half<L>(raw_stage(h), slot_bytes + slot * L::kSlotBytes, valid, p, thread);
+      dequantize_half<L>(raw_stages + stage * L::kRawHalfBytes, slot_bytes + slot * L::kSlotBytes,
+                         valid, p, thread);
       // Every converting thread's writes reach the tensor cores' reads, and its reads of the raw
       // stage are done (the stage takes half h + kRawStages next).
       fence_proxy_async_shared();
       named_barrier(kConvertedBarrier, L::kConverterThreads);
       if (thread == 0) {
         mbarrier_arrive(&converted[slot]);
-        if (h + L::kRawStages < halves) load_half(h + L::kRawStages);
+        if (h + L::kRawStages < halves) load_half(h + L::kRawStages, stage);
       }
+      if (++slot == L::kSlots) slot = 0, released_parity ^= 1;
+      if (++stage == L::kRawStages) stage = 0, landed_parity ^= 1;
     }
     return;
   }
@@ -548,43 +561,34 @@ __global__ void __launch_bounds__(WarpgroupLayout<Content, Rope>::kThreads, 1)
   };
 
   // Page i's halves sit in slots 2i % 3 (warpgroup 0's keys) and (2i + 1) % 3 (warpgroup 1's).
-  // Page i - 1's P V is in flight as two commit groups, one a half page: each warpgroup releases
-  // the first half's slot once its group over it is done (warpgroup 1 before waiting for page
-  // i's second half, which takes that slot), the second half's once page i's S is done.
+  // Page i - 1's P V is in flight as two commit groups, one a half page: each warpgroup first
+  // releases each half's slot as soon as its group over it is done, so that the converting
+  // warpgroups can refill it (page i's second half takes the slot of page i - 1's first, the next
+  // page's first half that of its second), and only then waits for its own half of page i.
   for (int i = 0; i < run.num_pages; ++i) {
     const int page_key = (item.page_begin + i) * kPageTokens;
     const int first_slot = L::slot_of_half(2 * i), second_slot = L::slot_of_half(2 * i + 1);
-    // 1. S over this warpgroup's keys (its half of the page, one slot). Each S completes inside
-    // its warpgroup's branch (a product in flight where the branches join would be serialized,
-    // C7515).
-    float sc[kScoreRegs];
-    const auto issue_scores = [&](int slot) {
-      const uint64_t keys_at = descriptor_at(keys_descriptor, slot * L::kSlotBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kKeyDim / 16; ++s) {
-        wgmma_m64nk16_ss<kHalfKeys>(
-            sc, descriptor_at(q_descriptor, (s / 4) * L::kBlockBytes + (s % 4) * 32),
-            descriptor_at(keys_at, (s / 4) * L::kHalfBoxBytes + (s % 4) * 32), s);
-      }
-      wgmma_commit();
-    };
-    // (No wgmma_wait<1> while S is in flight: ptxas then serializes every product, C7514. So the
-    // previous page's second half is released once S is done, after its P V in any case.)
-    if (warpgroup == 0) {
-      wait_converted(2 * i);
-      issue_scores(first_slot);
-      wgmma_wait<2>();  // the previous page's P V over its first half
-      release(2 * i - 2);
-      wgmma_wait<0>();
-    } else {
-      wgmma_wait<1>();  // the previous page's P V over its first half
-      release(2 * i - 2);
-      wait_converted(2 * i + 1);
-      issue_scores(second_slot);
-      wgmma_wait<0>();
-    }
+    wgmma_wait<1>();  // the previous page's P V over its first half
+    release(2 * i - 2);
+    wgmma_wait<0>();  // and over its second
     release(2 * i - 1);
+    // 1. S over this warpgroup's keys (its half of the page, one slot), issued once nothing else
+    // of this warpgroup's is in flight (a wgmma_wait<1> while S is, as releasing the previous
+    // page's second half behind S would need, makes ptxas serialize every product: C7514).
+    float sc[kScoreRegs];
+    const int own_half = 2 * i + warpgroup;
+    wait_converted(own_half);
+    const uint64_t keys_at =
+        descriptor_at(keys_descriptor, L::slot_of_half(own_half) * L::kSlotBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kKeyDim / 16; ++s) {
+      wgmma_m64nk16_ss<kHalfKeys>(
+          sc, descriptor_at(q_descriptor, (s / 4) * L::kBlockBytes + (s % 4) * 32),
+          descriptor_at(keys_at, (s / 4) * L::kHalfBoxBytes + (s % 4) * 32), s);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
     wgmma_fence_registers(sc);
     wgmma_fence_registers(o);
 

@@ -39,17 +39,24 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2_from_bits(uint32_t v) {
 // code is the BF16 value 128 + code (exact below 128); subtracting 128 is exact too, so the only
 // roundings are those of scale and min to BF16 and of the fused multiply-add.
 inline constexpr uint32_t kCodeBias = 0x43004300u;  // BF16 128.0 twice, as bits
+// Two int4 or two int2 codes, one in the low bits of each half (the masks of biased_codes, shifted
+// by a code's position for the fragment kernel's subnormal operands of the scores and the values).
+inline constexpr uint32_t kInt4Pair = 0x000f000fu, kInt2Pair = 0x00030003u;
+
+// (bits & mask) | bias in one LOP3 (the compiler emits an AND and an OR): with bits shifted so
+// that two codes sit in the low bits of the halves and bias kCodeBias, the BF16 pair 128 + code.
+__device__ __forceinline__ uint32_t biased_codes(uint32_t bits, uint32_t mask = kInt4Pair,
+                                                 uint32_t bias = kCodeBias) {
+  uint32_t biased;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(biased) : "r"(bits), "r"(mask), "r"(bias));
+  return biased;
+}
 
 // The pair 128 + code (as bits) -> scale * code + min.
 __device__ __forceinline__ uint32_t dequantize_biased_pair(uint32_t biased, __nv_bfloat162 scale,
                                                            __nv_bfloat162 minimum) {
   const __nv_bfloat162 codes = __hsub2(bf16x2_from_bits(biased), bf16x2_from_bits(kCodeBias));
   return bf16x2_bits(__hfma2(codes, scale, minimum));
-}
-
-__device__ __forceinline__ uint32_t dequantize_pair(uint32_t two_codes, __nv_bfloat162 scale,
-                                                    __nv_bfloat162 minimum) {
-  return dequantize_biased_pair(two_codes | kCodeBias, scale, minimum);
 }
 
 // A uniform-int group's stored word {FP16 scale, FP16 min} -> BF16 {scale, min}: the one rounding
@@ -93,7 +100,9 @@ __device__ __forceinline__ uint4 dequantize_int4_word(uint32_t w, __nv_bfloat162
                                                       __nv_bfloat162 minimum) {
   uint32_t r[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) r[j] = dequantize_pair((w >> (4 * j)) & 0x000f000fu, scale, minimum);
+  for (int j = 0; j < 4; ++j) {
+    r[j] = dequantize_biased_pair(biased_codes(w >> (4 * j), kInt4Pair), scale, minimum);
+  }
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
@@ -102,7 +111,9 @@ __device__ __forceinline__ void dequantize_int2_word(uint32_t w, __nv_bfloat162 
                                                      __nv_bfloat162 minimum, uint4& lo, uint4& hi) {
   uint32_t r[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) r[j] = dequantize_pair((w >> (2 * j)) & 0x00030003u, scale, minimum);
+  for (int j = 0; j < 8; ++j) {
+    r[j] = dequantize_biased_pair(biased_codes(w >> (2 * j), kInt2Pair), scale, minimum);
+  }
   lo = make_uint4(r[0], r[1], r[2], r[3]);
   hi = make_uint4(r[4], r[5], r[6], r[7]);
 }
@@ -279,7 +290,12 @@ struct RopeBf16 {
   static constexpr int kMaxBytes = kRopeDim * 2;
   static constexpr bool kIsBf16 = true;
   static constexpr int kPairSpan = 1;
-  __device__ static uint4 unit(const uint8_t* rec, int u) { return ContentBf16::unit(rec, u); }
+  // unit u (channels 8u..8u+7) as load_unit's stored words, then dequantize_unit's BF16 values:
+  // a kernel can issue the loads early and hide their latency behind other work.
+  using Unit = uint4;
+  __device__ static Unit load_unit(const uint8_t* rec, int u) { return ContentBf16::unit(rec, u); }
+  __device__ static uint4 dequantize_unit(Unit words) { return words; }
+  __device__ static uint4 unit(const uint8_t* rec, int u) { return load_unit(rec, u); }
   __device__ static uint32_t kept_pair(const uint8_t*, int) { return 0; }  // never kept: no pairs
   __device__ static void encode(uint8_t* rec, float x0, float x1, int lane, float,
                                 const KeptPairs&) {
@@ -294,6 +310,18 @@ struct RopeInt4 {
   static constexpr int kMaxBytes = kBaseBytes + 4 * kMaxKeptPairs;
   static constexpr bool kIsBf16 = false;
   static constexpr int kPairSpan = 4;
+  // As RopeBf16's: the group's {scale, min} word and the unit's word of codes.
+  struct Unit {
+    uint32_t scale_min, codes;
+  };
+  __device__ static Unit load_unit(const uint8_t* rec, int u) {
+    return {load_u32(rec + kCodeBytes), load_u32(rec + 4 * u)};
+  }
+  __device__ static uint4 dequantize_unit(Unit words) {
+    const __nv_bfloat162 both = scale_min_bf16(words.scale_min);
+    return dequantize_int4_word(words.codes, __low2bfloat162(both), __high2bfloat162(both));
+  }
+  // Not dequantize_unit(load_unit(...)): the tiled kernel's machine code stays as it was measured.
   __device__ static uint4 unit(const uint8_t* rec, int u) {
     __nv_bfloat162 scale, minimum;
     load_scale_min(rec + kCodeBytes, scale, minimum);
