@@ -57,7 +57,9 @@
 # Waiting (2026-12-07, forty-first session): 5 in full on main (the three page-schedule patches
 # merged in the forty-first session, each tested and timed alone there, together untested on a
 # GPU: their full GPU test, memcheck, and issue 15's grid beside FlashMLA), then 11 on main (the
-# phase clocks of the early releases; the probe rebased onto them); 1, 2, 3
+# phase clocks of the early releases; the probe rebased onto them; both in one call on a warm
+# machine: `DEADLINE_S=380 bash bench/gpu/next-session.sh 5; DEADLINE_S=170 bash
+# bench/gpu/next-session.sh 11`, carry .anchor, timeout 590; on a cold machine 5 alone); 1, 2, 3
 # on one machine where an H200 comes (the issue's card: every run of this job so far was on an H100;
 # ~975 s, so start them with most of a session's budget left); then 8 and 10 on the H200 too.
 # Steps 4 and 6 ran on an H100 in the
