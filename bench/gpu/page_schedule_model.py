@@ -19,7 +19,8 @@ warpgroup's half page) and P V (--values cycles a warpgroup's half page, two a p
 the softmax takes --softmax cycles from both S being done to P V's issue; a product's issue
 returns once the pipe takes it. Prints the period of a page (cycles, after a warm-up) for each
 order. With the forty-first session's durations (H200, 64 x 32K, INT4) it gives late-second 5,328
-cycles against the 5,544 measured, and main 9.6% shorter, where main measured 5-6% shorter.
+cycles against the 5,544 measured, and main 9.6% shorter, where main measured 5.7% shorter
+there (INT4, two rounds).
 
   python3 bench/gpu/page_schedule_model.py [--convert 1800] [--scores 900] [--softmax 600]
       [--values 256] [--pages 40] [--slots 3] [--phases PHASE.txt]
