@@ -12,6 +12,7 @@
 #include "error_matchers.h"
 #include "quantmla/cache_format.h"
 #include "quantmla/error.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -92,9 +93,7 @@ TEST(CacheFormat, ParsesGoodSpecsAndRoundTrips) {
 }
 
 TEST(CacheFormat, ClipSpellingRoundTripsExactly) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("random seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("ClipSpellingRoundTripsExactly")));
   std::uniform_real_distribution<float> ratio(0.0f, 1.0f);
   std::vector<float> clips = {1e-7f,
                               0.1f,

@@ -287,7 +287,7 @@ TEST(DecodeReference, EveryMutationFailsTheComparison) {
       {"content=fp8,rope=int4:g64", Operands::kFp16Codes}};
   for (const auto& [spec, operands] : cases) {
     Fixture f = make_fixture(spec, lens, s_q, heads, rng);
-    aim_row0_at_last_key(f.cache, f.q);
+    aim_row0_at_mutated_keys(f.cache, f.q);
     const int step = operands == Operands::kFp16Codes ? 64 : 32;
     const FaithfulResult ref = faithful_decode(f.cache, f.q, s_q, heads, scale, blocks, step,
                                                Mutation::kNone, Arithmetic::kExact, operands);

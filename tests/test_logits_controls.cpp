@@ -1,7 +1,7 @@
 // The sampling controls beyond temperature and top-p (logits_controls.h) on fresh random rows:
 // each control's arithmetic against its definition, the tokens it removes never drawn, and a row
 // without controls drawn exactly as sample_token draws it. The seed is printed
-// (LOGITS_CONTROLS_SEED=S repeats a run).
+// (QUANTMLA_TEST_SEED=S repeats a run).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "error_matchers.h"
 #include "quantmla/error.h"
 #include "quantmla/logits_controls.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -24,12 +25,7 @@ using testing::expect_contains;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::mt19937_64 seeded_rng() {
-  const char* s = std::getenv("LOGITS_CONTROLS_SEED");
-  const uint64_t seed = s != nullptr ? std::strtoull(s, nullptr, 10) : std::random_device{}();
-  std::printf("LOGITS_CONTROLS_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
-}
+std::mt19937_64 seeded_rng() { return std::mt19937_64(testing::test_seed("LogitsControls")); }
 
 std::vector<float> random_row(std::mt19937_64& rng, size_t vocab) {
   std::normal_distribution<float> logit(0.0f, 3.0f);

@@ -18,6 +18,7 @@
 #include "quantmla/io.h"
 #include "quantmla/page_pool.h"
 #include "quantmla/runner.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -376,18 +377,20 @@ TEST(CpuRunner, RefusesBadStepsAndCommitsNothing) {
 // Perplexity fed a few tokens a step (chunk_tokens 1: every position a decode step, the path a
 // GPU decode kernel takes) scores the same windows as one prefill step per window: the same
 // logits up to the two attention forms' rounding (96 tokens: the prefill takes the expanded form,
-// a decode step the absorbed one). Measured ~1e-8 relative on both caches; the INT4 bound leaves
-// room for a code that rounds the other way.
+// a decode step the absorbed one), ~1e-8 relative on the F32 cache. On the INT4 cache that FP32
+// noise can carry a value across a rounding boundary, so one code of one record differs by one
+// step in every later row of its window. Over 222 seeds, 63 runs had such a code; the largest
+// ratio was 3.2e-4, and 13 runs passed 1e-4 (the old bound, which is how CI failed on seed
+// 426785905). The INT4 bound is six times the largest.
 TEST(CpuRunner, ChunkedPerplexityScoresTheSameWindows) {
   const Model& model = mla_tiny_moe();
   const auto runner = make_cpu_runner(model);
-  const unsigned seed = std::random_device{}();
-  std::printf("seed %u\n", seed);
-  std::mt19937 rng(seed);
+  std::mt19937 rng(
+      static_cast<uint32_t>(testing::test_seed("ChunkedPerplexityScoresTheSameWindows")));
   std::vector<int32_t> ids(3 * 95 + 10);
   for (int32_t& id : ids) id = static_cast<int32_t>(rng() % model.config().vocab_size);
   for (const auto& [spec, tolerance] : std::vector<std::pair<const char*, double>>{
-           {"f32", 1e-6}, {"content=int4:g64,rope=int4:g32", 1e-4}}) {
+           {"f32", 1e-6}, {"content=int4:g64,rope=int4:g32", 2e-3}}) {
     PerplexityOptions options;
     options.ctx = 96;
     options.cache = CacheFormat::parse(spec);

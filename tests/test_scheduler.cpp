@@ -1,7 +1,7 @@
 // The scheduler's invariants under random request mixes, driven by a scripted fake runner whose
 // next token depends only on the sequence's tokens (so preemption by recompute must not change any
 // output), and on the real CPU runner with the bundled model: preempted requests give exactly the
-// tokens they give unpreempted. Random tests print their seed (SCHEDULER_SEED=S repeats one).
+// tokens they give unpreempted. Random tests print their seed (QUANTMLA_TEST_SEED=S repeats one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,17 +25,13 @@
 #include "quantmla/runner.h"
 #include "quantmla/scheduler.h"
 #include "quantmla/serve_bench.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
 
 using testing::error_message;
 using testing::expect_contains;
-
-uint64_t test_seed() {
-  if (const char* s = std::getenv("SCHEDULER_SEED")) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}();
-}
 
 // A runner without a model: the token after a sequence is a hash of all its tokens, and every step
 // checks that no page belongs to two live sequences and that the pool's used pages are exactly
@@ -220,9 +216,7 @@ void expect_finished_properly(const Mix& mix, const RunResult& result, int32_t e
 }
 
 TEST(Scheduler, RandomMixesKeepEveryInvariant) {
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu (SCHEDULER_SEED to repeat)\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(testing::test_seed("RandomMixesKeepEveryInvariant"));
   for (int round = 0; round < 12; ++round) {
     FakeRunner runner;
     const Mix mix = random_mix(rng, 40, static_cast<int>(runner.config().vocab_size));
@@ -1005,8 +999,7 @@ TEST(ServeBench, WorkloadAndFiguresAddUp) {
 // takes over a runner that computes: the same steps, batches, preemptions and recomputation, and
 // a step log that adds up to the run's counters.
 TEST(ServeBench, ScheduleOnlyReplaysTheSchedule) {
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu (SCHEDULER_SEED to repeat)\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::test_seed("ScheduleOnlyReplaysTheSchedule");
   FakeRunner runner;
   const std::unique_ptr<Runner> replay = make_schedule_only_runner(runner.config());
   EXPECT_EQ(replay->device(), "schedule-only");

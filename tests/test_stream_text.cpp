@@ -14,6 +14,7 @@
 #include "quantmla/stream_text.h"
 #include "quantmla/tokenizer.h"
 #include "test_paths.h"
+#include "test_seed.h"
 #include "tokenizer/utf8.h"
 
 namespace quantmla {
@@ -41,11 +42,7 @@ std::string reference_text(const Tokenizer& tokenizer, std::span<const int32_t> 
 
 TEST(StreamText, GrowsByPrefixesToTheDecodedTextCutAtTheFirstStop) {
   const Tokenizer& tokenizer = deepseek();
-  const char* forced = std::getenv("STREAM_TEXT_SEED");  // repeats a run
-  const uint64_t seed =
-      forced != nullptr ? std::strtoull(forced, nullptr, 10) : std::random_device{}();
-  std::mt19937_64 rng(seed);
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(testing::test_seed("GrowsByPrefixesToTheDecodedTextCutAtTheFirstStop"));
   const auto vocab = static_cast<int32_t>(tokenizer.vocab_size());
   // Byte-level tokens (one or a few bytes of a multi-byte character) are what split characters.
   std::vector<int32_t> fragments;

@@ -11,6 +11,7 @@
 #include "quantmla/safetensors.h"
 #include "quantmla/transform.h"
 #include "test_paths.h"
+#include "test_seed.h"
 
 namespace quantmla {
 namespace {
@@ -103,7 +104,7 @@ TEST(Transform, FoldedHadamardKeepsLogitsAndRotatesTheCache) {
 }
 
 TEST(Transform, FoldedRandomOrthogonalWithScalesKeepsLogits) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(testing::test_seed("FoldedRandomOrthogonalWithScalesKeepsLogits"));
   for (const auto& dir : {bundled_model(), shared_dir() / "models/mla-tiny-moe"}) {
     const Model original = Model::load(dir);
     Model folded = Model::load(dir);
@@ -131,7 +132,7 @@ RopeTransform random_rope_transform(int64_t pairs, std::mt19937_64& rng) {
 // leave the logits unchanged, on q_lora (V3, MoE) and q_proj (V2) models alike, while the cache
 // holds M k_pe.
 TEST(Transform, FoldedRopeTransformKeepsLogitsAndTransformsTheCache) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(testing::test_seed("FoldedRopeTransformKeepsLogitsAndTransformsTheCache"));
   for (const auto& dir : {bundled_model(), shared_dir() / "models/mla-tiny-moe",
                           shared_dir() / "models/mla-tiny-v2-4k"}) {
     const Model original = Model::load(dir);

@@ -40,10 +40,6 @@ const uint8_t* PagedRecords::record(int b, int pos) const {
   return const_cast<PagedRecords*>(this)->record(b, pos);
 }
 
-// The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
-// bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
-// stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
-// (0: its own; the mutation check's wrong scale: 1).
 PagedRecords random_paged_records(const CacheFormat& format, const std::vector<int32_t>& lens,
                                   std::mt19937_64& rng, std::vector<std::vector<float>>* rows) {
   PagedRecords c;
@@ -86,7 +82,7 @@ PagedRecords random_paged_records(const CacheFormat& format, const std::vector<i
 }
 
 void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
-                        int scale_group) {
+                        bool wrong_scale) {
   const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };
   if (f.codec == Codec::kBF16) {
     for (int i = 0; i < width; ++i) out[i] = bf16_to_f32(u16(rec + 2 * i));
@@ -96,7 +92,7 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
     for (int i = 0; i < width; ++i) {
       float scale;
       std::memcpy(&scale, rec + width + 4 * (i / f.group), 4);
-      if (i / f.group == 0 && scale_group != 0) scale *= 2.0f;  // the mutation's wrong exponent
+      if (i / f.group == 0 && wrong_scale) scale *= 2.0f;
       out[i] = bf16_to_f32(f32_to_bf16(e4m3_to_f32(rec[i]) * scale));
     }
     return;
@@ -105,9 +101,9 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
   const int64_t code_bytes = static_cast<int64_t>(width) * bits / 8;
   for (int i = 0; i < width; ++i) {
     const int code = (rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1);
-    const int group = i / f.group == 0 ? scale_group : i / f.group;
-    const uint8_t* sm = rec + code_bytes + 4 * group;
-    const double scale = bf16_to_f32(f32_to_bf16(f16_to_f32(u16(sm))));
+    const uint8_t* sm = rec + code_bytes + 4 * (i / f.group);
+    const double scale = bf16_to_f32(f32_to_bf16(f16_to_f32(u16(sm)))) *
+                         (i / f.group == 0 && wrong_scale ? 2.0 : 1.0);
     const double minimum = bf16_to_f32(f32_to_bf16(f16_to_f32(u16(sm + 2))));
     out[i] = static_cast<float>(bf16_round(code * scale + minimum));  // exact in double
   }
@@ -119,13 +115,29 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
   }
 }
 
-void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q) {
-  const uint8_t* rec = cache.record(0, cache.lens[0] - 1);
-  std::vector<float> key(kKeyDim);
-  kernel_path_values(cache.format.content, rec, kLatentDim, key.data());
-  kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim,
-                     key.data() + kLatentDim);
-  for (int d = 0; d < kKeyDim; ++d) q[d] = f32_to_bf16(0.1f * key[d]);
+void aim_row0_at_mutated_keys(const PagedRecords& cache, std::vector<uint16_t>& q) {
+  if (cache.lens[0] <= kPageTokens + 1) {
+    throw InvalidArgument("aim_row0_at_mutated_keys: sequence 0 has " +
+                          std::to_string(cache.lens[0]) + " keys, needs more than " +
+                          std::to_string(kPageTokens + 1));
+  }
+  // Each key divided by its squared norm, so that the two scores come out about alike (the
+  // records' outlier channels make the norms differ by far more than the keys' overlap).
+  std::vector<double> aim(kKeyDim, 0.0);
+  double mean_norm2 = 0.0;
+  for (const int pos : {kPageTokens, cache.lens[0] - 1}) {
+    std::vector<float> key(kKeyDim);
+    const uint8_t* rec = cache.record(0, pos);
+    kernel_path_values(cache.format.content, rec, kLatentDim, key.data());
+    kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim,
+                       key.data() + kLatentDim);
+    double norm2 = 0.0;
+    for (const float v : key) norm2 += static_cast<double>(v) * v;
+    for (int d = 0; d < kKeyDim; ++d) aim[d] += key[d] / norm2;
+    mean_norm2 += norm2 / 2.0;
+  }
+  for (int d = 0; d < kKeyDim; ++d)
+    q[d] = f32_to_bf16(static_cast<float>(0.1 * mean_norm2 * aim[d]));
 }
 
 void scale_fp8_record(uint8_t* record, float factor) {
@@ -157,7 +169,7 @@ struct CodedKey {
   uint32_t scale_bits[kLatentDim / 128];  // fp8: the FP32 scales' bits (their exponents)
 };
 
-CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
+CodedKey coded_key(const PathFormat& f, const uint8_t* rec, bool wrong_scale) {
   const auto u16 = [](const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); };
   CodedKey key{};
   if (f.codec == Codec::kFP8) {
@@ -165,7 +177,7 @@ CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
     for (int g = 0; g < kLatentDim / 128; ++g) {
       std::memcpy(&key.scale_bits[g], rec + kLatentDim + 4 * g, 4);
       // The mutation's wrong scale: group 0's doubled (kernel_path_values).
-      if (g == 0 && scale_group != 0) {
+      if (g == 0 && wrong_scale) {
         key.scale_bits[g] = std::bit_cast<uint32_t>(2.0f * std::bit_cast<float>(key.scale_bits[g]));
       }
       key.scale[g] = std::bit_cast<float>(key.scale_bits[g]);
@@ -177,8 +189,8 @@ CodedKey coded_key(const PathFormat& f, const uint8_t* rec, int scale_group) {
     key.codes[i] = (rec[i * bits / 8] >> (i * bits % 8)) & ((1 << bits) - 1);
   }
   for (int g = 0; g < kLatentDim / 64; ++g) {
-    const uint8_t* sm = rec + kLatentDim * bits / 8 + 4 * (g == 0 ? scale_group : g);
-    key.scale[g] = f16_to_f32(u16(sm));
+    const uint8_t* sm = rec + kLatentDim * bits / 8 + 4 * g;
+    key.scale[g] = f16_to_f32(u16(sm)) * (g == 0 && wrong_scale ? 2.0f : 1.0f);
     key.minimum[g] = f16_to_f32(u16(sm + 2));
   }
   return key;
@@ -226,16 +238,16 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   };
   // Every sequence's keys as the kernel decodes them.
   std::vector<std::vector<float>> keys(static_cast<size_t>(batch));
-  const auto decode_key = [&](int b, int pos, int scale_group, float* row) {
+  const auto decode_key = [&](int b, int pos, bool wrong_scale, float* row) {
     const uint8_t* rec = cache.record(b, pos);
-    kernel_path_values(cache.format.content, rec, kLatentDim, row, scale_group);
+    kernel_path_values(cache.format.content, rec, kLatentDim, row, wrong_scale);
     kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim, row + kLatentDim);
   };
   for (int b = 0; b < batch; ++b) {
     keys[b].resize(static_cast<size_t>(cache.lens[b]) * kKeyDim);
     for (int pos = 0; pos < cache.lens[b]; ++pos) {
       const bool moved = mutation == Mutation::kWrongPage && b == 0 && pos / kPageTokens == 1;
-      decode_key(moved ? 1 : b, moved ? pos % kPageTokens : pos, 0,
+      decode_key(moved ? 1 : b, moved ? pos % kPageTokens : pos, false,
                  keys[b].data() + static_cast<size_t>(pos) * kKeyDim);
     }
   }
@@ -250,7 +262,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     if (s > heavy_score) heavy_score = s, heavy = j;
   }
   if (mutation == Mutation::kGroupScale) {
-    decode_key(0, heavy, 1, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim);
+    decode_key(0, heavy, true, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim);
   }
   // The fragment kernel's operands: every key's codes, scales and minimums (the RoPE key as above).
   std::vector<std::vector<CodedKey>> coded(static_cast<size_t>(batch));

@@ -55,19 +55,18 @@ PagedRecords random_paged_records(const CacheFormat& format, const std::vector<i
 
 // The kernel's value of each channel of a path (record_formats.cuh): int codes -> bf16(code *
 // bf16(scale) + bf16(min)), one rounding (hfma2); fp8 -> bf16(float(e4m3) * scale); BF16 as
-// stored; kept RoPE pairs as stored. `scale_group` is the group whose scale channel group 0 takes
-// (0: its own; the mutation check's wrong scale: 1). Fp8 instead takes its own scale doubled for a
-// nonzero `scale_group` (its exponent one too high: the fp8 scales of random rows are too alike for
-// another group's to move the outputs beyond their allowances every time).
+// stored; kept RoPE pairs as stored. `wrong_scale` (the mutation check's) doubles group 0's
+// scale. Not another group's scale: the groups of random rows are too alike for it to move the
+// outputs beyond their allowances every time (an int4 key with group 1's scale and min did not,
+// one run in about twenty).
 void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, float* out,
-                        int scale_group = 0);
+                        bool wrong_scale = false);
 
 // A change the reference makes to itself, standing for a kernel bug: the comparison must fail
 // with it (a test that passes whatever the kernel does proves nothing).
 enum class Mutation {
   kNone,
-  kGroupScale,  // the heaviest key of row 0 decodes its group 0 with group 1's scale and min
-                // (fp8: with twice its own scale)
+  kGroupScale,  // the heaviest key of row 0 decodes its group 0 with twice its scale
   kWrongPage,   // sequence 0's second page read from sequence 1's first page
   kDroppedKey,  // the heaviest key of row 0 left out of row 0
   kCausal,      // row 0 (query 0 of s_q = 2) also sees the key of query 1
@@ -82,10 +81,13 @@ struct FaithfulResult {
   std::vector<double> lse_allowed;
 };
 
-// Points the query of row 0 (sequence 0, query 0, head 0) at sequence 0's last key, which only
-// query 1 of s_q = 2 may see, so that a causal mask off by one shows (with random queries a single
-// key's weight is often too small to move an output by an ulp).
-void aim_row0_at_last_key(const PagedRecords& cache, std::vector<uint16_t>& q);
+// Points the query of row 0 (sequence 0, query 0, head 0) at two keys of sequence 0: its last,
+// which only query 1 of s_q = 2 may see, so that a causal mask off by one shows, and the first
+// of its second page, which row 0 sees (the sequence needs more than 65 keys), so that the other
+// mutations (a wrong scale, a wrong page, a dropped key) hit the key that carries row 0's
+// weight. With random queries a single key's weight is often too small to move an output far:
+// the wrong page moved it by only 2.4x the allowance in one host run of 114.
+void aim_row0_at_mutated_keys(const PagedRecords& cache, std::vector<uint16_t>& q);
 
 // Multiplies every FP32 group scale of an fp8 record (after its e4m3 codes, one a channel) by
 // `factor`: a key whose scales are far the largest, for the batch-invariance checks of the

@@ -398,7 +398,7 @@ void run_mutation_checks(const std::string& spec, int heads = 16) {
   std::vector<uint16_t> q(lens.size() * rows * kKeyDim);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (uint16_t& v : q) v = f32_to_bf16(normal(rng));
-  testing::aim_row0_at_last_key(cache, q);
+  testing::aim_row0_at_mutated_keys(cache, q);
   gpu::MlaDecodePlan plan(format, lens, s_q, heads);
   const auto [out, lse] = DeviceDecode(cache, q, s_q, heads, softmax_scale).run(plan);
   const std::pair<Mutation, const char*> mutations[] = {
