@@ -54,9 +54,11 @@
 #      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
 #      ring's timing model, beside the measured period, for main's order and the one before it)
-# Waiting (2026-12-07, forty-first session): 5 in full on main (the three page-schedule patches
-# merged in the forty-first session, each tested and timed alone there, together untested on a
-# GPU: their full GPU test, memcheck, and issue 15's grid beside FlashMLA), then 11 on main (the
+# Waiting (2026-12-07, forty-second session, which had no device): 5 in full on main (the three
+# page-schedule patches merged in the forty-first session, each tested and timed alone there,
+# together untested on a GPU: their full GPU test, memcheck, and issue 15's grid beside FlashMLA;
+# the test's mutation checks also changed in the forty-second, each now failing by 20x or more on
+# the host), then 11 on main (the
 # phase clocks of the early releases; the probe rebased onto them; both in one call on a warm
 # machine: `DEADLINE_S=380 bash bench/gpu/next-session.sh 5; DEADLINE_S=170 bash
 # bench/gpu/next-session.sh 11`, carry .anchor, timeout 590; on a cold machine 5 alone); 1, 2, 3
@@ -73,7 +75,7 @@
 # command by hand in the thirty-eighth, 7 twice (three patches, out of time; then the converting
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
-# forty-first.
+# forty-first, none in the forty-second (93 s of device time).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
