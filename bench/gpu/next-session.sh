@@ -54,16 +54,13 @@
 #      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
 #      ring's timing model, beside the measured period, for main's order and the one before it)
-# Waiting (2026-12-07, forty-second session, which had no device): 5 in full on main (the three
-# page-schedule patches merged in the forty-first session, each tested and timed alone there,
-# together untested on a GPU: their full GPU test, memcheck, and issue 15's grid beside FlashMLA;
-# the test's mutation checks also changed in the forty-second, each now failing by 20x or more on
-# the host), then 11 on main (the
-# phase clocks of the early releases; the probe rebased onto them; both in one call on a warm
-# machine: `DEADLINE_S=380 bash bench/gpu/next-session.sh 5; DEADLINE_S=170 bash
-# bench/gpu/next-session.sh 11`, carry .anchor, timeout 590; on a cold machine 5 alone); 1, 2, 3
-# on one machine where an H200 comes (the issue's card: every run of this job so far was on an H100;
-# ~975 s, so start them with most of a session's budget left); then 8 and 10 on the H200 too.
+# Waiting (2026-12-07, forty-third session): 11 on main (the probe's mark after S, lost in the
+# forty-first session's rebase, is back: S and the softmax of the page schedule, to say what a
+# fourth slot would save; ~60 s warm, ~150 s cold, carry nothing); 9 twice, the default shape and
+# PROFILE_SHAPE=bf16/bf16,16,131072,128 (the same 128 blocks of 512 pages and bytes: the seesaw
+# 1.147 against 1.010 ms, INT4 1.329 at both: DRAM bytes of each); 1, 2, 3 on one machine where an
+# H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
+# with most of a session's budget left), with 5, 8 and 10 on the H200 too.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -75,7 +72,8 @@
 # command by hand in the thirty-eighth, 7 twice (three patches, out of time; then the converting
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
-# forty-first, none in the forty-second (93 s of device time).
+# forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
+# in the forty-third.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks

@@ -116,6 +116,13 @@ def measured_durations(path):
     pages = sorted({page for page, _ in marks})
     if not pages or not halves:
         raise SystemExit(f"{path}: no phase lines of the converting page schedule")
+    # A mark the probe never reached prints the stamp array's uninitialized value, billions of
+    # cycles from the others (the forty-third session's run, whose rebased probe had lost mark 3).
+    for (page, warpgroup), stamps in sorted(marks.items()):
+        for k, stamp in enumerate(stamps):
+            if abs(stamp) > 10**9:
+                raise SystemExit(f"{path}: page {page} wg{warpgroup}'s mark {k} is {stamp}: never "
+                                 f"stamped (does the probe still set it?)")
     convert = [c - max(r, l) for r, l, c in halves.values()]
     scores = [marks[page, 1][3] - marks[page, 1][2] for page in pages]
     softmax = [max(marks[page, 0][6], marks[page, 1][6]) -
