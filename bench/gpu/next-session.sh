@@ -54,11 +54,17 @@
 #      ones (phase.txt; ~150 s cold; carry nothing; then here `python3
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
 #      ring's timing model, beside the measured period, for main's order and the one before it)
+#   12 whether the BF16 seesaw's long shapes at 128 heads lose to the clock (~90 s warm, ~150 s
+#      cold; carry nothing): at 64 x 32K it reads at 80% of the copy rate, at 16 x 128K (the same
+#      128 blocks of 512 pages and bytes) at 70%, later in the grid; the SM clock, power and
+#      throttle reasons sampled every 100 ms (clocks.csv) through its rows of the grid (the grid's
+#      pool and order) and through those shapes alone, each its own process, in two orders
+#      (alone.txt)
 # Waiting (2026-12-07, forty-third session): 11 on main (the probe's mark after S, lost in the
 # forty-first session's rebase, is back: S and the softmax of the page schedule, to say what a
-# fourth slot would save; ~60 s warm, ~150 s cold, carry nothing); 9 twice, the default shape and
-# PROFILE_SHAPE=bf16/bf16,16,131072,128 (the same 128 blocks of 512 pages and bytes: the seesaw
-# 1.147 against 1.010 ms, INT4 1.329 at both: DRAM bytes of each); 1, 2, 3 on one machine where an
+# fourth slot would save; ~60 s warm, ~150 s cold, carry nothing); 12 (the seesaw's long shapes
+# against the clock), then, where 12 finds no clock loss, 9 twice, the default shape and
+# PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM bytes of each); 1, 2, 3 on one machine where an
 # H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
 # with most of a session's budget left), with 5, 8 and 10 on the H200 too.
 # Steps 4 and 6 ran on an H100 in the
@@ -87,8 +93,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|1[01])$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-11 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[012])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-12 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
@@ -204,6 +210,28 @@ case $step in
     fi
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  12)
+    build_main_decode || status=1
+    decode=build-gpu/bench/gpu/bench_gpu_decode
+    if ((status == 0)); then
+      query=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active
+      nvidia-smi --query-gpu=$query --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
+      sampler=$!
+      echo "grid $(date +%T.%N)" >"$OUT/marks.txt"
+      within $decode --formats bf16/bf16 --heads 128 >"$OUT/grid.txt" 2>&1 || status=1
+      shapes=("64,32768" "16,131072" "64,131072" "128,32768")
+      for order in forward reverse; do
+        [[ $order == reverse ]] && shapes=("128,32768" "64,131072" "16,131072" "64,32768")
+        for shape in "${shapes[@]}"; do
+          sleep 2  # a pause between processes, visible in the samples
+          echo "$order $shape $(date +%T.%N)" >>"$OUT/marks.txt"
+          within $decode --only "bf16/bf16,$shape,128" 2>&1 | grep "B=" | sed "s/^/$order: /" ||
+            status=1
+        done
+      done >"$OUT/alone.txt"
+      kill $sampler
+    fi
+    ;;
   10)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
     if ((status == 0)); then
