@@ -63,8 +63,8 @@
 # Waiting (2026-12-07, forty-third session): 11 on main (the probe's mark after S, lost in the
 # forty-first session's rebase, is back: S and the softmax of the page schedule, to say what a
 # fourth slot would save; ~60 s warm, ~150 s cold, carry nothing); 7 with
-# bench/gpu/patches/box-streamed-halves.diff (S beside its half's conversion, box by box;
-# AB_FORMATS=int4g64/int4,int2g64/int4 AB_ARGS="--heads 128" AB_ROUNDS=2, carry .carry/patches);
+# bench/gpu/patches/box-streamed-halves.diff and its variant in three groups (S beside its half's
+# conversion; bench/gpu/patches/README.md has the commands, carry .carry/patches);
 # 12 (the seesaw's long shapes against the clock), then, where 12 finds no clock loss, 9 twice,
 # the default shape and PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM bytes of each); 1, 2, 3 on one
 # machine where an H200 comes (the card: every run of this job so far was on an H100;
