@@ -60,15 +60,16 @@
 #      throttle reasons sampled every 100 ms (clocks.csv) through its rows of the grid (the grid's
 #      pool and order) and through those shapes alone, each its own process, in two orders
 #      (alone.txt)
-# Waiting (2026-12-07, forty-third session): 11 on main (the probe's mark after S, lost in the
-# forty-first session's rebase, is back: S and the softmax of the page schedule, to say what a
-# fourth slot would save; ~60 s warm, ~150 s cold, carry nothing); 7 with
+# Waiting (2026-12-07, forty-third session): 11 and 12 on main in one call (`DEADLINE_S=240 bash
+# bench/gpu/next-session.sh 11; DEADLINE_S=240 bash bench/gpu/next-session.sh 12`, timeout 560,
+# carry nothing: 11's probe has its mark after S again, lost in the forty-first session's rebase,
+# to say what a fourth slot would save; 12 the seesaw's long shapes against the clock); 7 with
 # bench/gpu/patches/box-streamed-halves.diff and its variant in three groups (S beside its half's
-# conversion; bench/gpu/patches/README.md has the commands, carry .carry/patches);
-# 12 (the seesaw's long shapes against the clock), then, where 12 finds no clock loss, 9 twice,
-# the default shape and PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM bytes of each); 1, 2, 3 on one
-# machine where an H200 comes (the issue's card: every run of this job so far was on an H100;
-# ~975 s, so start them with most of a session's budget left), with 5, 8 and 10 on the H200 too.
+# conversion; bench/gpu/patches/README.md has the commands, carry .carry/patches); where 12
+# finds no clock loss, 9 twice, the default shape and PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM
+# bytes of each); 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this
+# job so far was on an H100; ~975 s, so start them with most of a session's budget left), with 5,
+# 8 and 10 on the H200 too.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
