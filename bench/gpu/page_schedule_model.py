@@ -12,6 +12,9 @@ the durations the phase-clocks probe measures (bench/gpu/probes/page-schedule-ph
   main            both halves released as soon as the P V over each is done, before either
                   warpgroup waits for its half of the page (merged in the forty-first session)
 
+--groups G: each half handed to S in G groups of boxes as they convert (1: main, whole halves;
+9: bench/gpu/patches/box-streamed-halves.diff), S starting on the first.
+
 The model: the converting warpgroups convert the halves in order, each taking --convert cycles
 once the slot's previous half is released by both multiplying warpgroups (--slots half-page
 slots, three in the kernel, half h in slot h % slots); the tensor pipe runs one product at a time in the order issued: S (--scores cycles a
@@ -23,7 +26,7 @@ cycles against the 5,544 measured, and main 9.6% shorter, where main measured 5.
 there (INT4, two rounds).
 
   python3 bench/gpu/page_schedule_model.py [--convert 1800] [--scores 900] [--softmax 600]
-      [--values 256] [--pages 40] [--slots 3] [--phases PHASE.txt]
+      [--values 256] [--pages 40] [--slots 3] [--groups 9] [--phases PHASE.txt]
 
 --phases takes the durations from the probe's lines (`next-session.sh 11`'s phase.txt; medians
 over the stamped pages) where they are measured: a half page's conversion (converted, less the
@@ -36,7 +39,7 @@ import re
 import statistics
 
 
-def period(order, convert, scores, softmax, values, pages, slots=3):
+def period(order, convert, scores, softmax, values, pages, slots=3, groups=1):
     converted = []  # converted[h]: when half h is in its slot
     released = {}  # released[h]: when each multiplying warpgroup released half h's slot
     pipe_free = 0.0
@@ -48,6 +51,15 @@ def period(order, convert, scores, softmax, values, pages, slots=3):
 
     def release(h, when):
         released.setdefault(h, []).append(when)
+
+    # A half handed to S in `groups` groups of boxes (box-streamed-halves.diff: 9): S starts once
+    # the first group is in and ends no sooner than its last group's products after the last one.
+    streamed_ahead = convert * (groups - 1) / groups
+
+    def scores_product(issued, h):
+        nonlocal pipe_free
+        pipe_free = max(product(issued, scores), converted[h] + scores / groups)
+        return pipe_free
 
     def convert_through(h):
         # Converts halves in order up to h; False where a slot is not yet released by both.
@@ -77,14 +89,14 @@ def period(order, convert, scores, softmax, values, pages, slots=3):
                     release(2 * i - 2, ready[1])
         if not convert_through(2 * i):
             raise SystemExit(f"{order}: page {i}'s first half never converted (a wait in a circle)")
-        issued0 = max(ready[0], converted[2 * i])
+        issued0 = max(ready[0], converted[2 * i] - streamed_ahead)
         start_s0 = max(issued0, pipe_free)  # S's issue returns once the pipe takes it
-        done_s0 = product(issued0, scores)
+        done_s0 = scores_product(issued0, 2 * i)
         if order == "late-second" and i > 0:
             release(2 * i - 2, max(start_s0, first_half_done[0, i - 1]))
         if not convert_through(2 * i + 1):
             raise SystemExit(f"{order}: page {i}'s second half never converted (a wait in a circle)")
-        done_s1 = product(max(ready[1], converted[2 * i + 1]), scores)
+        done_s1 = scores_product(max(ready[1], converted[2 * i + 1] - streamed_ahead), 2 * i + 1)
         if order == "late-second" and i > 0:
             release(2 * i - 1, done_s0)
             release(2 * i - 1, done_s1)
@@ -141,6 +153,8 @@ def main():
                         help="cycles of one warpgroup's P V over a half page")
     parser.add_argument("--pages", type=int, default=40)
     parser.add_argument("--slots", type=int, default=3, help="half-page slots (the kernel's 3)")
+    parser.add_argument("--groups", type=int, default=9,
+                        help="groups of boxes a half is handed to S in, for the streamed row")
     parser.add_argument("--phases", help="the phase-clocks probe's output (durations from it)")
     args = parser.parse_args()
     if args.phases:
@@ -149,10 +163,11 @@ def main():
                                                    measured["softmax"])
         print(f"measured: convert {args.convert:.0f}, scores {args.scores:.0f}, softmax "
               f"{args.softmax:.0f} cycles; period {measured['period']:.0f} cycles a page")
-    for order in ("late-second", "main"):
+    for order, groups in (("late-second", 1), ("main", 1), ("main", args.groups)):
         cycles = period(order, args.convert, args.scores, args.softmax, args.values, args.pages,
-                        args.slots)
-        print(f"{order:15s} {cycles:7.0f} cycles a page")
+                        args.slots, groups)
+        label = order if groups == 1 else f"{order}, {groups} groups"
+        print(f"{label:17s} {cycles:7.0f} cycles a page")
 
 
 if __name__ == "__main__":
