@@ -64,8 +64,8 @@
 # bench/gpu/next-session.sh 11; DEADLINE_S=240 bash bench/gpu/next-session.sh 12`, timeout 560,
 # carry nothing: 11's probe has its mark after S again, lost in the forty-first session's rebase,
 # to say what a fourth slot would save; 12 the seesaw's long shapes against the clock); 7 with
-# bench/gpu/patches/box-streamed-halves.diff and its variant in three groups only if 11 shows
-# warpgroup 0's S ending well before warpgroup 1's half is in (bench/gpu/patches/README.md has
+# bench/gpu/patches/scores-once-a-page.diff and its stacked variant box-streamed-halves (S over a
+# whole page by one warpgroup, the halves converted box by box; bench/gpu/patches/README.md has
 # the commands, carry .carry/patches); where 12
 # finds no clock loss, 9 twice, the default shape and PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM
 # bytes of each); 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this
