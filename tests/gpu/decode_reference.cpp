@@ -115,6 +115,19 @@ void kernel_path_values(const PathFormat& f, const uint8_t* rec, int width, floa
   }
 }
 
+namespace {
+
+// Key `pos` of sequence b as the kernel decodes it (kKeyDim values at `row`): its content with
+// `wrong_scale` as kernel_path_values takes it, its RoPE key as stored.
+void kernel_key_values(const PagedRecords& cache, int b, int pos, float* row,
+                       bool wrong_scale = false) {
+  const uint8_t* rec = cache.record(b, pos);
+  kernel_path_values(cache.format.content, rec, kLatentDim, row, wrong_scale);
+  kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim, row + kLatentDim);
+}
+
+}  // namespace
+
 void aim_row0_at_mutated_keys(const PagedRecords& cache, std::vector<uint16_t>& q) {
   if (cache.lens[0] <= kPageTokens + 1) {
     throw InvalidArgument("aim_row0_at_mutated_keys: sequence 0 has " +
@@ -127,10 +140,7 @@ void aim_row0_at_mutated_keys(const PagedRecords& cache, std::vector<uint16_t>& 
   double mean_norm2 = 0.0;
   for (const int pos : {kPageTokens, cache.lens[0] - 1}) {
     std::vector<float> key(kKeyDim);
-    const uint8_t* rec = cache.record(0, pos);
-    kernel_path_values(cache.format.content, rec, kLatentDim, key.data());
-    kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim,
-                       key.data() + kLatentDim);
+    kernel_key_values(cache, 0, pos, key.data());
     double norm2 = 0.0;
     for (const float v : key) norm2 += static_cast<double>(v) * v;
     for (int d = 0; d < kKeyDim; ++d) aim[d] += key[d] / norm2;
@@ -238,17 +248,12 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   };
   // Every sequence's keys as the kernel decodes them.
   std::vector<std::vector<float>> keys(static_cast<size_t>(batch));
-  const auto decode_key = [&](int b, int pos, bool wrong_scale, float* row) {
-    const uint8_t* rec = cache.record(b, pos);
-    kernel_path_values(cache.format.content, rec, kLatentDim, row, wrong_scale);
-    kernel_path_values(cache.format.rope, rec + cache.content_bytes, kRopeDim, row + kLatentDim);
-  };
   for (int b = 0; b < batch; ++b) {
     keys[b].resize(static_cast<size_t>(cache.lens[b]) * kKeyDim);
     for (int pos = 0; pos < cache.lens[b]; ++pos) {
       const bool moved = mutation == Mutation::kWrongPage && b == 0 && pos / kPageTokens == 1;
-      decode_key(moved ? 1 : b, moved ? pos % kPageTokens : pos, false,
-                 keys[b].data() + static_cast<size_t>(pos) * kKeyDim);
+      kernel_key_values(cache, moved ? 1 : b, moved ? pos % kPageTokens : pos,
+                        keys[b].data() + static_cast<size_t>(pos) * kKeyDim);
     }
   }
   // Row 0's heaviest visible key, for the mutations that need one.
@@ -262,7 +267,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     if (s > heavy_score) heavy_score = s, heavy = j;
   }
   if (mutation == Mutation::kGroupScale) {
-    decode_key(0, heavy, true, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim);
+    kernel_key_values(cache, 0, heavy, keys[0].data() + static_cast<size_t>(heavy) * kKeyDim, true);
   }
   // The fragment kernel's operands: every key's codes, scales and minimums (the RoPE key as above).
   std::vector<std::vector<CodedKey>> coded(static_cast<size_t>(batch));
