@@ -55,22 +55,18 @@
 #      bench/gpu/page_schedule_model.py --phases phase.txt`: the measured durations in the slot
 #      ring's timing model, beside the measured period, for main's order and the one before it)
 #   12 whether the BF16 seesaw's long shapes at 128 heads lose to the clock (~90 s warm, ~150 s
-#      cold; carry nothing): at 64 x 32K it reads at 80% of the copy rate, at 16 x 128K (the same
-#      128 blocks of 512 pages and bytes) at 70%, later in the grid; the SM clock, power and
-#      throttle reasons sampled every 100 ms (clocks.csv) through its rows of the grid (the grid's
-#      pool and order) and through those shapes alone, each its own process, in two orders
-#      (alone.txt)
-# Waiting (2026-12-07, forty-third session): 11 and 12 on main in one call (`DEADLINE_S=240 bash
-# bench/gpu/next-session.sh 11; DEADLINE_S=240 bash bench/gpu/next-session.sh 12`, timeout 560,
-# carry nothing: 11's probe has its mark after S again, lost in the forty-first session's rebase,
-# to say what a fourth slot would save; 12 the seesaw's long shapes against the clock); 7 with
-# bench/gpu/patches/scores-once-a-page.diff and its stacked variant box-streamed-halves (S over a
-# whole page by one warpgroup, the halves converted box by box; bench/gpu/patches/README.md has
-# the commands, carry .carry/patches); where 12
-# finds no clock loss, 9 twice, the default shape and PROFILE_SHAPE=bf16/bf16,16,131072,128 (DRAM
-# bytes of each); 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this
-# job so far was on an H100; ~975 s, so start them with most of a session's budget left), with 5,
-# 8 and 10 on the H200 too.
+#      cold; carry nothing, or .anchor to time FlashMLA's same shapes alone too, ~100 s more for
+#      its build beside ours): the SM clock, power and throttle reasons sampled every 100 ms
+#      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
+#      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
+#      FlashMLA run follows ours)
+# Waiting (2026-12-07, forty-fourth session): 12 with .anchor (`bash bench/gpu/next-session.sh 12`,
+# carry .anchor: the forty-fourth found the seesaw 0.86-0.93x FlashMLA's grid times when run
+# alone, 4-9% faster than in its grid, where the software power cap had lowered the clock; whether
+# FlashMLA alone gains as much decides whether 0.9x is met at 128 heads); 1, 2, 3 on one machine
+# where an H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so
+# start them with most of a session's budget left), with 5, 8 and 10 on the H200 too. No patch
+# waits (scores-once-a-page.diff was 1-6% slower and was deleted).
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -83,7 +79,7 @@
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
 # forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
-# in the forty-third.
+# in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -215,8 +211,21 @@ case $step in
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   12)
+    # FlashMLA's extension built beside ours where .anchor is carried (its first run builds it,
+    # about 100 s; later runs load it), to time its same shapes alone as well.
+    anchor_pid=
+    if [[ -f .anchor/bench_flashmla.py ]]; then
+      fa=$(mktemp -d) && tar -xJf .anchor/flashmla-anchor.tar.xz -C "$fa"
+      (within env MAX_JOBS=6 python3 .anchor/bench_flashmla.py --root "$fa" --heads 128 \
+        --contexts 4096 --batches 1 >"$OUT/flashmla-build.txt" 2>&1) &
+      anchor_pid=$!
+    fi
     build_main_decode || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
+    if [[ -n $anchor_pid ]] && ! wait $anchor_pid; then
+      echo "next-session.sh: FlashMLA's build failed; timing ours alone" >&2
+      anchor_pid=
+    fi
     if ((status == 0)); then
       query=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active
       nvidia-smi --query-gpu=$query --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
@@ -231,6 +240,13 @@ case $step in
           echo "$order $shape $(date +%T.%N)" >>"$OUT/marks.txt"
           within $decode --only "bf16/bf16,$shape,128" 2>&1 | grep "B=" | sed "s/^/$order: /" ||
             status=1
+          if [[ -n $anchor_pid ]]; then
+            sleep 2
+            echo "$order flashmla $shape $(date +%T.%N)" >>"$OUT/marks.txt"
+            within python3 .anchor/bench_flashmla.py --root "$fa" --heads 128 \
+              --contexts "${shape#*,}" --batches "${shape%,*}" 2>&1 | grep "^flashmla bf16 B=" |
+              sed "s/^/$order: flashmla /" || status=1
+          fi
         done
       done >"$OUT/alone.txt"
       kill $sampler

@@ -13,7 +13,8 @@ the durations the phase-clocks probe measures (bench/gpu/probes/page-schedule-ph
                   warpgroup waits for its half of the page (merged in the forty-first session)
 
 --groups G: each half handed to S in G groups of boxes as they convert (1: main, whole halves;
-9: bench/gpu/patches/box-streamed-halves.diff), S starting on the first.
+9: the forty-third session's box-streamed-halves.diff, `git show
+ed5abd7:bench/gpu/patches/stacked/box-streamed-halves.diff`), S starting on the first.
 
 The model: the converting warpgroups convert the halves in order, each taking --convert cycles
 once the slot's previous half is released by both multiplying warpgroups (--slots half-page
