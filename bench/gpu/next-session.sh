@@ -60,13 +60,12 @@
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
 #      FlashMLA run follows ours)
-# Waiting (2026-12-07, forty-fourth session): 12 with .anchor (`bash bench/gpu/next-session.sh 12`,
-# carry .anchor: the forty-fourth found the seesaw 0.86-0.93x FlashMLA's grid times when run
-# alone, 4-9% faster than in its grid, where the software power cap had lowered the clock; whether
-# FlashMLA alone gains as much decides whether 0.9x is met at 128 heads); 1, 2, 3 on one machine
-# where an H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so
-# start them with most of a session's budget left), with 5, 8 and 10 on the H200 too. No patch
-# waits (scores-once-a-page.diff was 1-6% slower and was deleted).
+# Waiting (2026-12-07, forty-fifth session): 1, 2, 3 on one machine where an H200 comes (the
+# issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
+# session's budget left), with 5, 8 and 10 on the H200 too. Step 12 with .anchor ran (both
+# kernels alone: 0.9x met at three of the four long shapes at 128 heads, 64 x 128K 0.83-0.95x);
+# its next lever, a plan that fills all SMs, is not written yet (docs/gpu-kernels.md, "Limits and
+# next steps"). No patch waits.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -79,7 +78,8 @@
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
 # forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
-# in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts).
+# in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts), 12 twice
+# (with .anchor) on one H100 in the forty-fifth (after six failed starts).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
