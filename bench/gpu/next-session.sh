@@ -78,8 +78,8 @@
 # warpgroups), 5 (LEAN, 128 heads) and memcheck and synccheck by hand in the thirty-ninth, none in
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
 # forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
-# in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts), 12 twice
-# (with .anchor) on one H100 in the forty-fifth (after six failed starts).
+# in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts),
+# 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
