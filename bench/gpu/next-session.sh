@@ -59,13 +59,15 @@
 #      its build beside ours): the SM clock, power and throttle reasons sampled every 100 ms
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
-#      FlashMLA run follows ours)
+#      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs)
 # Waiting (2026-12-07, forty-fifth session): 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
 # session's budget left), with 5, 8 and 10 on the H200 too. Step 12 with .anchor ran (both
-# kernels alone: 0.9x met at three of the four long shapes at 128 heads, 64 x 128K 0.83-0.95x);
-# its next lever, a plan that fills all SMs, is not written yet (docs/gpu-kernels.md, "Limits and
-# next steps"). No patch waits.
+# kernels alone: 0.9x met at three of the four long shapes at 128 heads, 64 x 128K 0.83-0.95x).
+# Its next lever, a plan that fills all 132 SMs where ours fills 128 (docs/gpu-kernels.md, "Limits
+# and next steps"), is not written; first whether 66 sequences (132 blocks) take 64's time: with
+# .anchor, `STEP12_SHAPES="64,32768 66,32768 64,131072 66,131072" bash bench/gpu/next-session.sh
+# 12` (~250 s cold). No patch waits.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -232,9 +234,15 @@ case $step in
       sampler=$!
       echo "grid $(date +%T.%N)" >"$OUT/marks.txt"
       within $decode --formats bf16/bf16 --heads 128 >"$OUT/grid.txt" 2>&1 || status=1
-      shapes=("64,32768" "16,131072" "64,131072" "128,32768")
+      # STEP12_SHAPES: other B,CTX pairs (space-separated), e.g. "64,32768 66,32768" (66
+      # sequences make 132 blocks at 128 heads, one an SM; 64 make 128).
+      read -ra shapes <<<"${STEP12_SHAPES:-64,32768 16,131072 64,131072 128,32768}"
       for order in forward reverse; do
-        [[ $order == reverse ]] && shapes=("128,32768" "64,131072" "16,131072" "64,32768")
+        if [[ $order == reverse ]]; then
+          for ((i = 0, j = ${#shapes[@]} - 1; i < j; i++, j--)); do
+            swap=${shapes[i]} shapes[i]=${shapes[j]} shapes[j]=$swap
+          done
+        fi
         for shape in "${shapes[@]}"; do
           sleep 2  # a pause between processes, visible in the samples
           echo "$order $shape $(date +%T.%N)" >>"$OUT/marks.txt"
