@@ -135,6 +135,18 @@ build_main_decode() {
   build_kernels "$OUT/build.txt" bench_gpu_decode &&
     bash bench/gpu/touch-changed-sources.sh build-gpu --record
 }
+# FlashMLA's anchor unpacked into ANCHOR_ROOT and its extension built in the background with JOBS
+# compile jobs (beside our build), then timed at the shape that bench_flashmla.py's further
+# arguments give, into LOG; its pid in anchor_pid.
+start_flashmla_build() {
+  local jobs=$1 log=$2
+  shift 2
+  ANCHOR_ROOT=$(mktemp -d) && export ANCHOR_ROOT
+  tar -xJf .anchor/flashmla-anchor.tar.xz -C "$ANCHOR_ROOT"
+  (MAX_JOBS=$jobs within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" "$@" \
+    >"$log" 2>&1) &
+  anchor_pid=$!
+}
 case $step in
   1 | 2 | 3)
     formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
@@ -167,12 +179,8 @@ case $step in
   5) within bash bench/gpu/run.sh ${RUN_ARGS:-} >"$OUT/grid.txt" 2>&1 || status=1 ;;
   9)
     IFS=, read -r _ batch ctx heads <<<"${PROFILE_SHAPE:=bf16/bf16,64,32768,128}"
-    export ANCHOR_ROOT=$(mktemp -d)
-    tar -xJf .anchor/flashmla-anchor.tar.xz -C "$ANCHOR_ROOT"
     # FlashMLA built (and timed at the shape) outside the profiler, beside our build.
-    (MAX_JOBS=8 within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" --heads "$heads" \
-      --contexts "$ctx" --batches "$batch" >"$OUT/flashmla.txt" 2>&1) &
-    anchor_pid=$!
+    start_flashmla_build 8 "$OUT/flashmla.txt" --heads "$heads" --contexts "$ctx" --batches "$batch"
     bash bench/gpu/touch-changed-sources.sh build-gpu
     build_kernels "$OUT/build.txt" bench_gpu_decode || status=1
     wait $anchor_pid || status=1
@@ -217,10 +225,7 @@ case $step in
     # about 100 s; later runs load it), to time its same shapes alone as well.
     anchor_pid=
     if [[ -f .anchor/bench_flashmla.py ]]; then
-      fa=$(mktemp -d) && tar -xJf .anchor/flashmla-anchor.tar.xz -C "$fa"
-      (within env MAX_JOBS=6 python3 .anchor/bench_flashmla.py --root "$fa" --heads 128 \
-        --contexts 4096 --batches 1 >"$OUT/flashmla-build.txt" 2>&1) &
-      anchor_pid=$!
+      start_flashmla_build 6 "$OUT/flashmla-build.txt" --heads 128 --contexts 4096 --batches 1
     fi
     build_main_decode || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
@@ -251,7 +256,7 @@ case $step in
           if [[ -n $anchor_pid ]]; then
             sleep 2
             echo "$order flashmla $shape $(date +%T.%N)" >>"$OUT/marks.txt"
-            within python3 .anchor/bench_flashmla.py --root "$fa" --heads 128 \
+            within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" --heads 128 \
               --contexts "${shape#*,}" --batches "${shape%,*}" 2>&1 | grep "^flashmla bf16 B=" |
               sed "s/^/$order: flashmla /" || status=1
           fi
