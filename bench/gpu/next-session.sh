@@ -60,14 +60,12 @@
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
 #      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs)
-# Waiting (2026-12-07, forty-fifth session): 1, 2, 3 on one machine where an H200 comes (the
+# Waiting (2026-12-07, forty-sixth session): 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
-# session's budget left), with 5, 8 and 10 on the H200 too. Step 12 with .anchor ran (both
-# kernels alone: 0.9x met at three of the four long shapes at 128 heads, 64 x 128K 0.83-0.95x).
-# Its next lever, a plan that fills all 132 SMs where ours fills 128 (docs/gpu-kernels.md, "Limits
-# and next steps"), is not written; first whether 66 sequences (132 blocks) take 64's time: with
-# .anchor, `STEP12_SHAPES="64,32768 66,32768 64,131072 66,131072" bash bench/gpu/next-session.sh
-# 12` (~250 s cold). No patch waits.
+# session's budget left), with 5, 8 and 10 on the H200 too. The plan that fills all 132 SMs at 128
+# heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
+# (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. No patch
+# waits.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -81,7 +79,8 @@
 # the fortieth (eleven starts failed), 11, 7 (four patches in three calls) and 5 on an H200 in the
 # forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
 # in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts),
-# 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts).
+# 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts), 7 twice (two
+# versions of one patch) on H100s in the forty-sixth (after six failed starts).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks

@@ -1,5 +1,6 @@
 // The GPU decode's work split, checked exhaustively on the host (no GPU needed): every (sequence,
-// row tile, page) is covered exactly once, runs are contiguous and in order, partial slots are
+// row tile, page) is covered exactly once, runs are contiguous and in order (the same for every
+// row tile of a sequence), partial slots are
 // unique and the combine items point at them, and bad arguments are refused. Also the format
 // check. Exit status 0 when every check passes.
 #include <algorithm>
@@ -76,6 +77,14 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
           expect(item.page_end - item.page_begin <= per_split, name + ": run size");
       }
       expect(next == pages, name + ": every page covered");
+      // The row tiles of a sequence take the same runs, so that their blocks read each page
+      // together (the second read from L2; decode_schedule.h).
+      const auto& first = runs[{static_cast<int>(b), 0}];
+      bool same = list.size() == first.size();
+      for (size_t i = 0; same && i < list.size(); ++i) {
+        same = list[i].page_begin == first[i].page_begin && list[i].page_end == first[i].page_end;
+      }
+      expect(same, name + ": row tile " + std::to_string(rt) + " runs as row tile 0");
     }
   }
   expect(schedule.max_pages == max_pages, name + ": max_pages");

@@ -90,7 +90,10 @@ int row_tiles_per_block(int s_q, int num_heads, int max_row_tiles = 2);
 // (multiprocessors x blocks_per_multiprocessor), at least one and at most one per multiprocessor
 // (more runs of one sequence add partial-result traffic, not parallelism), at most
 // sqrt(kSplitCostRatio x pages) runs, each of at least kMinPagesPerSplit pages; > 0: runs of
-// exactly that many pages. max_row_tiles: the most 16-row tiles the kernel takes in one block (4, 2
+// exactly that many pages. A sequence's row tiles take the same runs, so that their blocks read
+// each page at about the same time and the second read comes from L2 (a plan of the 128-head BF16
+// kernel that ran them at different pages took 1.5-2.2x the time: docs/benchmarks.md,
+// "Forty-sixth session"). max_row_tiles: the most 16-row tiles the kernel takes in one block (4, 2
 // or 1). Throws InvalidArgument for num_heads not a positive multiple of 16, s_q < 1, or a sequence
 // shorter than s_q.
 DecodeSchedule plan_decode(const std::vector<int32_t>& seq_lens, int s_q, int num_heads,
