@@ -1,8 +1,7 @@
 // The GPU decode's work split, checked exhaustively on the host (no GPU needed): every (sequence,
 // row tile, page) is covered exactly once, runs are contiguous and in order (the same for every
-// row tile of a sequence), partial slots are
-// unique and the combine items point at them, and bad arguments are refused. Also the format
-// check. Exit status 0 when every check passes.
+// row tile of a sequence), partial slots are unique and the combine items point at them, and bad
+// arguments are refused. Also the format check. Exit status 0 when every check passes.
 #include <algorithm>
 #include <array>
 #include <cstdio>
