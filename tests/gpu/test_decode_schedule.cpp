@@ -79,10 +79,11 @@ void check_schedule(const std::vector<int32_t>& lens, int s_q, int heads, int sm
       // The row tiles of a sequence take the same runs, so that their blocks read each page
       // together (the second read from L2; decode_schedule.h).
       const auto& first = runs[{static_cast<int>(b), 0}];
-      bool same = list.size() == first.size();
-      for (size_t i = 0; same && i < list.size(); ++i) {
-        same = list[i].page_begin == first[i].page_begin && list[i].page_end == first[i].page_end;
-      }
+      const bool same =
+          std::equal(list.begin(), list.end(), first.begin(), first.end(),
+                     [](const WorkItem& x, const WorkItem& y) {
+                       return x.page_begin == y.page_begin && x.page_end == y.page_end;
+                     });
       expect(same, name + ": row tile " + std::to_string(rt) + " runs as row tile 0");
     }
   }
