@@ -60,7 +60,13 @@
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
 #      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs)
-# Waiting (2026-12-07, forty-sixth session): 1, 2, 3 on one machine where an H200 comes (the
+#   13 where issue 13's batch-1 decode step goes on main, operation by operation (~300 s cold;
+#      carry .carry/deps.tar.xz): ablate-runner.sh decode:1 on the 3-layer V2-Lite, BF16 and
+#      INT4/INT4 caches (each operation's in-step cost: the step without it), then the decode
+#      attention alone at 1 x 1K, 16 heads, with the plan's split and with runs of 1, 2, 4 and 16
+#      pages (split.txt), and INT4/INT4's batch-1 step with the plan's kernel (tiled) against
+#      the fragment kernel, three rounds (int4-kernel.txt)
+# Waiting (2026-12-07, forty-seventh session): 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
 # session's budget left), with 5, 8 and 10 on the H200 too. The plan that fills all 132 SMs at 128
 # heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
@@ -80,7 +86,8 @@
 # forty-first, none in the forty-second (93 s of device time), 5, 11, 10, 8, 1 and 2 on H100s
 # in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts),
 # 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts), 7 twice (two
-# versions of one patch) on H100s in the forty-sixth (after six failed starts).
+# versions of one patch) on H100s in the forty-sixth (after six failed starts), 13 twice (each
+# the fallback of a call whose first choice was 1 on an H200) on H100s in the forty-seventh.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -94,13 +101,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|1[012])$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-12 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[0-3])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-13 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5 || step == 8 || step == 9)) && needs=(.anchor/bench_flashmla.py)
-((step == 6 || step == 10)) && needs=(.carry/deps.tar.xz)
+((step == 6 || step == 10 || step == 13)) && needs=(.carry/deps.tar.xz)
 if ((step == 7)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
   diffs=(.carry/patches/*.diff)
@@ -275,6 +282,32 @@ case $step in
             --cache "$cache" --repeats 20 2>&1 | tail -1 | sed "s/^/round $round: /" || status=1
         done
       done >"$OUT/batch1.txt"
+    fi
+    ;;
+  13)
+    within bash bench/gpu/device-build.sh quantmla bench_runner bench_gpu_decode || status=1
+    if ((status == 0)); then
+      within bash bench/gpu/ablate-runner.sh decode:1 >"$OUT/ablation-bf16.txt" 2>&1 || status=1
+      CACHE=content=int4:g64,rope=int4:g64 within bash bench/gpu/ablate-runner.sh decode:1 \
+        >"$OUT/ablation-int4.txt" 2>&1 || status=1
+      for format in bf16/bf16 int4g64/int4; do
+        for split in 0 1 2 4 16; do
+          within build-gpu-full/bench/gpu/bench_gpu_decode --only $format,1,1024,16 \
+            --pages-per-split $split | grep "B=" | sed "s/^/runs of $split pages (0: the plan's): /" ||
+            status=1
+        done
+      done >"$OUT/split.txt" 2>&1
+      # INT4/INT4's batch-1 kernel in the step: the plan's (tiled) against the fragment kernel,
+      # alternated three times on the 3-layer model (QUANTMLA_DECODE_KERNEL forces a kernel).
+      build=build-gpu-full
+      source bench/gpu/three-layer-model.sh
+      for round in 1 2 3; do
+        for kernel in auto fragments; do
+          QUANTMLA_DECODE_KERNEL=$kernel within build-gpu-full/bench/gpu/bench_runner \
+            --model "$model" --only decode:1 --cache content=int4:g64,rope=int4:g64 --repeats 30 \
+            2>&1 | tail -1 | sed "s/^/round $round, $kernel: /" || status=1
+        done
+      done >"$OUT/int4-kernel.txt"
     fi
     ;;
   6)
