@@ -66,9 +66,15 @@
 #      attention alone at 1 x 1K, 16 heads, with the plan's split and with runs of 1, 2, 4 and 16
 #      pages (split.txt), and INT4/INT4's batch-1 step with the plan's kernel (tiled) against
 #      the fragment kernel, three rounds (int4-kernel.txt)
+#   14 the flush's dirty lines (~400 s cold; carry .anchor): the BF16 grid at 128 heads and
+#      INT4/INT4's at 16, ours and FlashMLA's, each with the anchor's flush (a 256 MB memset, which
+#      leaves the L2 dirty) and with a clean one (the memset read back: bench_gpu_decode
+#      --clean-flush, bench/gpu/flashmla_clean_flush.py), FlashMLA's memset-flushed 128-head grid
+#      twice (first, beside our build, and after its clean one), into flush-*.txt
 # Waiting (2026-12-07, forty-seventh session): 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
-# session's budget left), with 5, 8 and 10 on the H200 too. The plan that fills all 132 SMs at 128
+# session's budget left: the forty-seventh got an H200 with only 670 s left), with 8 on the H200
+# too (5 at 128 heads and 10 ran there in the forty-seventh). The plan that fills all 132 SMs at 128
 # heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
 # (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. No patch
 # waits.
@@ -87,7 +93,8 @@
 # in the forty-third, 12, 11 and 7 on one H100 in the forty-fourth (after seven failed starts),
 # 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts), 7 twice (two
 # versions of one patch) on H100s in the forty-sixth (after six failed starts), 13 twice (each
-# the fallback of a call whose first choice was 1 on an H200) on H100s in the forty-seventh.
+# the fallback of a call whose first choice was 1 on an H200), 7 (`kv-evict-first.diff`) on
+# H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh.
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -101,12 +108,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|1[0-3])$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-13 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[0-4])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-14 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
-((step == 5 || step == 8 || step == 9)) && needs=(.anchor/bench_flashmla.py)
+((step == 5 || step == 8 || step == 9 || step == 14)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6 || step == 10 || step == 13)) && needs=(.carry/deps.tar.xz)
 if ((step == 7)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
@@ -308,6 +315,34 @@ case $step in
             2>&1 | tail -1 | sed "s/^/round $round, $kernel: /" || status=1
         done
       done >"$OUT/int4-kernel.txt"
+    fi
+    ;;
+  14)
+    start_flashmla_build 8 "$OUT/flush-flashmla-h128-dirty.txt" --heads 128
+    build_main_decode || status=1
+    wait $anchor_pid || status=1
+    decode=build-gpu/bench/gpu/bench_gpu_decode
+    flashmla() {  # FLUSH HEADS: FlashMLA's grid at HEADS with the anchor's flush or a clean one
+      local runner=(.anchor/bench_flashmla.py)
+      [[ $1 == clean ]] && runner=(bench/gpu/flashmla_clean_flush.py .anchor/bench_flashmla.py)
+      within python3 "${runner[@]}" --root "$ANCHOR_ROOT" --heads "$2" \
+        >"$OUT/flush-flashmla-h$2-$1${3:-}.txt" 2>&1 || status=1
+    }
+    if ((status == 0)); then
+      for flush in dirty clean; do
+        flag= && [[ $flush == clean ]] && flag=--clean-flush
+        within $decode --formats bf16/bf16 --heads 128 $flag >"$OUT/flush-ours-bf16-h128-$flush.txt" \
+          2>&1 || status=1
+      done
+      flashmla clean 128
+      flashmla dirty 128 -again
+      for flush in dirty clean; do
+        flag= && [[ $flush == clean ]] && flag=--clean-flush
+        within $decode --formats int4g64/int4,bf16/bf16 --heads 16 $flag \
+          >"$OUT/flush-ours-h16-$flush.txt" 2>&1 || status=1
+      done
+      flashmla dirty 16
+      flashmla clean 16
     fi
     ;;
   6)
