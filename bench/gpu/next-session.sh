@@ -60,17 +60,18 @@
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
 #      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs)
-#   13 where issue 13's batch-1 decode step goes on main, operation by operation (~300 s cold;
+#   13 where issue 13's batch-1 decode step goes on main, operation by operation (~110 s cold;
 #      carry .carry/deps.tar.xz): ablate-runner.sh decode:1 on the 3-layer V2-Lite, BF16 and
 #      INT4/INT4 caches (each operation's in-step cost: the step without it), then the decode
 #      attention alone at 1 x 1K, 16 heads, with the plan's split and with runs of 1, 2, 4 and 16
 #      pages (split.txt), and INT4/INT4's batch-1 step with the plan's kernel (tiled) against
 #      the fragment kernel, three rounds (int4-kernel.txt)
-#   14 the flush's dirty lines (~400 s cold; carry .anchor): the BF16 grid at 128 heads and
-#      INT4/INT4's at 16, ours and FlashMLA's, each with the anchor's flush (a 256 MB memset, which
-#      leaves the L2 dirty) and with a clean one (the memset read back: bench_gpu_decode
-#      --clean-flush, bench/gpu/flashmla_clean_flush.py), FlashMLA's memset-flushed 128-head grid
-#      twice (first, beside our build, and after its clean one), into flush-*.txt
+#   14 the flush's dirty lines (~170 s cold on an H200; carry .anchor): the BF16 grid at 128
+#      heads and the BF16 and INT4/INT4 ones at 16, ours and FlashMLA's, each with the anchor's
+#      flush (a 256 MB memset, which leaves the L2 dirty) and with a clean one (the memset read
+#      back: bench_gpu_decode --clean-flush, bench/gpu/flashmla_clean_flush.py), FlashMLA's
+#      memset-flushed 128-head grid twice (first, beside our build, and after its clean one),
+#      into flush-*.txt
 # Waiting (2026-12-07, forty-seventh session): 1, 2, 3 on one machine where an H200 comes (the
 # issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
 # session's budget left: the forty-seventh got an H200 with only 670 s left), with 8 on the H200
@@ -328,19 +329,18 @@ case $step in
       within python3 "${runner[@]}" --root "$ANCHOR_ROOT" --heads "$2" \
         >"$OUT/flush-flashmla-h$2-$1${3:-}.txt" 2>&1 || status=1
     }
-    if ((status == 0)); then
+    ours() {  # FORMATS HEADS: our grid with the anchor's flush, then with a clean one
       for flush in dirty clean; do
-        flag= && [[ $flush == clean ]] && flag=--clean-flush
-        within $decode --formats bf16/bf16 --heads 128 $flag >"$OUT/flush-ours-bf16-h128-$flush.txt" \
-          2>&1 || status=1
+        local flag= && [[ $flush == clean ]] && flag=--clean-flush
+        within $decode --formats "$1" --heads "$2" $flag >"$OUT/flush-ours-h$2-$flush.txt" 2>&1 ||
+          status=1
       done
+    }
+    if ((status == 0)); then
+      ours bf16/bf16 128
       flashmla clean 128
       flashmla dirty 128 -again
-      for flush in dirty clean; do
-        flag= && [[ $flush == clean ]] && flag=--clean-flush
-        within $decode --formats int4g64/int4,bf16/bf16 --heads 16 $flag \
-          >"$OUT/flush-ours-h16-$flush.txt" 2>&1 || status=1
-      done
+      ours int4g64/int4,bf16/bf16 16
       flashmla dirty 16
       flashmla clean 16
     fi
