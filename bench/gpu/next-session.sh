@@ -77,8 +77,9 @@
 # session's budget left: the forty-seventh got an H200 with only 670 s left), with 8 on the H200
 # too (5 at 128 heads and 10 ran there in the forty-seventh). The plan that fills all 132 SMs at 128
 # heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
-# (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. No patch
-# waits.
+# (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. Waiting
+# for step 7 on either card (~300 s; bench/gpu/patches/README.md has the command):
+# fp8-bf16-page-schedule.diff, FP8/BF16 on the 128-head page schedule.
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
