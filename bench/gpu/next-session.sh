@@ -103,7 +103,9 @@
 # what a step needs; then run with the carries above. To wait for an H200 at ~30 s a look, ask
 # for either card (`kind: nvidia-h200`) with `nvidia-smi --query-gpu=name --format=csv,noheader |
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
-# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six). The
+# twenty-ninth session got an H100 five times of five that way, the thirtieth six of six, the
+# forty-seventh five of five; its one H200 came on the first call after a failed start, when the
+# device tool asks for an H200 only, but its H100 work had left 670 s: keep ~1,000 s for 1-3). The
 # device tool refused the tree with only a diff carried in the thirty-fourth session (66.6 MB of
 # tracked bytes; ~68.5 MB in disk blocks, which it seems to count, over 64 MiB = 67.1 MB): move
 # docs/benchmarks aside for every step.
