@@ -90,6 +90,15 @@ __global__ void read_all(const uint4* data, size_t count, uint32_t* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // never in practice; keeps the loads
 }
 
+// The second half of an L2 flush on `stream`: every byte of `flush` but its last 64 (read_all's
+// sink) read back, so that the L2 holds clean lines after the write that evicted the rest.
+inline void read_back(gpu::DeviceArray<uint8_t>& flush, cudaStream_t stream = nullptr) {
+  read_all<<<1056, 512, 0, stream>>>(
+      reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
+      reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
+  QUANTMLA_CUDA_CHECK_LAUNCH();
+}
+
 // median_us with the L2 flushed before each repeat by writing `flush` (256 MB or more) and reading
 // it back: a write alone leaves the L2 full of dirty lines, and the timed kernel would pay for
 // writing them back.
@@ -97,9 +106,7 @@ template <class F>
 double median_us_flushed(F&& f, gpu::DeviceArray<uint8_t>& flush, int repeats) {
   return median_us(f, repeats, [&](int r) {
     QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes() - 64));
-    read_all<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
-                            reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
-    QUANTMLA_CUDA_CHECK_LAUNCH();
+    read_back(flush);
   });
 }
 

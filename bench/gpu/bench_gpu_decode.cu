@@ -342,12 +342,7 @@ int main(int argc, char** argv) {
             QUANTMLA_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
             const auto timed = [&] {
               QUANTMLA_CUDA_CHECK(cudaMemsetAsync(flush.data(), 0, flush.bytes() - 64, stream));
-              if (clean_flush) {
-                bench::read_all<<<1056, 512, 0, stream>>>(
-                    reinterpret_cast<const uint4*>(flush.data()), (flush.bytes() - 64) / 16,
-                    reinterpret_cast<uint32_t*>(flush.data() + flush.bytes() - 64));
-                QUANTMLA_CUDA_CHECK_LAUNCH();
-              }
+              if (clean_flush) bench::read_back(flush, stream);
               QUANTMLA_CUDA_CHECK(cudaEventRecord(start.event, stream));
               QUANTMLA_CUDA_CHECK(cudaGraphLaunch(graph_exec, stream));
               QUANTMLA_CUDA_CHECK(cudaEventRecord(stop.event, stream));

@@ -164,6 +164,13 @@ start_flashmla_build() {
     >"$log" 2>&1) &
   anchor_pid=$!
 }
+# One shape (bench_gpu_decode's --only FORMAT,B,CTX,H) timed by the benchmark DECODE with runs of
+# SPLIT pages (0: the plan's), its row prefixed with the split.
+time_split() {
+  local decode=$1 shape=$2 split=$3
+  within $decode --only "$shape" --pages-per-split "$split" | grep "B=" |
+    sed "s/^/runs of $split pages (0: the plan's): /"
+}
 case $step in
   1 | 2 | 3)
     formats=(int4-int2 "content=int4:g64,rope=int4:g64 content=int2:g64,rope=int4:g64")
@@ -182,8 +189,7 @@ case $step in
         for batch in 1 128; do
           for ctx in 64 128 256 512 1024; do
             for split in 0 64; do
-              within $decode --only $format,$batch,$ctx,16 --pages-per-split $split | grep "B=" |
-                sed "s/^/runs of $split pages (0: the plan's): /" || status=1
+              time_split $decode $format,$batch,$ctx,16 $split || status=1
             done
           done
         done
@@ -303,9 +309,7 @@ case $step in
         >"$OUT/ablation-int4.txt" 2>&1 || status=1
       for format in bf16/bf16 int4g64/int4; do
         for split in 0 1 2 4 16; do
-          within build-gpu-full/bench/gpu/bench_gpu_decode --only $format,1,1024,16 \
-            --pages-per-split $split | grep "B=" | sed "s/^/runs of $split pages (0: the plan's): /" ||
-            status=1
+          time_split build-gpu-full/bench/gpu/bench_gpu_decode $format,1,1024,16 $split || status=1
         done
       done >"$OUT/split.txt" 2>&1
       # INT4/INT4's batch-1 kernel in the step: the plan's (tiled) against the fragment kernel,
