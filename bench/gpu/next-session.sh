@@ -59,7 +59,10 @@
 #      its build beside ours): the SM clock, power and throttle reasons sampled every 100 ms
 #      (clocks.csv) through its rows of the grid (the grid's pool and order) and through the long
 #      shapes alone, each its own process, in two orders (alone.txt; with .anchor each shape's
-#      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs)
+#      FlashMLA run follows ours); STEP12_SHAPES names other shapes (B,CTX pairs), STEP12_FORMAT
+#      and STEP12_HEADS another format and head count (e.g. fp8/bf16 at 16 heads, whose H200
+#      figures fall from 1.63-1.72x FlashMLA at 32K to 1.40-1.50x at 128K while the H100s' do not:
+#      `STEP12_FORMAT=fp8/bf16 STEP12_HEADS=16 STEP12_SHAPES="128,32768 128,131072 64,131072"`)
 #   13 where issue 13's batch-1 decode step goes on main, operation by operation (~110 s cold;
 #      carry .carry/deps.tar.xz): ablate-runner.sh decode:1 on the 3-layer V2-Lite, BF16 and
 #      INT4/INT4 caches (each operation's in-step cost: the step without it), then the decode
@@ -248,7 +251,8 @@ case $step in
     # about 100 s; later runs load it), to time its same shapes alone as well.
     anchor_pid=
     if [[ -f .anchor/bench_flashmla.py ]]; then
-      start_flashmla_build 6 "$OUT/flashmla-build.txt" --heads 128 --contexts 4096 --batches 1
+      start_flashmla_build 6 "$OUT/flashmla-build.txt" --heads "${STEP12_HEADS:-128}" \
+        --contexts 4096 --batches 1
     fi
     build_main_decode || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
@@ -261,7 +265,10 @@ case $step in
       nvidia-smi --query-gpu=$query --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
       sampler=$!
       echo "grid $(date +%T.%N)" >"$OUT/marks.txt"
-      within $decode --formats bf16/bf16 --heads 128 >"$OUT/grid.txt" 2>&1 || status=1
+      # STEP12_FORMAT and STEP12_HEADS: another format or head count (bench_gpu_decode's names),
+      # e.g. fp8/bf16 at 16 heads, whose H200 figures fall from 32K to 128K.
+      format=${STEP12_FORMAT:-bf16/bf16} heads=${STEP12_HEADS:-128}
+      within $decode --formats "$format" --heads "$heads" >"$OUT/grid.txt" 2>&1 || status=1
       # STEP12_SHAPES: other B,CTX pairs (space-separated), e.g. "64,32768 66,32768" (66
       # sequences make 132 blocks at 128 heads, one an SM; 64 make 128).
       read -ra shapes <<<"${STEP12_SHAPES:-64,32768 16,131072 64,131072 128,32768}"
@@ -274,12 +281,12 @@ case $step in
         for shape in "${shapes[@]}"; do
           sleep 2  # a pause between processes, visible in the samples
           echo "$order $shape $(date +%T.%N)" >>"$OUT/marks.txt"
-          within $decode --only "bf16/bf16,$shape,128" 2>&1 | grep "B=" | sed "s/^/$order: /" ||
+          within $decode --only "$format,$shape,$heads" 2>&1 | grep "B=" | sed "s/^/$order: /" ||
             status=1
           if [[ -n $anchor_pid ]]; then
             sleep 2
             echo "$order flashmla $shape $(date +%T.%N)" >>"$OUT/marks.txt"
-            within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" --heads 128 \
+            within python3 .anchor/bench_flashmla.py --root "$ANCHOR_ROOT" --heads "$heads" \
               --contexts "${shape#*,}" --batches "${shape%,*}" 2>&1 | grep "^flashmla bf16 B=" |
               sed "s/^/$order: flashmla /" || status=1
           fi
