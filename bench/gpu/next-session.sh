@@ -75,10 +75,12 @@
 #      back: bench_gpu_decode --clean-flush, bench/gpu/flashmla_clean_flush.py), FlashMLA's
 #      memset-flushed 128-head grid twice (first, beside our build, and after its clean one),
 #      into flush-*.txt
-# Waiting (2026-12-07, forty-seventh session): 1, 2, 3 on one machine where an H200 comes (the
-# issue's card: every run of this job so far was on an H100; ~975 s, so start them with most of a
-# session's budget left: the forty-seventh got an H200 with only 670 s left), with 8 on the H200
-# too (5 at 128 heads and 10 ran there in the forty-seventh). The plan that fills all 132 SMs at 128
+# Waiting (2026-12-07, forty-eighth session, which got no device): 1, 2, 3 on one machine where an
+# H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
+# with most of a session's budget left: the forty-seventh got an H200 with only 670 s left), with
+# 8 on the H200 too (5 at 128 heads and 10 ran there in the forty-seventh), and 12 there for FP8 at
+# 16 heads (~150 s cold: `STEP12_FORMAT=fp8/bf16 STEP12_HEADS=16 STEP12_SHAPES="128,32768
+# 128,131072"`, whether the clock falls where FP8's time a page rises from 32K to 128K). The plan that fills all 132 SMs at 128
 # heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
 # (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. Waiting
 # for step 7 on either card (~300 s; bench/gpu/patches/README.md has the command):
@@ -99,7 +101,8 @@
 # 12 twice (with .anchor) on one H100 in the forty-fifth (after six failed starts), 7 twice (two
 # versions of one patch) on H100s in the forty-sixth (after six failed starts), 13 twice (each
 # the fallback of a call whose first choice was 1 on an H200), 7 (`kv-evict-first.diff`) on
-# H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh.
+# H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh, none in the
+# forty-eighth (nine starts failed, 90-210 s of device time each).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
@@ -108,7 +111,9 @@
 # grep -q H200 && bash bench/gpu/next-session.sh 1` and hand an H100 back at once (the
 # twenty-ninth session got an H100 five times of five that way, the thirtieth six of six, the
 # forty-seventh five of five; its one H200 came on the first call after a failed start, when the
-# device tool asks for an H200 only, but its H100 work had left 670 s: keep ~1,000 s for 1-3). The
+# device tool asks for an H200 only, but its H100 work had left 670 s: keep ~1,000 s for 1-3; the
+# forty-eighth's starts all failed, for either card, for an H100 named and after failed starts
+# alike: after two or three failures, keep what is left for a step that fits it). The
 # device tool refused the tree with only a diff carried in the thirty-fourth session (66.6 MB of
 # tracked bytes; ~68.5 MB in disk blocks, which it seems to count, over 64 MiB = 67.1 MB): move
 # docs/benchmarks aside for every step.
