@@ -79,10 +79,10 @@
 # H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
 # with most of a session's budget left: the forty-seventh got an H200 with only 670 s left), with
 # 8 on the H200 too (5 at 128 heads and 10 ran there in the forty-seventh), and 12 there for FP8 at
-# 16 heads (~150 s cold: `STEP12_FORMAT=fp8/bf16 STEP12_HEADS=16 STEP12_SHAPES="128,32768
-# 128,131072"`, whether the clock falls where FP8's time a page rises from 32K to 128K). The plan that fills all 132 SMs at 128
-# heads (the forty-fifth session's lever) was written and measured with step 7 and dropped
-# (docs/benchmarks.md "Forty-sixth session"), so step 12's 66-against-64 check is moot. Waiting
+# 16 heads (~150 s cold, the command in its entry above: whether the clock falls where FP8's time
+# a page rises from 32K to 128K). The plan that fills all 132 SMs at 128 heads (the forty-fifth
+# session's lever) was written and measured with step 7 and dropped (docs/benchmarks.md
+# "Forty-sixth session"), so step 12's 66-against-64 check is moot. Waiting
 # for step 7 on either card (~300 s; bench/gpu/patches/README.md has the command):
 # fp8-bf16-page-schedule.diff, FP8/BF16 on the 128-head page schedule.
 # Steps 4 and 6 ran on an H100 in the
