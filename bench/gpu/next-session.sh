@@ -102,7 +102,7 @@
 # versions of one patch) on H100s in the forty-sixth (after six failed starts), 13 twice (each
 # the fallback of a call whose first choice was 1 on an H200), 7 (`kv-evict-first.diff`) on
 # H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh, none in the
-# forty-eighth (eleven starts failed, 90-180 s of device time each).
+# forty-eighth (twelve starts failed, 90-180 s of device time each).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
