@@ -252,12 +252,14 @@ case $step in
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
   12)
+    # STEP12_FORMAT and STEP12_HEADS: another format or head count (bench_gpu_decode's names),
+    # e.g. fp8/bf16 at 16 heads, whose H200 figures fall from 32K to 128K.
+    format=${STEP12_FORMAT:-bf16/bf16} heads=${STEP12_HEADS:-128}
     # FlashMLA's extension built beside ours where .anchor is carried (its first run builds it,
     # about 100 s; later runs load it), to time its same shapes alone as well.
     anchor_pid=
     if [[ -f .anchor/bench_flashmla.py ]]; then
-      start_flashmla_build 6 "$OUT/flashmla-build.txt" --heads "${STEP12_HEADS:-128}" \
-        --contexts 4096 --batches 1
+      start_flashmla_build 6 "$OUT/flashmla-build.txt" --heads "$heads" --contexts 4096 --batches 1
     fi
     build_main_decode || status=1
     decode=build-gpu/bench/gpu/bench_gpu_decode
@@ -270,9 +272,6 @@ case $step in
       nvidia-smi --query-gpu=$query --format=csv -lms 100 >"$OUT/clocks.csv" 2>&1 &
       sampler=$!
       echo "grid $(date +%T.%N)" >"$OUT/marks.txt"
-      # STEP12_FORMAT and STEP12_HEADS: another format or head count (bench_gpu_decode's names),
-      # e.g. fp8/bf16 at 16 heads, whose H200 figures fall from 32K to 128K.
-      format=${STEP12_FORMAT:-bf16/bf16} heads=${STEP12_HEADS:-128}
       within $decode --formats "$format" --heads "$heads" >"$OUT/grid.txt" 2>&1 || status=1
       # STEP12_SHAPES: other B,CTX pairs (space-separated), e.g. "64,32768 66,32768" (66
       # sequences make 132 blocks at 128 heads, one an SM; 64 make 128).
@@ -315,22 +314,22 @@ case $step in
     ;;
   13)
     within bash bench/gpu/device-build.sh quantmla bench_runner bench_gpu_decode || status=1
+    build=build-gpu-full  # device-build.sh's tree, which three-layer-model.sh reads too
     if ((status == 0)); then
       within bash bench/gpu/ablate-runner.sh decode:1 >"$OUT/ablation-bf16.txt" 2>&1 || status=1
       CACHE=content=int4:g64,rope=int4:g64 within bash bench/gpu/ablate-runner.sh decode:1 \
         >"$OUT/ablation-int4.txt" 2>&1 || status=1
       for format in bf16/bf16 int4g64/int4; do
         for split in 0 1 2 4 16; do
-          time_split build-gpu-full/bench/gpu/bench_gpu_decode $format,1,1024,16 $split || status=1
+          time_split $build/bench/gpu/bench_gpu_decode $format,1,1024,16 $split || status=1
         done
       done >"$OUT/split.txt" 2>&1
       # INT4/INT4's batch-1 kernel in the step: the plan's (tiled) against the fragment kernel,
       # alternated three times on the 3-layer model (QUANTMLA_DECODE_KERNEL forces a kernel).
-      build=build-gpu-full
       source bench/gpu/three-layer-model.sh
       for round in 1 2 3; do
         for kernel in auto fragments; do
-          QUANTMLA_DECODE_KERNEL=$kernel within build-gpu-full/bench/gpu/bench_runner \
+          QUANTMLA_DECODE_KERNEL=$kernel within $build/bench/gpu/bench_runner \
             --model "$model" --only decode:1 --cache content=int4:g64,rope=int4:g64 --repeats 30 \
             2>&1 | tail -1 | sed "s/^/round $round, $kernel: /" || status=1
         done
