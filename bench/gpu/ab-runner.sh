@@ -7,14 +7,16 @@
 #                                              branch rebased on main)
 # For the checkout ("base") and each patch (built one after the other in the checkout's own build
 # tree, each patch applied and then reversed): test_model_ops on each patch (with OPS_ARGS, e.g.
-# --expert-gemm; its summary line, FAIL lines kept), then bench_prefill_gemms --skew 0 --only
-# "$GEMMS" (default expert_gemm; GEMMS=none for no rows) on every build, and with ATTENTION=1
-# bench_prefill_attention on every build, then ROUNDS (default 2)
+# --expert-gemm, or OPS_ARGS=none to skip it; its summary line, FAIL lines kept), with GPU_TEST=1
+# each patch's `test_gpu_mla --quick` (the decode kernels' checks), then bench_prefill_gemms
+# --skew 0 --only "$GEMMS" (default expert_gemm; GEMMS=none for no rows) on every build, and with
+# ATTENTION=1 bench_prefill_attention on every build, then ROUNDS (default 2)
 # rounds of `bench_runner --only SHAPE` for each of $SHAPE's shapes (default prefill:1; several
 # separated by spaces, e.g. "decode:64 decode:256") on the 27-layer random V2-Lite, one process a
-# build in turn (decode shapes on the BF16 cache, or CACHE=SPEC's, e.g.
-# CACHE=content=int4:g64,rope=int4:g64); RUNNER_TEST=1 also runs each build's runner test against the
-# fixtures (needs .carry/shared: scripts/device-carry.sh). The Debian dependencies come from
+# build in turn (decode shapes on the BF16 cache, or on each of CACHES's, space-separated, e.g.
+# CACHES="bf16 content=int4:g64,rope=int4:g64"; CACHE=SPEC for one); RUNNER_TEST=1 then runs each
+# build's runner test against the fixtures (needs .carry/shared: scripts/device-carry.sh), after
+# the timing, so that a call short of time still has it. The Debian dependencies come from
 # .carry/deps.tar.xz as for run-runner.sh. Results in $OUT (or gpu-results), one file a step.
 set -uo pipefail
 patches=()
@@ -25,7 +27,8 @@ mkdir -p "$out" && out=$(realpath "$out")
 [[ $# -ge 1 ]] || { echo "usage: bash bench/gpu/ab-runner.sh PATCH..."; exit 2; }
 # What each build keeps (paths in the build tree; the ninja targets are their names).
 binaries=(quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms
-  bench/gpu/bench_prefill_attention tests/gpu/test_model_ops tests/gpu/test_cuda_runner)
+  bench/gpu/bench_prefill_attention tests/gpu/test_model_ops tests/gpu/test_cuda_runner
+  tests/gpu/test_gpu_mla)
 targets=()
 for binary in "${binaries[@]}"; do targets+=("$(basename "$binary")"); done
 status=0
@@ -65,11 +68,19 @@ done
 
 for i in "${!names[@]}"; do
   (( i == 0 )) && continue  # the checkout's own were run when it landed
-  # shellcheck disable=SC2086
-  timeout 300 "/tmp/ab/${names[$i]}/test_model_ops" ${OPS_ARGS:-} \
-    >"$out/test-model-ops-${names[$i]}.txt" 2>&1 || status=1
-  echo "${names[$i]}: test_model_ops $(tail -1 "$out/test-model-ops-${names[$i]}.txt")"
-  grep -E "FAIL" "$out/test-model-ops-${names[$i]}.txt" | head -5
+  if [[ ${OPS_ARGS:-} != none ]]; then
+    # shellcheck disable=SC2086
+    timeout 300 "/tmp/ab/${names[$i]}/test_model_ops" ${OPS_ARGS:-} \
+      >"$out/test-model-ops-${names[$i]}.txt" 2>&1 || status=1
+    echo "${names[$i]}: test_model_ops $(tail -1 "$out/test-model-ops-${names[$i]}.txt")"
+    grep -E "FAIL" "$out/test-model-ops-${names[$i]}.txt" | head -5
+  fi
+  if [[ -n ${GPU_TEST:-} ]]; then
+    timeout 120 "/tmp/ab/${names[$i]}/test_gpu_mla" --quick \
+      >"$out/test-gpu-mla-quick-${names[$i]}.txt" 2>&1 || status=1
+    echo "${names[$i]}: test_gpu_mla --quick $(tail -1 "$out/test-gpu-mla-quick-${names[$i]}.txt")"
+    grep -E "FAIL" "$out/test-gpu-mla-quick-${names[$i]}.txt" | head -5
+  fi
 done
 for i in "${!names[@]}"; do
   [[ -n ${ATTENTION:-} ]] || continue
@@ -82,6 +93,23 @@ for i in "${!names[@]}"; do
   timeout 200 "/tmp/ab/${names[$i]}/bench_prefill_gemms" --skew 0 --repeats 10 \
     --only "$GEMMS" 2>&1 | tee "$out/prefill-gemms-${names[$i]}.txt" | grep -vE "^(NVIDIA|product)"
 done
+model=/tmp/v2-lite
+[[ -f $model/config.json ]] || /tmp/ab/base/quantmla make-random-model --preset deepseek-v2-lite \
+  --out $model --seed 1 --tokenizer models/mla-tiny/tokenizer.json 2>&1 | tail -1
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for shape in ${SHAPE:-prefill:1}; do
+    for cache in ${CACHES:-${CACHE:-bf16}}; do
+      for i in "${!names[@]}"; do
+        line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
+          --only "$shape" --cache "$cache" --repeats 10 2>&1 | tail -1)
+        # A process that ends without its row (a crash prints nothing more) is said to have failed.
+        [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
+        echo "round $round ${names[$i]} $cache: $line"
+      done
+    done
+  done
+done | tee "$out/runner-ab.txt"
+grep -q FAILED "$out/runner-ab.txt" && status=1
 if [[ -n ${RUNNER_TEST:-} ]]; then
   # The fixtures once (run-runner.sh's runner stage), then each build's runner against them (the
   # checkout's too: a check added since its last GPU run is then run on it as well).
@@ -93,19 +121,4 @@ if [[ -n ${RUNNER_TEST:-} ]]; then
     echo "${names[$i]}: test_cuda_runner $(grep -E "FAIL|PASS" "$out/test-cuda-runner-${names[$i]}.txt" | tail -1)"
   done
 fi
-model=/tmp/v2-lite
-[[ -f $model/config.json ]] || /tmp/ab/base/quantmla make-random-model --preset deepseek-v2-lite \
-  --out $model --seed 1 --tokenizer models/mla-tiny/tokenizer.json 2>&1 | tail -1
-for round in $(seq 1 "${ROUNDS:-2}"); do
-  for shape in ${SHAPE:-prefill:1}; do
-    for i in "${!names[@]}"; do
-      line=$(timeout 150 "/tmp/ab/${names[$i]}/bench_runner" --model $model \
-        --only "$shape" ${CACHE:+--cache "$CACHE"} --repeats 10 2>&1 | tail -1)
-      # A process that ends without its row (a crash prints nothing more) is said to have failed.
-      [[ $line == prefill* || $line == *" B "* ]] || line="FAILED (last line: $line)"
-      echo "round $round ${names[$i]}: $line"
-    done
-  done
-done | tee "$out/runner-ab.txt"
-grep -q FAILED "$out/runner-ab.txt" && status=1
 exit $status

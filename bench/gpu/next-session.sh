@@ -75,6 +75,13 @@
 #      back: bench_gpu_decode --clean-flush, bench/gpu/flashmla_clean_flush.py), FlashMLA's
 #      memset-flushed 128-head grid twice (first, beside our build, and after its clean one),
 #      into flush-*.txt
+#   15 one change to the runner or the kernels a decode step launches (.carry/patches/NAME.diff,
+#      written as for step 7) against main at issue 13's batch 1 (ab-runner.sh, ~550-600 s cold,
+#      so start it on a fresh machine with a full call; carry .carry/deps.tar.xz and
+#      .carry/shared): both builds, the change's quick GPU test, `bench_runner --only decode:1` on
+#      the BF16 and INT4/INT4 caches in turn, AB_ROUNDS rounds (default 3), then both builds'
+#      runner test against the fixtures (its graph check compares programmatic dependent launches
+#      with plain ones bit for bit), in ab-runner.txt and one file a step
 # Waiting (2026-12-07, forty-eighth session, which got no device): 1, 2, 3 on one machine where an
 # H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
 # with most of a session's budget left: the forty-seventh got an H200 with only 670 s left), with
@@ -84,7 +91,10 @@
 # session's lever) was written and measured with step 7 and dropped (docs/benchmarks.md
 # "Forty-sixth session"), so step 12's 66-against-64 check is moot. Waiting
 # for step 7 on either card (~300 s; bench/gpu/patches/README.md has the command):
-# fp8-bf16-page-schedule.diff, FP8/BF16 on the 128-head page schedule.
+# fp8-bf16-page-schedule.diff, FP8/BF16 on the 128-head page schedule. Waiting for step 15 on
+# either card (a fresh machine's full call; the same README has the command, written in the
+# forty-ninth session without a device): decode-pool-ready.diff, the 16-head decode kernels'
+# first pages requested before their wait in a decode step (issue 13's batch 1).
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
@@ -120,18 +130,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|1[0-4])$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-14 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[0-5])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-15 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
 ((step == 5 || step == 8 || step == 9 || step == 14)) && needs=(.anchor/bench_flashmla.py)
 ((step == 6 || step == 10 || step == 13)) && needs=(.carry/deps.tar.xz)
-if ((step == 7)); then
+((step == 15)) && needs=(.carry/deps.tar.xz .carry/shared/tools/make_gpu_fixtures.py)
+if ((step == 7 || step == 15)); then
   # The changes: .carry/patch.diff (the tree "changed") or .carry/patches/NAME.diff (trees NAME).
   diffs=(.carry/patches/*.diff)
   [[ -e ${diffs[0]} ]] || diffs=(.carry/patch.diff)
-  needs=("${diffs[@]}")
+  needs+=("${diffs[@]}")
 fi
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { echo "next-session.sh $step: $need was not carried (see the header)" >&2; exit 2; }
@@ -362,6 +373,11 @@ case $step in
       flashmla dirty 16
       flashmla clean 16
     fi
+    ;;
+  15)
+    GPU_TEST=1 OPS_ARGS=none GEMMS=none SHAPE=decode:1 ROUNDS=${AB_ROUNDS:-3} RUNNER_TEST=1 \
+      CACHES="bf16 content=int4:g64,rope=int4:g64" \
+      within bash bench/gpu/ab-runner.sh "${diffs[@]}" >"$OUT/ab-runner.txt" 2>&1 || status=1
     ;;
   6)
     within bash bench/gpu/device-build.sh quantmla bench_runner || status=1
