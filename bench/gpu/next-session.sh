@@ -94,7 +94,9 @@
 # fp8-bf16-page-schedule.diff, FP8/BF16 on the 128-head page schedule. Waiting for step 15 on
 # either card (a fresh machine's full call; the same README has the command, written in the
 # forty-ninth session without a device): decode-pool-ready.diff, the 16-head decode kernels'
-# first pages requested before their wait in a decode step (issue 13's batch 1).
+# first pages requested before their wait in a decode step (issue 13's batch 1), and on it
+# decode-transposed-int4.diff, the transposed kernel's converting form for int4 content at few
+# sequences (step 7 for the kernel, then step 15 with both).
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
