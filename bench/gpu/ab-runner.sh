@@ -18,6 +18,8 @@
 # build's runner test against the fixtures (needs .carry/shared: scripts/device-carry.sh), after
 # the timing, so that a call short of time still has it. The Debian dependencies come from
 # .carry/deps.tar.xz as for run-runner.sh. Results in $OUT (or gpu-results), one file a step.
+# AB_REUSE=1 skips the builds that an earlier call on the same warm machine left in /tmp/ab (made
+# from the same patches: nothing checks that).
 set -uo pipefail
 patches=()
 for patch in "$@"; do patches+=("$(realpath "$patch")"); done
@@ -54,6 +56,11 @@ names=(base)
 for patch in "${patches[@]}"; do names+=("$(basename "$patch" .diff)"); done
 for i in "${!names[@]}"; do
   start=$(date +%s)
+  # AB_REUSE=1 (a warm machine's next call with the same patches): the builds it kept are reused.
+  if [[ -n ${AB_REUSE:-} && -x /tmp/ab/${names[$i]}/bench_runner ]]; then
+    echo "== ${names[$i]} reused from /tmp/ab (AB_REUSE)"
+    continue
+  fi
   if (( i > 0 )); then
     sed -n 's|^+++ b/||p' "${patches[$((i - 1))]}" >>"$patched"  # the base built the tree
     patch -s -p1 <"${patches[$((i - 1))]}"

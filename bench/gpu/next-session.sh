@@ -81,7 +81,10 @@
 #      .carry/shared): both builds, the change's quick GPU test, `bench_runner --only decode:1` on
 #      the BF16 and INT4/INT4 caches in turn, AB_ROUNDS rounds (default 3), then both builds'
 #      runner test against the fixtures (its graph check compares programmatic dependent launches
-#      with plain ones bit for bit), in ab-runner.txt and one file a step
+#      with plain ones bit for bit), in ab-runner.txt and one file a step; with two patches
+#      (three builds) a cold call runs out of time after the timing or sooner: the next call on
+#      the warm machine with AB_REUSE=1 reuses the builds (ab-runner.sh) for more rounds and the
+#      runner test
 # Waiting (2026-12-07, forty-eighth session, which got no device): 1, 2, 3 on one machine where an
 # H200 comes (the issue's card: every run of this job so far was on an H100; ~975 s, so start them
 # with most of a session's budget left: the forty-seventh got an H200 with only 670 s left), with
