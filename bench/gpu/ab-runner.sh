@@ -27,10 +27,13 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-results}
 mkdir -p "$out" && out=$(realpath "$out")
 [[ $# -ge 1 ]] || { echo "usage: bash bench/gpu/ab-runner.sh PATCH..."; exit 2; }
-# What each build keeps (paths in the build tree; the ninja targets are their names).
-binaries=(quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms
+# What each build keeps (paths in the build tree; the ninja targets are their names): AB_BINARIES
+# (space-separated) where a call needs fewer, e.g. no prefill benchmarks (GEMMS=none) and no
+# test_model_ops (OPS_ARGS=none).
+# shellcheck disable=SC2206 # AB_BINARIES: words
+binaries=(${AB_BINARIES:-quantmla bench/gpu/bench_runner bench/gpu/bench_prefill_gemms
   bench/gpu/bench_prefill_attention tests/gpu/test_model_ops tests/gpu/test_cuda_runner
-  tests/gpu/test_gpu_mla)
+  tests/gpu/test_gpu_mla})
 targets=()
 for binary in "${binaries[@]}"; do targets+=("$(basename "$binary")"); done
 status=0
@@ -96,7 +99,8 @@ for i in "${!names[@]}"; do
     tee "$out/prefill-attention-${names[$i]}.txt" | grep -vE "^NVIDIA"
 done
 for i in "${!names[@]}"; do
-  echo "== ${names[$i]}: bench_prefill_gemms --only ${GEMMS:=expert_gemm}"
+  [[ ${GEMMS:=expert_gemm} != none ]] || continue
+  echo "== ${names[$i]}: bench_prefill_gemms --only $GEMMS"
   timeout 200 "/tmp/ab/${names[$i]}/bench_prefill_gemms" --skew 0 --repeats 10 \
     --only "$GEMMS" 2>&1 | tee "$out/prefill-gemms-${names[$i]}.txt" | grep -vE "^(NVIDIA|product)"
 done

@@ -381,7 +381,8 @@ case $step in
     ;;
   15)
     GPU_TEST=1 OPS_ARGS=none GEMMS=none SHAPE=decode:1 ROUNDS=${AB_ROUNDS:-3} RUNNER_TEST=1 \
-      CACHES="bf16 content=int4:g64,rope=int4:g64" \
+      CACHES="bf16 content=int4:g64,rope=int4:g64" AB_BINARIES="quantmla bench/gpu/bench_runner
+      tests/gpu/test_cuda_runner tests/gpu/test_gpu_mla" \
       within bash bench/gpu/ab-runner.sh "${diffs[@]}" >"$OUT/ab-runner.txt" 2>&1 || status=1
     ;;
   6)
