@@ -99,7 +99,8 @@
 # forty-ninth session without a device): decode-pool-ready.diff, the 16-head decode kernels'
 # first pages requested before their wait in a decode step (issue 13's batch 1), and on it
 # decode-transposed-int4.diff, the transposed kernel's converting form for int4 content at few
-# sequences (step 7 for the kernel, then step 15 with both).
+# sequences (step 7 for the kernel, then step 15 with both), and runner-pinned-io.diff, the
+# runner's per-step copies from pinned host memory (step 15).
 # Steps 4 and 6 ran on an H100 in the
 # twenty-seventh session, 5, 7, 1 and 2 (the patch applied) in the twenty-eighth, 5, 7, 1, 2 and 3
 # in the twenty-ninth, 7 (four times) and 5 in the thirtieth, 7 (three times) in the thirty-first,
