@@ -11,14 +11,15 @@
 // back after the memset (bench_common.cuh's median_us_flushed), so that the kernel starts from
 // clean lines (on an H200 FlashMLA ran 3-7% faster at 128K so, ours within 1%: docs/benchmarks.md,
 // "Forty-seventh session"; the grid beside FlashMLA keeps the anchor's method).
-// --range-ratio R gives each sequence a length uniform in [CTX (1 - R), CTX (1 + R)] (vllm bench's
-// --random-range-ratio; drawn once per shape from --seed, printed), the mixed contexts of a serving
-// step instead of one for all. "cache MB" counts the records of every visible token (the bytes the
-// kernel must read); GB/s is that over the time; TFLOP/s counts 2 x heads x tokens x (576 + 512);
-// each row names the plan's kernel, its blocks and the pages of their runs (the shortest and the
-// longest, also in the JSON). Physical cache memory for one 128K-token sequence of a
-// DeepSeek-V3-shaped model (61 layers) comes from cache_physical_bytes, pages and block table
-// included.
+// --batches B,... times those batch sizes instead of the grid's (at its contexts, or the serving
+// grid's with --short-contexts). --range-ratio R gives each sequence a length uniform in
+// [CTX (1 - R), CTX (1 + R)] (vllm bench's --random-range-ratio; drawn once per shape from --seed,
+// printed), the mixed contexts of a serving step instead of one for all. "cache MB" counts the
+// records of every visible token (the bytes the kernel must read); GB/s is that over the time;
+// TFLOP/s counts 2 x heads x tokens x (576 + 512); each row names the plan's kernel, its blocks and
+// the pages of their runs (the shortest and the longest, also in the JSON). Physical cache memory
+// for one 128K-token sequence of a DeepSeek-V3-shaped model (61 layers) comes from
+// cache_physical_bytes, pages and block table included.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,6 +100,21 @@ std::string iso_date() {
   return text;
 }
 
+// "B,B,..." as batch sizes, or none where an item is not a whole number in [1, 4096].
+std::vector<int> parse_batches(const std::string& list) {
+  std::vector<int> batches;
+  for (size_t from = 0; from <= list.size();) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    const std::string item = list.substr(from, comma - from);
+    char* end = nullptr;
+    const long b = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || b < 1 || b > 4096) return {};
+    batches.push_back(static_cast<int>(b));
+    from = comma + 1;
+  }
+  return batches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,12 +124,13 @@ int main(int argc, char** argv) {
   int heads_only = 0;        // 16 or 128: that half of the grid only
   double max_seconds = 420.0;
   bool quick = false;
-  bool short_contexts = false;  // the serving grid: batch 16-128 at 512-2K tokens
-  bool clean_flush = false;     // the flush's memset followed by a read of the buffer
-  int s_q = 1;                  // queries per sequence (2: multi-token prediction)
-  int pages_per_split = 0;      // 0: the plan's own split; N: runs of exactly N pages (tuning)
-  double range_ratio = 0.0;     // sequence lengths uniform in [CTX (1 - R), CTX (1 + R)]
-  uint64_t seed = 1;            // of those lengths
+  bool short_contexts = false;    // the serving grid: batch 16-128 at 512-2K tokens
+  bool clean_flush = false;       // the flush's memset followed by a read of the buffer
+  int s_q = 1;                    // queries per sequence (2: multi-token prediction)
+  int pages_per_split = 0;        // 0: the plan's own split; N: runs of exactly N pages (tuning)
+  double range_ratio = 0.0;       // sequence lengths uniform in [CTX (1 - R), CTX (1 + R)]
+  uint64_t seed = 1;              // of those lengths
+  std::vector<int> batches_only;  // --batches B,...: these batch sizes instead of the grid's
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -139,12 +156,20 @@ int main(int argc, char** argv) {
       range_ratio = std::stod(argv[++i]);
     } else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) {
       seed = std::stoull(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) {
+      batches_only = parse_batches(argv[++i]);
+      if (batches_only.empty()) {
+        std::fprintf(stderr, "--batches %s: expected batch sizes 1-4096, comma-separated\n",
+                     argv[i]);
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--max-seconds S] [--quick | --short-contexts] "
                    "[--heads 16|128] "
                    "[--s-q 1|2] [--only FORMAT,B,CTX,H] [--formats NAME,...] "
-                   "[--pages-per-split N] [--range-ratio R] [--seed S] [--clean-flush]\n",
+                   "[--pages-per-split N] [--range-ratio R] [--seed S] [--clean-flush] "
+                   "[--batches B,...]\n",
                    argv[0]);
       return 2;
     }
@@ -209,6 +234,8 @@ int main(int argc, char** argv) {
       batches = {16, 32, 64, 96, 128};
       contexts = {512, 1024, 2048};
     }
+    if (!batches_only.empty())
+      batches = batches_only;  // at the grid's (or serving grid's) contexts
     if (!only.empty()) {
       // --only names its shape, which need not be on the grid (e.g. the runner's 1K contexts).
       int b = 0, ctx = 0, h = 0;

@@ -91,8 +91,8 @@
 #   forty-seventh got an H200 with only 670 s left);
 # - 7 on either card for decode-transposed-int4.diff (its whole patch: `bash
 #   bench/gpu/stacked-variant.sh bench/gpu/patches/decode-transposed-int4.diff`, with
-#   AB_FORMATS=int4g64/int4,int4g128/int4; its full GPU test also runs decode-pool-ready.diff's
-#   cases, on which it sits);
+#   AB_FORMATS=int4g64/int4,int4g128/int4 AB_ARGS="--batches 1,2,4,8,15"; its full GPU test also
+#   runs decode-pool-ready.diff's cases, on which it sits);
 # - 15 on either card for decode-pool-ready.diff and runner-pinned-io.diff (issue 13's batch 1;
 #   a fresh machine's full call, then a warm one with AB_REUSE=1 for the rest);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
