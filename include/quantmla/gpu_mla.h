@@ -45,6 +45,12 @@ struct MlaDecodeParams {
   int s_q = 1;
   int num_heads = 0;  // a multiple of 16
   float softmax_scale = 1.0f;
+  // The pool's pages, block_table, seq_lens and the plan were written before the kernel preceding
+  // this call on its stream began (two kernels back or earlier, or by a copy), so that under a
+  // programmatic dependent launch the 16-head kernels may request their first pages before they
+  // wait for that kernel, and read only q after it (the runner's W_UK product, between the cache
+  // write and the decode, writes q alone). Leave false where the previous kernel writes the cache.
+  bool pool_ready = false;
 };
 
 // Device memory for a decode plan, owned by the caller (MlaDecodePlan::workspace_bytes sizes it):

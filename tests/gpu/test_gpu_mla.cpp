@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/device_array.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/model_ops.h"
 #include "quantmla/attention.h"
 #include "quantmla/cache_format.h"
@@ -148,6 +149,26 @@ class DeviceDecode {
     lse_.fill_bytes(0xff);
     gpu::mla_decode(format_, params_, plan);
     QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
+    return {out_.download(), lse_.download()};
+  }
+  // The same call as the runner launches it: under programmatic dependent launches on `stream`,
+  // with MlaDecodeParams::pool_ready, after a kernel that writes q (a row gather of `q_values`,
+  // q's values as FP32, one row a query row), q poisoned with NaN before it.
+  std::pair<std::vector<uint16_t>, std::vector<float>> run_after_q_kernel(
+      const gpu::MlaDecodePlan& plan, const DeviceArray<float>& q_values,
+      const DeviceArray<int32_t>& row_ids, cudaStream_t stream) {
+    const int64_t rows = static_cast<int64_t>(row_ids.size());
+    q_.fill_bytes(0xff);
+    out_.fill_bytes(0xff);
+    lse_.fill_bytes(0xff);
+    gpu::set_programmatic_launch(true);
+    gpu::MlaDecodeParams params = params_;
+    params.pool_ready = true;
+    gpu::gather_rows(q_values.data(), kKeyDim, rows, row_ids.data(), rows, q_.data(), kKeyDim,
+                     DType::kBF16, kKeyDim, stream);
+    gpu::mla_decode(format_, params, plan, stream);
+    gpu::set_programmatic_launch(false);
+    QUANTMLA_CUDA_CHECK(cudaStreamSynchronize(stream));
     return {out_.download(), lse_.download()};
   }
 
@@ -385,6 +406,49 @@ void run_batch_invariance_case(const std::string& spec, int first_len) {
                 differing, 2 * kChunk * (1 + kHeads), nan);
   std::printf("%s\n", line);
   expect(differing == 0 && nan == 0, line);
+}
+
+// MlaDecodeParams::pool_ready under programmatic dependent launches, as the runner launches the
+// decode: q written by the kernel the decode follows (a row gather from FP32 copies of its
+// values), the pool, tables and plan by copies before it, q poisoned with NaN in between; each
+// 16-row kernel requests its first pages before its wait and must read q only after it. Five
+// launches, each the same bits as a plain launch with q in place (a q read before the gather
+// wrote it gives NaN).
+void run_pool_ready_case(const std::string& spec, int s_q) {
+  constexpr int kHeads = 16, kLaunches = 5;
+  const CacheFormat format = CacheFormat::parse(spec);
+  const std::vector<int32_t> lens = {2, 65, 300, 5000};  // each at least s_q long
+  const HostCache cache = make_cache(format, lens);
+  const int rows = static_cast<int>(lens.size()) * s_q * kHeads;
+  std::vector<uint16_t> q(static_cast<size_t>(rows) * kKeyDim);
+  std::vector<float> q_values(q.size());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = f32_to_bf16(normal(rng));
+    q_values[i] = bf16_to_f32(q[i]);  // exact: the gather's rounding gives q back
+  }
+  std::vector<int32_t> identity(rows);
+  std::iota(identity.begin(), identity.end(), 0);
+  const DeviceArray<float> q_source(q_values);
+  const DeviceArray<int32_t> row_ids(identity);
+  DeviceDecode device(cache, q, s_q, kHeads, 1.0f / std::sqrt(192.0f));
+  const gpu::MlaDecodePlan plan(format, lens, s_q, kHeads, 0);
+  const auto plain = device.run(plan);
+  cudaStream_t stream = nullptr;
+  QUANTMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int differing = 0;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    differing += device.run_after_q_kernel(plan, q_source, row_ids, stream) != plain;
+  }
+  QUANTMLA_CUDA_CHECK(cudaStreamDestroy(stream));
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "pool ready %-44s %s s_q=%d blocks=%d: %d of %d launches differ from the plain "
+                "one",
+                spec.c_str(), plan.kernel_name().c_str(), s_q, plan.num_blocks(), differing,
+                kLaunches);
+  std::printf("%s\n", line);
+  expect(differing == 0, line);
 }
 
 // The faithful comparison must fail for each kernel bug a mutation stands for (format, heads and
@@ -814,6 +878,13 @@ int main(int argc, char** argv) {
           for_each_decode_kernel(spec, [spec] { run_mutation_checks(spec); });
         }
         run_mutation_checks("content=fp8,rope=bf16");
+        for (const char* spec : {"content=bf16,rope=bf16", "content=int4:g64,rope=int4:g64",
+                                 "content=int2:g64,rope=bf16", "content=fp8,rope=bf16"}) {
+          for_each_decode_kernel(spec, [spec] {
+            run_pool_ready_case(spec, 1);
+            run_pool_ready_case(spec, 2);
+          });
+        }
         for_each_decode_kernel("content=bf16,rope=bf16",
                                [] { run_mutation_checks("content=bf16,rope=bf16"); });
         for (const std::string& spec : kFormats) {

@@ -584,6 +584,7 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
   kernel.record_bytes = static_cast<int>(format.record_bytes(kLatentDim, kRopeDim));
   kernel.scale_log2 = params.softmax_scale * static_cast<float>(M_LOG2E);
   kernel.kept = kept_pairs_of(format.rope);
+  kernel.pool_ready = params.pool_ready;
   const DecodeSchedule& schedule = state.schedule;
   const PlanLayout& layout = state.layout;
   visit_gpu_format(format, [&](auto content, auto rope) {

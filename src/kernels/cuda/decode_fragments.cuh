@@ -225,7 +225,9 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
   // Without a producer: how many warps are done with each stage.
   int* const released = reinterpret_cast<int*>(full + L::kStages);
 
-  wait_for_previous_kernel();
+  // With the pool ready (MlaDecodeParams::pool_ready) the first pages are requested while the
+  // previous kernel runs, and the producer never waits; the consumers wait before they read Q.
+  if (!p.pool_ready) wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
   // A plan in a workspace launches a fixed grid (CUDA graphs); its unused items are padding.
   if (item.batch < 0) return;
@@ -307,6 +309,7 @@ __global__ void __launch_bounds__(FragmentLayout<ContentType, Rope, kThreeBlocks
     return;
   }
 
+  if (p.pool_ready) wait_for_previous_kernel();
   const int rows_per_seq = p.s_q * p.num_heads;
   const int first_row = item.row_tile * L::kRows;
   const uint16_t* const q =

@@ -37,6 +37,7 @@ struct DecodeKernelParams {
   int record_bytes;
   float scale_log2;  // softmax_scale * log2(e)
   KeptPairs kept;
+  bool pool_ready;  // MlaDecodeParams::pool_ready
 };
 
 // Shared memory per block on sm_90: all of it for one block per multiprocessor, half (less the
@@ -149,7 +150,7 @@ template <class Content, class Rope, int kRowTiles>
 __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThreads,
                                   DecodeLayout<Content, Rope, kRowTiles>::kBlocksPerSm)
     mla_decode_kernel(const __grid_constant__ DecodeKernelParams p) {
-  wait_for_previous_kernel();
+  if (!p.pool_ready) wait_for_previous_kernel();
   using L = DecodeLayout<Content, Rope, kRowTiles>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const stages = smem;
@@ -179,24 +180,6 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
   const int num_pages = item.page_end - item.page_begin;
   const int32_t* const pages = p.block_table + item.batch * p.block_table_stride + item.page_begin;
 
-  // This warp's Q fragments for its 9 k-steps (8 of content, 1 of RoPE), in tile column order.
-  uint32_t qf[9][4];
-  {
-    const uint16_t* q =
-        p.q +
-        (static_cast<int64_t>(item.batch) * rows_per_seq + first_row + 16 * warp_tile) * kKeyDim;
-#pragma unroll
-    for (int ks = 0; ks < 9; ++ks) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t* row = q + (g + 8 * (i % 2)) * kKeyDim;
-        const int column = 16 * (ks < 8 ? 8 * slice + ks : slice) + 2 * t + 8 * (i / 2);
-        qf[ks][i] = ks < 8 ? load_pair<Content::kPairSpan>(row, column)
-                           : load_pair<Rope::kPairSpan>(row + kLatentDim, column);
-      }
-    }
-  }
-
   const auto load_page = [&](int i) {
     if (i < num_pages) {
       const int valid = min(kPageTokens, seq_len - (item.page_begin + i) * kPageTokens);
@@ -220,6 +203,30 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
     cp_async_commit();  // an empty group past the end keeps the wait count uniform
   };
 
+  // The first pages before Q: with the pool ready (MlaDecodeParams::pool_ready) they are
+  // requested while the previous kernel runs, and Q, which that kernel writes, after the wait.
+#pragma unroll
+  for (int s = 0; s < L::kStages - 1; ++s) load_page(s);
+  if (p.pool_ready) wait_for_previous_kernel();
+
+  // This warp's Q fragments for its 9 k-steps (8 of content, 1 of RoPE), in tile column order.
+  uint32_t qf[9][4];
+  {
+    const uint16_t* q =
+        p.q +
+        (static_cast<int64_t>(item.batch) * rows_per_seq + first_row + 16 * warp_tile) * kKeyDim;
+#pragma unroll
+    for (int ks = 0; ks < 9; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint16_t* row = q + (g + 8 * (i % 2)) * kKeyDim;
+        const int column = 16 * (ks < 8 ? 8 * slice + ks : slice) + 2 * t + 8 * (i / 2);
+        qf[ks][i] = ks < 8 ? load_pair<Content::kPairSpan>(row, column)
+                           : load_pair<Rope::kPairSpan>(row + kLatentDim, column);
+      }
+    }
+  }
+
   constexpr int kColumns = 8 * L::kColumnTiles;
   constexpr int kSpan = Content::kPairSpan;  // output columns are tile columns of the content
   float acc[L::kColumnTiles][4];
@@ -234,9 +241,6 @@ __global__ void __launch_bounds__(DecodeLayout<Content, Rope, kRowTiles>::kThrea
   const int soft_limit = seq_len - p.s_q + (first_row + soft_row) / p.num_heads + 1;
   float row_max = -INFINITY;
   float row_sum = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < L::kStages - 1; ++s) load_page(s);
 
   for (int i = 0; i < num_pages; ++i) {
     __syncthreads();  // page i - 1 is done with: its stage and the tile may be overwritten

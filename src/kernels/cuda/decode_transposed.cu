@@ -111,7 +111,9 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
                                  const __grid_constant__ CUtensorMap pool_map) {
   using L = TransposedLayout<kRowTiles>;
   constexpr int kNTiles = L::kNTiles;
-  wait_for_previous_kernel();
+  // With the pool ready (MlaDecodeParams::pool_ready) the producer requests its pages while the
+  // previous kernel runs; only the consumers wait, before they read Q.
+  if (!p.pool_ready) wait_for_previous_kernel();
   const WorkItem item = p.items[blockIdx.x];
   if (item.batch < 0) return;  // padding of a fixed grid (a plan in a workspace)
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
     return;
   }
 
+  if (p.pool_ready) wait_for_previous_kernel();
   const int rows_per_seq = p.s_q * p.num_heads;
   const int first_row = item.row_tile * L::kRows;
   copy_query<L>(p.q + (static_cast<int64_t>(item.batch) * rows_per_seq + first_row) * kKeyDim,

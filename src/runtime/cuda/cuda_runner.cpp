@@ -1185,6 +1185,10 @@ class CudaRunner final : public Runner {
     p.s_q = static_cast<int>(group.s_q);
     p.num_heads = hp;
     p.softmax_scale = static_cast<float>(c.softmax_scale());
+    // The cache write, the block tables, the lengths and the plans all come before W_UK's
+    // product, the kernel the decode follows, which writes only q_dec: the decode may request its
+    // pages while that product runs (not where an ablation leaves the product out).
+    p.pool_ready = runs("uk");
     if (runs("decode")) gpu::mla_decode(format, p, *group.plan, stream_);
 
     // o_h = W_UV_h attended_h.
