@@ -1,8 +1,8 @@
 // GPU decode benchmark: measures the device's copy bandwidth, then times the decode kernel of each
 // cache format over a grid of batch x context x heads (s_q = 1) on a pool filled by the
 // quantize-on-write kernel with random rows; prints a table and writes JSON. A format name ending
-// in "@tiled", "@fragments", "@fragments3" or "@warpgroup" is the same format with that kernel
-// forced (QUANTMLA_DECODE_KERNEL), beside the plan's own choice.
+// in "@tiled", "@fragments", "@fragments3", "@warpgroup" or "@transposed" is the same format with
+// that kernel forced (QUANTMLA_DECODE_KERNEL), beside the plan's own choice.
 //
 // Timing: CUDA events around one launch of a graph holding the decode call (decode + combine
 // kernels), L2 flushed before each repeat by a 256 MB memset (the FlashMLA anchor's method),
@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
         {"int4g64/int4@fragments", "content=int4:g64,rope=int4:g64", true, "fragments"},
         {"int4g64/int4@fragments3", "content=int4:g64,rope=int4:g64", false, "fragments3"},
         {"int4g64/int4@warpgroup", "content=int4:g64,rope=int4:g64", true, "warpgroup"},
+        {"int4g64/int4@transposed", "content=int4:g64,rope=int4:g64", false, "transposed"},
         {"int4g128/int4", "content=int4:g128,rope=int4:g64", false},
         {"int4g64/int4+2bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21", false},
         {"int4g64/bf16", "content=int4:g64,rope=bf16", false},

@@ -85,17 +85,13 @@
 #      (three builds) a cold call runs out of time after the timing or sooner: the next call on
 #      the warm machine with AB_REUSE=1 reuses the builds (ab-runner.sh) for more rounds and the
 #      runner test
-# Waiting (2026-12-07, forty-ninth session, which got no device), in this order:
+# Waiting (2026-12-07, forty-ninth session), in this order:
 # - 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
-# - 7 on either card for decode-transposed-int4.diff (its whole patch: `bash
-#   bench/gpu/stacked-variant.sh bench/gpu/patches/decode-transposed-int4.diff`, with
-#   AB_FORMATS=int4g64/int4,int4g128/int4 AB_ARGS="--batches 1,2,4,8,15"; its full GPU test also
-#   runs decode-pool-ready.diff's cases, on which it sits);
-# - 15 on either card for decode-pool-ready.diff and runner-pinned-io.diff (issue 13's batch 1;
-#   a fresh machine's full call, then a warm one with AB_REUSE=1 for the rest);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
+# - 10 on the H200 (issue 13's batch 1 there, after the forty-ninth session's merge of the
+#   transposed kernel's converting form for int4 content);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the
 #   clock falls where FP8's time a page rises from 32K to 128K), and 8 on the H200.
 # bench/gpu/patches/README.md has each patch's command and what decides its merge. The plan that
@@ -119,8 +115,8 @@
 # versions of one patch) on H100s in the forty-sixth (after six failed starts), 13 twice (each
 # the fallback of a call whose first choice was 1 on an H200), 7 (`kv-evict-first.diff`) on
 # H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh, none in the
-# forty-eighth (twelve starts failed, 90-180 s of device time each), none in the forty-ninth (the
-# device tool lent no machine that session).
+# forty-eighth (twelve starts failed, 90-180 s of device time each), 7 four times and 15 twice on
+# H100s in the forty-ninth (after an hour without a lent machine; one start failed on each kind).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks

@@ -57,7 +57,7 @@ std::string decode_kernel_name() {
 }
 
 // Runs f once per 16-row decode kernel that reads `spec`, each forced in turn: the tiled one, and
-// the fragment kernel (both its forms where its three-block form reads the format) or the
+// the fragment kernel (both its forms where its three-block form reads the format) and the
 // transposed one (both its forms: 32-row blocks where the rows come in 32s) where they read it
 // (gpu::fragments_kernel_reads, gpu::fragments_three_blocks_reads, gpu::transposed_kernel_reads:
 // the plan's own predicates); the tiled one alone otherwise.
@@ -731,12 +731,21 @@ void run_error_cases() {
     gpu::mla_gather(bf16, params);
   });
   {
-    // The plan's own choice (decode.cu, fragments_min_batch): the fragment kernel steps a page at a
-    // time, the tiled one half a page for int4 at 16 rows; int2 g64 takes it from one sequence.
+    // The plan's own choice (decode.cu, fragments_min_batch): the fragment kernel from 32 int4
+    // sequences; below that the transposed kernel's converting form for fewer than 16 at 16
+    // heads (int4 g128 too), else the tiled one (half a page a step for int4 at 16 rows); int2
+    // g64 takes the fragment kernel from one sequence.
     const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
-    const std::vector<int32_t> one(1, 100), many(32, 100);
-    expect(gpu::MlaDecodePlan(int4, one, 1, 16).keys_per_step() == 32,
-           "auto: the tiled kernel for one int4 sequence");
+    const CacheFormat int4_g128 = CacheFormat::parse("content=int4:g128,rope=bf16");
+    const std::vector<int32_t> one(1, 100), many(32, 100), fifteen(15, 100), sixteen(16, 100);
+    expect(gpu::MlaDecodePlan(int4, one, 1, 16).kernel_name() == "transposed" &&
+               gpu::MlaDecodePlan(int4_g128, fifteen, 1, 16).kernel_name() == "transposed",
+           "auto: the transposed kernel for 1 int4 g64 and 15 int4 g128 sequences at 16 heads");
+    expect(gpu::MlaDecodePlan(int4, sixteen, 1, 16).kernel_name() == "tiled" &&
+               gpu::MlaDecodePlan(int4_g128, many, 1, 16).kernel_name() == "tiled",
+           "auto: the tiled kernel for 16 int4 g64 and 32 int4 g128 sequences at 16 heads");
+    expect(gpu::MlaDecodePlan(int4, one, 1, 32).kernel_name() == "tiled",
+           "auto: the tiled kernel for one int4 sequence at 32 heads");
     expect(gpu::MlaDecodePlan(int4, many, 1, 16).kernel_name() == "fragments",
            "auto: the fragment kernel for 32 int4 sequences");
     // Past 256 pages (decode_long_context): its three-block form for int4 from 16 sequences, for
@@ -824,8 +833,11 @@ void run_error_cases() {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 16);
   });
   setenv("QUANTMLA_DECODE_KERNEL", "transposed", 1);
-  expect_throws<InvalidArgument>("the transposed kernel forced on an int4 cache", [&] {
-    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int4:g64,rope=int4:g64"), {100}, 1, 16);
+  expect_throws<InvalidArgument>("the transposed kernel forced on an int2 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), {100}, 1, 16);
+  });
+  expect_throws<InvalidArgument>("the transposed kernel forced on an fp8 cache", [&] {
+    gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 16);
   });
   expect_throws<InvalidArgument>(
       "the transposed kernel forced on BF16 content with an int4 RoPE key", [&] {

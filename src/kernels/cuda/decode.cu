@@ -143,6 +143,7 @@ int fragments_min_batch(const CacheFormat& format, bool long_context) {
 constexpr int kWarpgroupMinHeads = 64;
 constexpr int kWarpgroupMinBatchQuantized = 2;
 constexpr int kTransposedMaxHeads = 16;
+constexpr int kTransposedConvertingMaxBatch = 16;
 
 }  // namespace
 
@@ -179,12 +180,14 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
 // kWarpgroupMinBatchQuantized sequences or at long contexts; never for a batch-invariant plan,
 // whose blocks take 16 rows), else the transposed kernel for a BF16 cache at up to
-// kTransposedMaxHeads heads (not batch-invariant; its two-tile form where the rows come in 32s and
-// transposed_two_tiles holds), else the fragment kernel where it reads the format and the batch has
-// at least fragments_min_batch(format, long_context) sequences, in its three-block form for int4
-// and int2 content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan
-// keeps more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
-// `row_tiles` 16-row tiles a sequence on `multiprocessors`).
+// kTransposedMaxHeads heads, and for int4 content there where the tiled kernel would run
+// otherwise for fewer than kTransposedConvertingMaxBatch sequences (not batch-invariant; its
+// two-tile form where the rows come in 32s and transposed_two_tiles holds), else the fragment
+// kernel where it reads the format and the batch has at least fragments_min_batch(format,
+// long_context) sequences, in its three-block form for int4 and int2 content at long contexts (from
+// 16 and 64 sequences; not batch-invariant) where its plan keeps more blocks at once than the
+// two-block form holds (more_blocks_fill_more over the batch's `row_tiles` 16-row tiles a sequence
+// on `multiprocessors`).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
                                   bool invariant, bool long_context, int row_tiles,
                                   int multiprocessors) {
@@ -210,7 +213,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
        {DecodeKernel::kTransposed, DecodeKernel::kTransposedTwoTiles}) {
     if (forced_is(transposed)) {
       return forced_kernel(transposed_kernel_reads(format), transposed,
-                           "the transposed kernel reads a bf16 cache only");
+                           "the transposed kernel reads a bf16 cache and int4 content only");
     }
   }
   if (forced_is(DecodeKernel::kFragments)) {
@@ -240,14 +243,23 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // Its two-tile form (s_q = 2 at 16 heads), H100, 2026-12-06: 0.4-4% faster from 16 sequences
   // of 32K and 128K and 1-13% at 96-128 sequences of 0.5-4K tokens; 5-32% slower at 16-64
   // sequences of 0.5-4K and 9-19% at one sequence (docs/benchmarks.md).
-  if (!invariant && bf16 && num_heads <= kTransposedMaxHeads) {
+  // Its converting form (int4 content) for fewer than kTransposedConvertingMaxBatch sequences
+  // where the tiled kernel would run otherwise (int4 g64 below fragments_min_batch, int4 g128,
+  // which the fragment kernel does not read). Measured against the tiled kernel on an H100
+  // (2026-12-07, 16 heads, 1-15 sequences of 512 tokens to 128K): 0.72-1.00x its time, never
+  // slower, 0.98-0.99x at 15 x 128K; issue 13's INT4/INT4 batch-1 step 0.962x (docs/benchmarks.md,
+  // "Forty-ninth session"). One block an SM converting and multiplying in turn, where the tiled
+  // kernel keeps two, so not for more sequences until measured there.
+  const bool tiled_otherwise =
+      !fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context);
+  const bool converting = tiled_otherwise && batch < kTransposedConvertingMaxBatch;
+  if (!invariant && num_heads <= kTransposedMaxHeads && transposed_kernel_reads(format) &&
+      (bf16 || converting)) {
     return transposed_two_tiles(batch, row_tiles, long_context, multiprocessors)
                ? DecodeKernel::kTransposedTwoTiles
                : DecodeKernel::kTransposed;
   }
-  if (!fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context)) {
-    return DecodeKernel::kTiled;
-  }
+  if (tiled_otherwise) return DecodeKernel::kTiled;
   // At long contexts the form without a producer warp, three blocks an SM, for int4 from 16
   // sequences and int2 from 64 (H100, 2026-12-06: INT4 6-9% faster from 64 sequences at 32K and
   // 128K, 4% at 16 x 128K, 1.6% slower at 16 x 32K; INT2 4-8% faster from 64 sequences, 5% slower
@@ -594,7 +606,13 @@ void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const 
       launch_decode_warpgroup<Content, Rope>(kernel, params.batch, layout.items,
                                              state.run_pages.shortest, stream);
     } else if (is_transposed_kernel(state.kernel)) {
-      launch_decode_transposed(kernel, schedule.row_tiles_per_block, layout.items, stream);
+      if constexpr (kTransposedReads<Content, Rope>) {
+        launch_decode_transposed<Content, Rope>(kernel, schedule.row_tiles_per_block, layout.items,
+                                                stream);
+      } else {
+        throw InvalidArgument("GPU decode (internal): the transposed kernel has no path for " +
+                              format.to_string());
+      }
     } else if (is_fragment_kernel(state.kernel)) {
       if constexpr (kFragmentContent<Content>) {
         launch_decode_fragments<Content, Rope>(

@@ -73,10 +73,13 @@ inline constexpr int kWarpgroupBlocksPerSm = 1;
 inline constexpr int kSeesawL2PrefetchMinPages = 128;
 
 // What the transposed kernel reads: a BF16 cache (content and RoPE key), whose pages its tensor
-// maps copy as they are; its shape, for the plan: 16 query rows a block (wgmma's N, the keys
-// being its M), a page a softmax step, one block an SM (two page stages of 72 KB).
+// maps copy as they are, and int4 content (either group, either RoPE format), whose pages it
+// copies raw and dequantizes (decode_transposed.h's kTransposedReads, its compile-time twin); its
+// shape, for the plan: 16 query rows a block (wgmma's N, the keys being its M), a page a softmax
+// step, one block an SM (two page stages of 72 KB, or two raw ones and a tile).
 inline bool transposed_kernel_reads(const CacheFormat& format) {
-  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  return (format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16) ||
+         format.content.codec == Codec::kInt4;
 }
 inline constexpr int kTransposedStepKeys = 64;
 inline constexpr int kTransposedBlocksPerSm = 1;

@@ -1,7 +1,8 @@
-// The transposed decode kernel: a BF16 cache at few heads (16 or 32 query rows a block), both
-// products on the warpgroup MMA with the page's keys and channels as its M, so that wgmma's 64 rows
-// carry no padding where the tiled kernel's mma.sync tiles and the warpgroup kernel's 64 query rows
-// would (docs/gpu-kernels.md).
+// The transposed decode kernel: few heads (16 or 32 query rows a block), both products on the
+// warpgroup MMA with the page's keys and channels as its M, so that wgmma's 64 rows carry no
+// padding where the tiled kernel's mma.sync tiles and the warpgroup kernel's 64 query rows would
+// (docs/gpu-kernels.md). A BF16 cache's pages are copied as the tiles the products read; the
+// int4-content formats' (the converting form) are copied raw and dequantized into one tile.
 //
 // One block per WorkItem of 16 query rows, or 32 in the two-tile form where a sequence's rows
 // come in 32s (s_q = 2 at 16 heads: one block reads each page for both tokens, where two 16-row
@@ -25,6 +26,13 @@
 // The products run one after the other within the warpgroup; the page copies run ahead of them,
 // which is what a BF16 cache at 16 heads needs (its arithmetic is ~1,100 cycles a page against
 // ~4,000 for its 72 KB at an SM's share of the copy rate).
+// The converting form (int4 content, either RoPE format) is for few sequences, where the tiled
+// kernel's chain of mma.sync steps costs ~2.8 us a page against ~1 us here for a BF16 page
+// (docs/benchmarks.md, batch 1): the producer bulk-copies each page's records raw into two
+// stages, and before step 1 the consumers dequantize the page into the one tile with the tiled
+// kernel's decoders (dequantize_record_part, as the page schedule's dequantize_half: the same
+// values, in tile column order, so Q's columns are permuted to that order once and the output's
+// back at the end), records past the sequence's end zeroed in the raw stage first.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -47,30 +55,39 @@ namespace {
 
 // kRowTiles: the block's 16-row tiles, 1 or 2 (where the rows come in 32s: s_q = 2 at 16 heads
 // reads each page once for both tokens).
-template <int kRowTiles>
+template <class ContentType, class RopeType, int kRowTiles>
 struct TransposedLayout {
   static_assert(kRowTiles == 1 || kRowTiles == 2);
-  static constexpr int kConsumers = 128;            // one warpgroup
-  static constexpr int kThreads = kConsumers + 32;  // and a producer warp
-  static constexpr int kRows = 16 * kRowTiles;      // query rows a block: wgmma's N
-  static constexpr int kNTiles = kRows / 8;         // of the accumulators, as mma.m16n8's
-  static constexpr int kBoxes = kKeyDim / 64;       // of 64 channels: 8 of content, 1 of RoPE
+  using Content = ContentType;
+  using Rope = RopeType;
+  static constexpr bool kDirect = Content::kIsBf16 && Rope::kIsBf16;  // pages copied as tiles
+  static constexpr int kConsumers = 128;                              // one warpgroup
+  static constexpr int kThreads = kConsumers + 32;                    // and a producer warp
+  static constexpr int kRows = 16 * kRowTiles;  // query rows a block: wgmma's N
+  static constexpr int kNTiles = kRows / 8;     // of the accumulators, as mma.m16n8's
+  static constexpr int kBoxes = kKeyDim / 64;   // of 64 channels: 8 of content, 1 of RoPE
   static constexpr int kValueBoxes = kLatentDim / 64;
   static constexpr int kBoxBytes = kPageTokens * 128;  // a page's 64 keys x 64 channels
-  static constexpr int kStageBytes = kBoxes * kBoxBytes;
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;
+  // A page's records as they are stored (the converting form's stages).
+  static constexpr int kRawPageBytes =
+      (kPageTokens * (Content::kBytes + Rope::kMaxBytes) + 127) / 128 * 128;
   static constexpr int kStages = 2;
+  static constexpr int kStageBytes = kDirect ? kTileBytes : kRawPageBytes;
   static constexpr int kQueryBlockBytes = kRows * 128;  // Q's 16 rows x 64 channels
-  // From the 1024-byte-aligned base: the stages, Q's tile, P^T, the exchange, the barriers.
-  static constexpr int kQueryOffset = kStages * kStageBytes;
+  // From the 1024-byte-aligned base: the tiles (the stages, or the converting form's one tile),
+  // Q's tile, P^T, the converting form's raw stages, the exchange, the barriers.
+  static constexpr int kQueryOffset = kDirect ? kStages * kTileBytes : kTileBytes;
   static constexpr int kProbOffset = kQueryOffset + kBoxes * kQueryBlockBytes;
-  static constexpr int kExchangeOffset = kProbOffset + kQueryBlockBytes;  // P^T: kRows x 64 keys
-  static constexpr int kExchangeBytes = 4 * kRows * 4;                    // [warp][row] FP32
+  static constexpr int kRawOffset = kProbOffset + kQueryBlockBytes;  // P^T: kRows x 64 keys
+  static constexpr int kExchangeOffset = kRawOffset + (kDirect ? 0 : kStages * kRawPageBytes);
+  static constexpr int kExchangeBytes = 4 * kRows * 4;  // [warp][row] FP32
   static constexpr int kBarrierOffset = kExchangeOffset + kExchangeBytes;
   static constexpr int kSharedBytes = 1024 + kBarrierOffset + 2 * kStages * 8;
-  static_assert(kSharedBytes <= kSharedLimit, "two page stages, Q and P^T fit");
-  static_assert(kStageBytes % 1024 == 0 && kQueryOffset % 1024 == 0 && kProbOffset % 1024 == 0 &&
-                    kQueryBlockBytes % 1024 == 0,
-                "swizzled boxes on 1024-byte atoms");
+  static_assert(kSharedBytes <= kSharedLimit, "the page stages, Q and P^T fit");
+  static_assert(kTileBytes % 1024 == 0 && kQueryOffset % 1024 == 0 && kProbOffset % 1024 == 0 &&
+                    kQueryBlockBytes % 1024 == 0 && kRawOffset % 128 == 0,
+                "swizzled boxes on 1024-byte atoms, raw stages on 128 bytes");
   static_assert(kPageTokens == kTransposedStepKeys && kPageTokens == 64,
                 "a page is wgmma's M of the scores and a softmax step");
 };
@@ -78,13 +95,101 @@ constexpr int kConsumerBarrier = 1;
 
 // Q's kRows rows of the block (BF16, [kRows][kKeyDim] from `q`) into the tile at `tile` (nine
 // column blocks of kRows rows, 128-byte swizzle, K-major: wgmma's B operand), by the consumers.
+// The converting form's tile holds its keys in tile column order (record_formats.cuh), so there
+// the content's boxes take the order of Content::kPairSpan and the RoPE key's of Rope::kPairSpan,
+// each thread a group of 2 span columns (at least 8) of a row; a BF16 cache's are in channel order.
 template <class L>
 __device__ __forceinline__ void copy_query(const uint16_t* q, uint8_t* tile) {
-  for (int c = threadIdx.x; c < L::kBoxes * L::kRows * 8; c += L::kConsumers) {
-    const int row = c % L::kRows, chunk = c / L::kRows % 8, box = c / L::kRows / 8;
-    *reinterpret_cast<uint4*>(tile + box * L::kQueryBlockBytes +
-                              swizzled_chunk_offset(row, chunk)) =
-        *reinterpret_cast<const uint4*>(q + row * kKeyDim + 64 * box + 8 * chunk);
+  if constexpr (L::kDirect) {
+    for (int c = threadIdx.x; c < L::kBoxes * L::kRows * 8; c += L::kConsumers) {
+      const int row = c % L::kRows, chunk = c / L::kRows % 8, box = c / L::kRows / 8;
+      *reinterpret_cast<uint4*>(tile + box * L::kQueryBlockBytes +
+                                swizzled_chunk_offset(row, chunk)) =
+          *reinterpret_cast<const uint4*>(q + row * kKeyDim + 64 * box + 8 * chunk);
+    }
+  } else {
+    const auto copy_boxes = [&](auto span_constant, int first_box, int boxes) {
+      constexpr int kSpan = decltype(span_constant)::value;
+      // A group: the columns a channel pair spreads over, at least a 16-byte chunk (span 1, a
+      // BF16 RoPE key: the identity order, copied a chunk at a time).
+      constexpr int kGroup = 2 * kSpan > 8 ? 2 * kSpan : 8, kGroupsPerBox = 64 / kGroup;
+      for (int task = threadIdx.x; task < L::kRows * boxes * kGroupsPerBox; task += L::kConsumers) {
+        const int row = task % L::kRows, group = task / L::kRows % kGroupsPerBox;
+        const int box = first_box + task / L::kRows / kGroupsPerBox;
+        const uint16_t* const from = q + row * kKeyDim + 64 * box + kGroup * group;
+#pragma unroll
+        for (int k = 0; k < kGroup / 8; ++k) {
+          uint32_t words[4];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            words[w] = static_cast<uint32_t>(from[channel_of_column<kSpan>(8 * k + 2 * w)]) |
+                       static_cast<uint32_t>(from[channel_of_column<kSpan>(8 * k + 2 * w + 1)])
+                           << 16;
+          }
+          *reinterpret_cast<uint4*>(tile + box * L::kQueryBlockBytes +
+                                    tma_box_offset(row, kGroup * group + 8 * k)) =
+              make_uint4(words[0], words[1], words[2], words[3]);
+        }
+      }
+    };
+    copy_boxes(std::integral_constant<int, L::Content::kPairSpan>{}, 0, L::kValueBoxes);
+    copy_boxes(std::integral_constant<int, L::Rope::kPairSpan>{}, L::kValueBoxes, 1);
+  }
+}
+
+// The converting form: record `rec`'s content chunk c (channels [64c, 64c + 64)) and RoPE unit c
+// (channels [8c, 8c + 8)) as row r of the tile (nine boxes of a page's keys, tile column order),
+// with the tiled kernel's decoders and kept pairs, as the page schedule's dequantize_half converts
+// a share of a half page (decode_warpgroup.cuh; not shared with it while a waiting change to that
+// kernel rewrites its function, bench/gpu/patches/fp8-bf16-page-schedule.diff).
+template <class L>
+__device__ __forceinline__ void dequantize_record_part(const uint8_t* rec, uint8_t* tile, int r,
+                                                       int c, const DecodeKernelParams& p) {
+  using Content = typename L::Content;
+  using Rope = typename L::Rope;
+  const typename Rope::Unit rope_words = Rope::load_unit(rec + Content::kBytes, c);  // early
+  uint4 v[8];
+  Content::chunk(rec, c, v);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    *reinterpret_cast<uint4*>(tile + c * L::kBoxBytes + tma_box_offset(r, 8 * u)) = v[u];
+  }
+  uint4 w = Rope::dequantize_unit(rope_words);
+  for (int n = 0; n < p.kept.count; ++n) {  // kept pairs replace their two channels of the unit
+    const int pair = p.kept.pairs[n];
+    if (pair / 4 != c) continue;
+    const uint32_t stored = Rope::kept_pair(rec + Content::kBytes, n);
+    warpgroup_detail::set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair) % 8,
+                                stored & 0xffffu);
+    warpgroup_detail::set_value(w, column_of_channel<Rope::kPairSpan>(2 * pair + 1) % 8,
+                                stored >> 16);
+  }
+  *reinterpret_cast<uint4*>(tile + L::kValueBoxes * L::kBoxBytes + tma_box_offset(r, 8 * c)) = w;
+}
+
+// The converting form: a raw page (kPageTokens records of p.record_bytes at `raw`) into the tile,
+// records from `valid` on as zeros (their pool bytes are arbitrary, and NaN would survive a
+// probability of 0 in P V: they are zeroed in the raw stage first, as every supported format
+// decodes a zero record to zeros), by the consumers: four (record, content chunk and RoPE unit)
+// shares each.
+template <class L>
+__device__ __forceinline__ void dequantize_page(uint8_t* raw, uint8_t* tile, int valid,
+                                                const DecodeKernelParams& p, int barrier) {
+  constexpr int kParts = kPageTokens * (kLatentDim / 64);
+  static_assert(kLatentDim / 64 == kRopeDim / 8 && kParts % L::kConsumers == 0,
+                "a content chunk and a RoPE unit a share, the same shares for every consumer");
+  if (valid < kPageTokens) {
+    const int first = max(valid, 0) * p.record_bytes;
+    const int words = (kPageTokens * p.record_bytes - first) / 4;
+#pragma unroll 1  // a sequence's last page only: kept short
+    for (int i = threadIdx.x; i < words; i += L::kConsumers) store_u32(raw + first + 4 * i, 0u);
+    named_barrier(barrier, L::kConsumers);
+  }
+#pragma unroll 2  // two shares' loads in flight together
+  for (int i = 0; i < kParts / L::kConsumers; ++i) {
+    const int part = threadIdx.x + i * L::kConsumers;  // threadIdx.x < kConsumers
+    const int r = part % kPageTokens, c = part / kPageTokens;
+    dequantize_record_part<L>(raw + r * p.record_bytes, tile, r, c, p);
   }
 }
 
@@ -105,12 +210,14 @@ __device__ __forceinline__ void fence_fragments(float (&d)[kNTiles][4]) {
   for (int n = 0; n < kNTiles; ++n) wgmma_fence_registers(d[n]);
 }
 
-template <int kRowTiles>
-__global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
+// pool_map: the BF16 pool's tensor map (a BF16 cache only; unused by the converting form).
+template <class Content, class Rope, int kRowTiles>
+__global__ void __launch_bounds__(TransposedLayout<Content, Rope, kRowTiles>::kThreads, 1)
     mla_decode_transposed_kernel(const __grid_constant__ DecodeKernelParams p,
                                  const __grid_constant__ CUtensorMap pool_map) {
-  using L = TransposedLayout<kRowTiles>;
+  using L = TransposedLayout<Content, Rope, kRowTiles>;
   constexpr int kNTiles = L::kNTiles;
+  constexpr int kSpan = Content::kPairSpan;  // the output's channels are tile columns of it
   // With the pool ready (MlaDecodeParams::pool_ready) the producer requests its pages while the
   // previous kernel runs; only the consumers wait, before they read Q.
   if (!p.pool_ready) wait_for_previous_kernel();
@@ -119,7 +226,11 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t base = swizzle_base(shared_raw);
   uint8_t* const base_bytes = shared_raw + (base - shared_address(shared_raw));
-  const auto stage = [&](int s) { return base + static_cast<uint32_t>(s * L::kStageBytes); };
+  // Stage s: a page's tile (a BF16 cache) or its raw records (the converting form, whose one
+  // tile is at the base).
+  const auto stage = [&](int s) {
+    return base + static_cast<uint32_t>((L::kDirect ? 0 : L::kRawOffset) + s * L::kStageBytes);
+  };
   const uint32_t q_tile = base + L::kQueryOffset, probs = base + L::kProbOffset;
   uint8_t* const probs_bytes = base_bytes + L::kProbOffset;
   float* const exchange = reinterpret_cast<float*>(base_bytes + L::kExchangeOffset);
@@ -146,10 +257,18 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
         const int s = i % L::kStages;
         // The stage's page before (i - kStages) released by every consumer warp.
         if (i >= L::kStages) mbarrier_wait(empty + s, (i / L::kStages - 1) & 1);
-        mbarrier_arrive_expect_bytes(full + s, L::kStageBytes);
-        const int first_record = pages[i] * kPageTokens;
-        for (int b = 0; b < L::kBoxes; ++b) {
-          tma_load_2d(stage(s) + b * L::kBoxBytes, &pool_map, 64 * b, first_record, full + s);
+        if constexpr (L::kDirect) {
+          mbarrier_arrive_expect_bytes(full + s, L::kStageBytes);
+          const int first_record = pages[i] * kPageTokens;
+          for (int b = 0; b < L::kBoxes; ++b) {
+            tma_load_2d(stage(s) + b * L::kBoxBytes, &pool_map, 64 * b, first_record, full + s);
+          }
+        } else {
+          const uint32_t page_bytes = kPageTokens * p.record_bytes;
+          mbarrier_arrive_expect_bytes(full + s, page_bytes);
+          bulk_copy_to_shared(base_bytes + (stage(s) - base),
+                              p.pool + static_cast<int64_t>(pages[i]) * page_bytes, page_bytes,
+                              full + s);
         }
       }
     }
@@ -185,11 +304,21 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
   const uint64_t probs_descriptor = wgmma_descriptor(probs);
   for (int i = 0; i < num_pages; ++i) {
     const int s = i % L::kStages;
-    const uint32_t keys = stage(s);
+    const uint32_t keys = L::kDirect ? stage(s) : base;
     const uint64_t keys_descriptor = wgmma_descriptor(keys);
     const uint64_t values_descriptor = wgmma_descriptor_mn(keys, L::kBoxBytes);
     const int key0 = (item.page_begin + i) * kPageTokens;
     mbarrier_wait(full + s, (i / L::kStages) & 1);
+    if constexpr (!L::kDirect) {
+      // The raw page into the tile, which the previous page's products are done with (the
+      // barrier at the end of the previous step), then the stage back to the producer.
+      uint8_t* const raw = base_bytes + (stage(s) - base);
+      dequantize_page<L>(raw, base_bytes, seq_len - key0, p, kConsumerBarrier);
+      fence_proxy_async_shared();  // the tile for the tensor cores, the stage for the next copy
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(empty + s);
+      named_barrier(kConsumerBarrier, L::kConsumers);  // the whole tile converted
+    }
 
     // 1. S^T over the nine boxes of 64 channels, four k-steps each.
     float sc[kNTiles][4];
@@ -249,7 +378,9 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
       }
     }
     const int valid = seq_len - key0;
-    if (valid < kPageTokens) zero_tail_values<L>(base_bytes + s * L::kStageBytes, valid);
+    if constexpr (L::kDirect) {  // the converting form's records past the end decode to zeros
+      if (valid < kPageTokens) zero_tail_values<L>(base_bytes + s * L::kStageBytes, valid);
+    }
     fence_proxy_async_shared();  // P^T and the zeroed rows, read by the tensor cores
     named_barrier(kConsumerBarrier, L::kConsumers);  // P^T complete; the exchange read
 
@@ -277,8 +408,12 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
     wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < L::kValueBoxes; ++m) fence_fragments(o[m]);
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty + s);  // this warp is done with the stage
+    if constexpr (L::kDirect) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(empty + s);  // this warp is done with the stage
+    } else {
+      named_barrier(kConsumerBarrier, L::kConsumers);  // every warp done with the tile
+    }
   }
 
   // Each row's sum over its 8 lanes g and the four warps (the exchange's last readers passed the
@@ -308,8 +443,17 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
     }
   }
 
-  // O^T's register r of n-tile n: channel 64 m + 16 warp + g (+ 8 for r >= 2) of row 8n + 2t +
-  // r % 2.
+  // O^T's register r of n-tile n: tile column 64 m + 16 warp + g (+ 8 for r >= 2) of row 8n + 2t
+  // + r % 2, whose channel is the column's in the tile column order of span kSpan (the column
+  // itself for a BF16 cache, whose output pointers then start at the thread's `lane_column`).
+  const int lane_column = kSpan == 1 ? 16 * warp + g : 0;
+  const auto channel = [&](int m, int r) {
+    if constexpr (kSpan == 1) {
+      return 64 * m + (r >= 2 ? 8 : 0);  // the identity
+    } else {
+      return channel_of_column<kSpan>(64 * m + 16 * warp + g + (r >= 2 ? 8 : 0));
+    }
+  };
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
@@ -321,22 +465,22 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
           sum > 0.0f ? (row_max[n][e] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
       if (item.partial < 0) {
         const int64_t row = static_cast<int64_t>(item.batch) * rows_per_seq + first_row + local_row;
-        uint16_t* const out = p.out + row * kLatentDim + 16 * warp + g;
+        uint16_t* const out = p.out + row * kLatentDim + lane_column;
 #pragma unroll
         for (int m = 0; m < L::kValueBoxes; ++m) {
-          out[64 * m] = __bfloat16_as_ushort(__float2bfloat16_rn(o[m][n][e] * inverse));
-          out[64 * m + 8] = __bfloat16_as_ushort(__float2bfloat16_rn(o[m][n][2 + e] * inverse));
+          out[channel(m, e)] = __bfloat16_as_ushort(__float2bfloat16_rn(o[m][n][e] * inverse));
+          out[channel(m, 2 + e)] =
+              __bfloat16_as_ushort(__float2bfloat16_rn(o[m][n][2 + e] * inverse));
         }
         if (warp == 0 && g == 0 && p.lse != nullptr) p.lse[row] = lse;
       } else {
         float* const out =
             p.partial_out +
-            (static_cast<int64_t>(item.partial) * L::kRows + local_row) * kLatentDim + 16 * warp +
-            g;
+            (static_cast<int64_t>(item.partial) * L::kRows + local_row) * kLatentDim + lane_column;
 #pragma unroll
         for (int m = 0; m < L::kValueBoxes; ++m) {
-          out[64 * m] = o[m][n][e] * inverse;
-          out[64 * m + 8] = o[m][n][2 + e] * inverse;
+          out[channel(m, e)] = o[m][n][e] * inverse;
+          out[channel(m, 2 + e)] = o[m][n][2 + e] * inverse;
         }
         if (warp == 0 && g == 0) p.partial_lse[item.partial * L::kRows + local_row] = lse;
       }
@@ -346,33 +490,57 @@ __global__ void __launch_bounds__(TransposedLayout<kRowTiles>::kThreads, 1)
 
 }  // namespace
 
+template <class Content, class Rope>
 void launch_decode_transposed(const DecodeKernelParams& p, int row_tiles, int blocks,
                               cudaStream_t stream) {
-  if (p.record_bytes != 2 * kKeyDim) {
-    throw InvalidArgument("GPU decode, transposed kernel: records of " +
-                          std::to_string(p.record_bytes) + " bytes, a BF16 cache's are " +
-                          std::to_string(2 * kKeyDim));
-  }
-  // Boxes of 64 channels by a page's 64 records.
-  const int box[] = {64, kPageTokens};
-  const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
-  const int64_t strides[] = {kKeyDim};
-  const CUtensorMap pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
-  const auto launch = [&](auto row_tiles_constant) {
-    constexpr int kRowTiles = decltype(row_tiles_constant)::value;
-    using L = TransposedLayout<kRowTiles>;
-    launch_large_shared<mla_decode_transposed_kernel<kRowTiles>>(
-        blocks, L::kThreads, L::kSharedBytes, stream, p, pool_map);
-  };
-  switch (row_tiles) {
-    case 1:
-      return launch(std::integral_constant<int, 1>{});
-    case 2:
-      return launch(std::integral_constant<int, 2>{});
-    default:
-      throw InvalidArgument("GPU decode, transposed kernel: blocks of " +
-                            std::to_string(row_tiles) + " 16-row tiles, it takes 1 or 2");
+  if constexpr (!kTransposedReads<Content, Rope>) {
+    throw InvalidArgument(
+        "GPU decode, transposed kernel: it reads a BF16 cache and int4 content only");
+  } else {
+    using L = TransposedLayout<Content, Rope, 1>;
+    const int max_record = Content::kBytes + Rope::kMaxBytes;
+    const bool records_fit = L::kDirect ? p.record_bytes == max_record
+                                        : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
+    if (!records_fit) {
+      throw InvalidArgument("GPU decode, transposed kernel: records of " +
+                            std::to_string(p.record_bytes) + " bytes, the format's " +
+                            (L::kDirect ? "are " : "are at most ") + std::to_string(max_record));
+    }
+    CUtensorMap pool_map{};  // the converting form copies its pages raw
+    if constexpr (L::kDirect) {
+      // Boxes of 64 channels by a page's 64 records.
+      const int box[] = {64, kPageTokens};
+      const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
+      const int64_t strides[] = {kKeyDim};
+      pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
+    }
+    const auto launch = [&](auto row_tiles_constant) {
+      constexpr int kRowTiles = decltype(row_tiles_constant)::value;
+      using Layout = TransposedLayout<Content, Rope, kRowTiles>;
+      launch_large_shared<mla_decode_transposed_kernel<Content, Rope, kRowTiles>>(
+          blocks, Layout::kThreads, Layout::kSharedBytes, stream, p, pool_map);
+    };
+    switch (row_tiles) {
+      case 1:
+        return launch(std::integral_constant<int, 1>{});
+      case 2:
+        return launch(std::integral_constant<int, 2>{});
+      default:
+        throw InvalidArgument("GPU decode, transposed kernel: blocks of " +
+                              std::to_string(row_tiles) + " 16-row tiles, it takes 1 or 2");
+    }
   }
 }
+
+template void launch_decode_transposed<ContentBf16, RopeBf16>(const DecodeKernelParams&, int, int,
+                                                              cudaStream_t);
+template void launch_decode_transposed<ContentInt<4, 64>, RopeInt4>(const DecodeKernelParams&, int,
+                                                                    int, cudaStream_t);
+template void launch_decode_transposed<ContentInt<4, 64>, RopeBf16>(const DecodeKernelParams&, int,
+                                                                    int, cudaStream_t);
+template void launch_decode_transposed<ContentInt<4, 128>, RopeInt4>(const DecodeKernelParams&, int,
+                                                                     int, cudaStream_t);
+template void launch_decode_transposed<ContentInt<4, 128>, RopeBf16>(const DecodeKernelParams&, int,
+                                                                     int, cudaStream_t);
 
 }  // namespace quantmla::gpu

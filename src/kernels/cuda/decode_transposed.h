@@ -1,4 +1,5 @@
-// The transposed decode kernel for a BF16 cache (decode_transposed.cu): its launch.
+// The transposed decode kernel (decode_transposed.cu): which record formats it reads, and its
+// launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,9 +8,22 @@
 
 namespace quantmla::gpu {
 
+// A BF16 cache (content and RoPE key), copied as tiles, and int4 content (either group, either
+// RoPE format), copied raw and dequantized: the compile-time twin of decode_kernels.h's
+// transposed_kernel_reads.
+template <class Content>
+inline constexpr bool kTransposedConvertsContent = false;
+template <int kGroup>
+inline constexpr bool kTransposedConvertsContent<ContentInt<4, kGroup>> = true;
+template <class Content, class Rope>
+inline constexpr bool kTransposedReads =
+    (Content::kIsBf16 && Rope::kIsBf16) || kTransposedConvertsContent<Content>;
+
 // The kernel over `blocks` work items of `row_tiles` (1 or 2) 16-row tiles of query rows
-// (p.items; padding items exit at once). Throws InvalidArgument for records of another size than a
-// BF16 cache's or another tile count, CudaError on CUDA errors.
+// (p.items; padding items exit at once). Throws InvalidArgument for a format it does not read
+// (kTransposedReads), records of another size than the format's or another tile count, CudaError
+// on CUDA errors. Instantiated for the formats it reads (decode_transposed.cu).
+template <class Content, class Rope>
 void launch_decode_transposed(const DecodeKernelParams& p, int row_tiles, int blocks,
                               cudaStream_t stream);
 
