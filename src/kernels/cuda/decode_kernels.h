@@ -12,8 +12,8 @@ namespace quantmla::gpu {
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and its three-block
 // form (no producer warp, three blocks an SM: int4 and int2 g64 content), the warpgroup one
 // (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
-// (decode_transposed.cu, a BF16 cache, 16 rows a block on wgmma with the keys as M) and its
-// two-tile form (32 rows a block where a sequence's rows come in 32s, 16 where not).
+// (decode_transposed.cu, a BF16 cache and int4 content, 16 rows a block on wgmma with the keys as
+// M) and its two-tile form (32 rows a block where a sequence's rows come in 32s, 16 where not).
 enum class DecodeKernel {
   kTiled,
   kFragments,

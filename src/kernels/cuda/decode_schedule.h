@@ -71,11 +71,11 @@ int64_t uniform_blocks_at_once(int64_t units, int64_t pages, int multiprocessors
 // is taken only where this holds against its two-block form (decode.cu).
 bool more_blocks_fill_more(int64_t units, int multiprocessors, int more, int fewer);
 
-// Whether the transposed kernel (BF16 cache) takes its two-tile form, 32-row blocks (a page read
-// once for both tokens of s_q = 2 at 16 heads), for `batch` sequences of `row_tiles` 16-row tiles
-// each: where they come in pairs (the rows in 32s), from kTransposedTwoTilesMinBatch sequences
-// where the contexts are long or the 16-row blocks would not all run at once on `multiprocessors`
-// (one block each). Elsewhere half the blocks left short sequences split into more, shorter runs
+// Whether the transposed kernel takes its two-tile form, 32-row blocks (a page read once for both
+// tokens of s_q = 2 at 16 heads), for `batch` sequences of `row_tiles` 16-row tiles each: where
+// they come in pairs (the rows in 32s), from kTransposedTwoTilesMinBatch sequences where the
+// contexts are long or the 16-row blocks would not all run at once on `multiprocessors` (one block
+// each). Elsewhere half the blocks left short sequences split into more, shorter runs
 // and a combine.
 inline constexpr int kTransposedTwoTilesMinBatch = 16;
 bool transposed_two_tiles(int batch, int row_tiles, bool long_context, int multiprocessors);
