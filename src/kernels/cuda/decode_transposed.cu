@@ -174,7 +174,7 @@ __device__ __forceinline__ void dequantize_record_part(const uint8_t* rec, uint8
 // shares each.
 template <class L>
 __device__ __forceinline__ void dequantize_page(uint8_t* raw, uint8_t* tile, int valid,
-                                                const DecodeKernelParams& p, int barrier) {
+                                                const DecodeKernelParams& p) {
   constexpr int kParts = kPageTokens * (kLatentDim / 64);
   static_assert(kLatentDim / 64 == kRopeDim / 8 && kParts % L::kConsumers == 0,
                 "a content chunk and a RoPE unit a share, the same shares for every consumer");
@@ -183,7 +183,7 @@ __device__ __forceinline__ void dequantize_page(uint8_t* raw, uint8_t* tile, int
     const int words = (kPageTokens * p.record_bytes - first) / 4;
 #pragma unroll 1  // a sequence's last page only: kept short
     for (int i = threadIdx.x; i < words; i += L::kConsumers) store_u32(raw + first + 4 * i, 0u);
-    named_barrier(barrier, L::kConsumers);
+    named_barrier(kConsumerBarrier, L::kConsumers);
   }
 #pragma unroll 2  // two shares' loads in flight together
   for (int i = 0; i < kParts / L::kConsumers; ++i) {
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(TransposedLayout<Content, Rope, kRowTiles>::kT
       // The raw page into the tile, which the previous page's products are done with (the
       // barrier at the end of the previous step), then the stage back to the producer.
       uint8_t* const raw = base_bytes + (stage(s) - base);
-      dequantize_page<L>(raw, base_bytes, seq_len - key0, p, kConsumerBarrier);
+      dequantize_page<L>(raw, base_bytes, seq_len - key0, p);
       fence_proxy_async_shared();  // the tile for the tensor cores, the stage for the next copy
       __syncwarp();
       if (lane == 0) mbarrier_arrive(empty + s);
@@ -493,42 +493,38 @@ __global__ void __launch_bounds__(TransposedLayout<Content, Rope, kRowTiles>::kT
 template <class Content, class Rope>
 void launch_decode_transposed(const DecodeKernelParams& p, int row_tiles, int blocks,
                               cudaStream_t stream) {
-  if constexpr (!kTransposedReads<Content, Rope>) {
-    throw InvalidArgument(
-        "GPU decode, transposed kernel: it reads a BF16 cache and int4 content only");
-  } else {
-    using L = TransposedLayout<Content, Rope, 1>;
-    const int max_record = Content::kBytes + Rope::kMaxBytes;
-    const bool records_fit = L::kDirect ? p.record_bytes == max_record
-                                        : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
-    if (!records_fit) {
-      throw InvalidArgument("GPU decode, transposed kernel: records of " +
-                            std::to_string(p.record_bytes) + " bytes, the format's " +
-                            (L::kDirect ? "are " : "are at most ") + std::to_string(max_record));
-    }
-    CUtensorMap pool_map{};  // the converting form copies its pages raw
-    if constexpr (L::kDirect) {
-      // Boxes of 64 channels by a page's 64 records.
-      const int box[] = {64, kPageTokens};
-      const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
-      const int64_t strides[] = {kKeyDim};
-      pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
-    }
-    const auto launch = [&](auto row_tiles_constant) {
-      constexpr int kRowTiles = decltype(row_tiles_constant)::value;
-      using Layout = TransposedLayout<Content, Rope, kRowTiles>;
-      launch_large_shared<mla_decode_transposed_kernel<Content, Rope, kRowTiles>>(
-          blocks, Layout::kThreads, Layout::kSharedBytes, stream, p, pool_map);
-    };
-    switch (row_tiles) {
-      case 1:
-        return launch(std::integral_constant<int, 1>{});
-      case 2:
-        return launch(std::integral_constant<int, 2>{});
-      default:
-        throw InvalidArgument("GPU decode, transposed kernel: blocks of " +
-                              std::to_string(row_tiles) + " 16-row tiles, it takes 1 or 2");
-    }
+  static_assert(kTransposedReads<Content, Rope>, "instantiated for the formats it reads only");
+  using L = TransposedLayout<Content, Rope, 1>;
+  const int max_record = Content::kBytes + Rope::kMaxBytes;
+  const bool records_fit = L::kDirect ? p.record_bytes == max_record
+                                      : p.record_bytes <= max_record && p.record_bytes % 4 == 0;
+  if (!records_fit) {
+    throw InvalidArgument("GPU decode, transposed kernel: records of " +
+                          std::to_string(p.record_bytes) + " bytes, the format's " +
+                          (L::kDirect ? "are " : "are at most ") + std::to_string(max_record));
+  }
+  CUtensorMap pool_map{};  // the converting form copies its pages raw
+  if constexpr (L::kDirect) {
+    // Boxes of 64 channels by a page's 64 records.
+    const int box[] = {64, kPageTokens};
+    const int64_t pool_dims[] = {kKeyDim, warpgroup_detail::kPoolMapRecords};
+    const int64_t strides[] = {kKeyDim};
+    pool_map = bf16_tensor_map(p.pool, 2, pool_dims, strides, box);
+  }
+  const auto launch = [&](auto row_tiles_constant) {
+    constexpr int kRowTiles = decltype(row_tiles_constant)::value;
+    using Layout = TransposedLayout<Content, Rope, kRowTiles>;
+    launch_large_shared<mla_decode_transposed_kernel<Content, Rope, kRowTiles>>(
+        blocks, Layout::kThreads, Layout::kSharedBytes, stream, p, pool_map);
+  };
+  switch (row_tiles) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    default:
+      throw InvalidArgument("GPU decode, transposed kernel: blocks of " +
+                            std::to_string(row_tiles) + " 16-row tiles, it takes 1 or 2");
   }
 }
 

@@ -20,9 +20,9 @@ inline constexpr bool kTransposedReads =
     (Content::kIsBf16 && Rope::kIsBf16) || kTransposedConvertsContent<Content>;
 
 // The kernel over `blocks` work items of `row_tiles` (1 or 2) 16-row tiles of query rows
-// (p.items; padding items exit at once). Throws InvalidArgument for a format it does not read
-// (kTransposedReads), records of another size than the format's or another tile count, CudaError
-// on CUDA errors. Instantiated for the formats it reads (decode_transposed.cu).
+// (p.items; padding items exit at once), for a format it reads (kTransposedReads: instantiated for
+// those only, decode_transposed.cu). Throws InvalidArgument for records of another size than the
+// format's or another tile count, CudaError on CUDA errors.
 template <class Content, class Rope>
 void launch_decode_transposed(const DecodeKernelParams& p, int row_tiles, int blocks,
                               cudaStream_t stream);
