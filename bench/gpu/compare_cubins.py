@@ -21,12 +21,24 @@ import sys
 from sass_census import code_sections, opcodes
 
 
+def without_anonymous_namespaces(name):
+    """NAME with each anonymous namespace's mangled identifier (its length, then _GLOBAL__N__
+    and a per-build suffix: nvcc 13 writes the file's name, a hash of its contents and a number
+    that changes between builds) as `_GLOBAL__N_`."""
+    while True:
+        match = re.search(r"(\d+)(_GLOBAL__N__)", name)
+        if not match:
+            return name
+        end = match.start(2) + int(match.group(1))
+        name = name[: match.start()] + "11_GLOBAL__N_" + name[end:]
+
+
 def kernels(path, renames=()):
     """code_sections with anonymous namespaces' per-build hashes taken out of the names, then
     each (pattern, replacement) of `renames` applied."""
     result = {}
     for name, code in code_sections(path).items():
-        name = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", name)
+        name = without_anonymous_namespaces(name)
         for pattern, replacement in renames:
             name = re.sub(pattern, replacement, name)
         result[name] = code
