@@ -33,7 +33,10 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py), last each changed tree's full GPU test (under 200 s, within
 #      what is left of the call); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
-#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes; two patches a
+#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes, AB_CHANGED_ENV
+#      (NAME=VALUE words) sets the changed trees' environment only (e.g.
+#      "QUANTMLA_DECODE_KERNEL=transposed": a kernel the plan does not take there yet, against the
+#      one main's plan takes); two patches a
 #      call at most (bench/gpu/patches/README.md says how; none waiting now)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
@@ -85,10 +88,13 @@
 #      (three builds) a cold call runs out of time after the timing or sooner: the next call on
 #      the warm machine with AB_REUSE=1 reuses the builds (ab-runner.sh) for more rounds and the
 #      runner test
-# Waiting (2026-12-07, forty-ninth session), in this order:
+# Waiting (2026-12-07, fiftieth session), in this order:
 # - 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
+# - 7 twice and 15 for transposed-two-warpgroups.diff (the converting form's two warpgroups;
+#   bench/gpu/patches/README.md has the commands: the plan's region, then the form forced on the
+#   changed tree from 16 sequences with AB_CHANGED_ENV);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
 # - 10 on the H200 (issue 13's batch 1 there, after the forty-ninth session's merge of the
 #   transposed kernel's converting form for int4 content);
@@ -421,10 +427,15 @@ case $step in
       bench() {  # TREE NAME ARGS...: one benchmark run of that tree
         local decode=build-gpu/bench/gpu/bench_gpu_decode tree=$1 name=$2
         shift 2
-        [[ $tree != main ]] && decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
+        local environment=()
+        if [[ $tree != main ]]; then
+          decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
+          # shellcheck disable=SC2206 # AB_CHANGED_ENV: NAME=VALUE words
+          environment=(${AB_CHANGED_ENV:-})
+        fi
         # shellcheck disable=SC2086 # AB_ARGS: words
-        within $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" >"$OUT/$name-$tree.txt" 2>&1 ||
-          status=1
+        within env "${environment[@]}" $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" \
+          >"$OUT/$name-$tree.txt" 2>&1 || status=1
       }
       # The serving shapes and the grid, three rounds (AB_ROUNDS), each tree in turn.
       for round in $(seq "${AB_ROUNDS:-3}"); do
