@@ -92,9 +92,10 @@
 # - 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
-# - 7 twice and 15 for transposed-two-warpgroups.diff (the converting form's two warpgroups;
-#   bench/gpu/patches/README.md has the commands: the plan's region, then the form forced on the
-#   changed tree from 16 sequences with AB_CHANGED_ENV);
+# - 7 twice and 15 for transposed-1-two-warpgroups.diff and transposed-2-register-keys.diff
+#   (the converting form's two warpgroups, then its keys' scores from registers; the commands in
+#   bench/gpu/patches/README.md: the plan's region, then the form forced on the changed trees from
+#   16 sequences with AB_CHANGED_ENV);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
 # - 10 on the H200 (issue 13's batch 1 there, after the forty-ninth session's merge of the
 #   transposed kernel's converting form for int4 content);
