@@ -93,7 +93,8 @@
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
 # - 7 twice and 15 for transposed-1-two-warpgroups.diff and transposed-2-register-keys.diff
-#   (the converting form's two warpgroups, then its keys' scores from registers; the commands in
+#   (the converting form's two warpgroups, then its keys' scores from registers), then 7 for
+#   transposed-3-int2.diff (the converting form for int2 content; the commands in
 #   bench/gpu/patches/README.md: the plan's region, then the form forced on the changed trees from
 #   16 sequences with AB_CHANGED_ENV);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
