@@ -54,17 +54,18 @@ Fixture make_fixture(const std::string& spec, const std::vector<int32_t>& lens, 
 }
 
 // The blocks of a plan: 16-row tiles of s_q x heads, each sequence's pages in runs of
-// `pages_per_run` (0: one run), partial when a sequence has more than one run.
+// `pages_per_run` (0: one run), partial when a sequence has more than one run, each block's steps
+// dealt to `chains` online-softmax chains.
 std::vector<Block> make_blocks(const std::vector<int32_t>& lens, int s_q, int heads,
-                               int pages_per_run) {
+                               int pages_per_run, int chains = 1) {
   std::vector<Block> blocks;
   for (size_t b = 0; b < lens.size(); ++b) {
     const int pages = (lens[b] + kPageTokens - 1) / kPageTokens;
     const int run = pages_per_run == 0 ? pages : pages_per_run;
     for (int row = 0; row < s_q * heads; row += 16) {
       for (int first = 0; first < pages; first += run) {
-        blocks.push_back(
-            {static_cast<int>(b), row, 16, first, std::min(first + run, pages), run < pages});
+        blocks.push_back({static_cast<int>(b), row, 16, first, std::min(first + run, pages),
+                          run < pages, chains});
       }
     }
   }
@@ -152,6 +153,42 @@ TEST(DecodeReference, ScaledPairsMoveOnlyTheRightHalfOfPairedRuns) {
   }
 }
 
+// A block's chains (the transposed kernel's converting form: its two warpgroups take every other
+// page) are runs of every other step merged as the combine merges runs: with at most two pages a
+// sequence they are the runs of one page each, to the bit; with more they move each output by no
+// more than a BF16 rounding of each P (taken against another running maximum) and the
+// log-sum-exps (sums of the unrounded P, FP32 values) by FP32 roundings only.
+TEST(DecodeReference, ChainsAreRunsOfEveryOtherStep) {
+  std::mt19937_64 rng = seeded("ChainsAreRunsOfEveryOtherStep");
+  const int s_q = 1, heads = 16;
+  const float scale = 1.0f / std::sqrt(192.0f);
+  const auto decode = [&](const Fixture& f, const std::vector<int32_t>& lens, int pages_per_run,
+                          int chains) {
+    return faithful_decode(f.cache, f.q, s_q, heads, scale,
+                           make_blocks(lens, s_q, heads, pages_per_run, chains), 64);
+  };
+  const std::vector<int32_t> short_lens = {1, 64, 100, 128};
+  const Fixture short_fixture =
+      make_fixture("content=int4:g64,rope=int4:g64", short_lens, s_q, heads, rng);
+  const FaithfulResult chained = decode(short_fixture, short_lens, 0, 2);
+  const FaithfulResult pages = decode(short_fixture, short_lens, 1, 1);
+  ASSERT_EQ(chained.out, pages.out);
+  ASSERT_EQ(chained.lse, pages.lse);
+
+  const std::vector<int32_t> lens = {700, 300};
+  const Fixture f = make_fixture("content=int4:g64,rope=int4:g64", lens, s_q, heads, rng);
+  const FaithfulResult two = decode(f, lens, 0, 2), one = decode(f, lens, 0, 1);
+  ASSERT_EQ(two.out.size(), one.out.size());
+  int moved = 0;
+  for (size_t i = 0; i < one.out.size(); ++i) {
+    EXPECT_LE(std::fabs(two.out[i] - one.out[i]), 0x1.0p-8 * 8.0) << "output " << i;
+    moved += two.out[i] != one.out[i];
+  }
+  for (size_t r = 0; r < one.lse.size(); ++r) EXPECT_NEAR(two.lse[r], one.lse[r], 1e-6);
+  std::printf("two chains: %d of %zu outputs moved\n", moved, one.out.size());
+  EXPECT_GT(moved, 0) << "the chains took the steps of one";
+}
+
 // The exact reference against attention_reference over the same key values (the tile's BF16
 // values; for FP16 code operands the decoded values, which the kernel uses unrounded): only the
 // rounding of P (a relative 2^-8 per weight in BF16, 2^-11 in FP16) parts them.
@@ -222,9 +259,12 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
     std::vector<int32_t> lens;
     int pages_per_run, step_keys;
     Operands operands = Operands::kBf16Tile;
+    int chains = 1;
   };
   const Case cases[] = {
       {"content=int4:g64,rope=int4:g64", 1, 16, {1, 63, 65, 300}, 0, 32},
+      {"content=int4:g128,rope=bf16", 1, 16, {1, 65, 130, 700}, 0, 64, Operands::kBf16Tile, 2},
+      {"content=int4:g64,rope=int4:g64", 1, 16, {200, 700}, 3, 64, Operands::kBf16Tile, 2},
       {"content=int2:g64,rope=int4:g64", 2, 16, {2, 130, 700}, 3, 32},
       {"content=fp8,rope=bf16", 1, 32, {64, 500}, 2, 64},
       {"content=bf16,rope=bf16", 2, 16, {1000}, 0, 64},
@@ -249,7 +289,8 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
   };
   for (const Case& c : cases) {
     const Fixture f = make_fixture(c.spec, c.lens, c.s_q, c.heads, rng);
-    const std::vector<Block> blocks = make_blocks(c.lens, c.s_q, c.heads, c.pages_per_run);
+    const std::vector<Block> blocks =
+        make_blocks(c.lens, c.s_q, c.heads, c.pages_per_run, c.chains);
     const float scale = 1.0f / std::sqrt(192.0f);
     const FaithfulResult exact =
         faithful_decode(f.cache, f.q, c.s_q, c.heads, scale, blocks, c.step_keys, Mutation::kNone,
@@ -259,9 +300,9 @@ TEST(DecodeReference, AnFp32KernelPassesTheComparison) {
                         Arithmetic::kFp32, c.operands);
     const FaithfulComparison cmp = compare_faithful(to_bf16(fp32.out), to_f32(fp32.lse), exact);
     std::printf(
-        "%-40s s_q %d H %d operands %d: err/allowed max %.3f RMS %.4f lse %.3f, %d of %zu "
-        "equal\n",
-        c.spec.c_str(), c.s_q, c.heads, static_cast<int>(c.operands), cmp.worst, cmp.rms,
+        "%-40s s_q %d H %d operands %d chains %d: err/allowed max %.3f RMS %.4f lse %.3f, %d "
+        "of %zu equal\n",
+        c.spec.c_str(), c.s_q, c.heads, static_cast<int>(c.operands), c.chains, cmp.worst, cmp.rms,
         cmp.worst_lse, cmp.exact, exact.out.size());
     EXPECT_EQ(cmp.nan, 0);
     EXPECT_LE(cmp.worst, 1.0) << c.spec;

@@ -92,14 +92,14 @@
 # - 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
-# - 7 twice and 15 for transposed-1-two-warpgroups.diff and transposed-2-register-keys.diff
-#   (the converting form's two warpgroups, then its keys' scores from registers), then 7 for
-#   transposed-3-int2.diff (the converting form for int2 content; the commands in
-#   bench/gpu/patches/README.md: the plan's region, then the form forced on the changed trees from
-#   16 sequences with AB_CHANGED_ENV);
+# - 5 on whichever card comes (carry .anchor): the full GPU test and memcheck on main, first of
+#   all: the fiftieth session merged the converting form's two warpgroups, register keys and int2
+#   content after a quick test of 474 checks and a full test cut by its call's deadline after 125
+#   comparisons (none failing); then 10 there (issue 13's batch 1 with them) and the runner test
+#   (test_cuda_runner against the fixtures: carry .carry/shared, build it with
+#   bench/gpu/device-build.sh);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
-# - 10 on the H200 (issue 13's batch 1 there, after the forty-ninth session's merge of the
-#   transposed kernel's converting form for int4 content);
+# - 10 on the H200 (issue 13's batch 1 there);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the
 #   clock falls where FP8's time a page rises from 32K to 128K), and 8 on the H200.
 # bench/gpu/patches/README.md has each patch's command and what decides its merge. The plan that
@@ -124,7 +124,8 @@
 # the fallback of a call whose first choice was 1 on an H200), 7 (`kv-evict-first.diff`) on
 # H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh, none in the
 # forty-eighth (twelve starts failed, 90-180 s of device time each), 7 four times and 15 twice on
-# H100s in the forty-ninth (after an hour without a lent machine; one start failed on each kind).
+# H100s in the forty-ninth (after an hour without a lent machine; one start failed on each kind),
+# 7 once on an H100 in the fiftieth (after eleven failed starts, with 674 s left).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks

@@ -130,9 +130,11 @@ class MlaDecodePlan {
 
   // What the kernel's roundings depend on besides the inputs, for references that follow its
   // arithmetic (tests): each block's sequence, query rows [first_row, first_row + rows) of its
-  // s_q x num_heads, pages [page_begin, page_end) and whether it writes a partial result (merged
-  // by the combine kernel through the log-sum-exps); the keys of one online-softmax step (P is
-  // rounded against the running maximum of each step); and the products' operands.
+  // s_q x num_heads, pages [page_begin, page_end), whether it writes a partial result (merged
+  // by the combine kernel through the log-sum-exps) and its online-softmax chains (the steps
+  // dealt to them in turn, each with its own running maximum, merged at the block's end as the
+  // combine merges runs); the keys of one online-softmax step (P is rounded against the running
+  // maximum of each step); and the products' operands.
   struct Block {
     int batch = 0;
     int first_row = 0;
@@ -140,6 +142,7 @@ class MlaDecodePlan {
     int page_begin = 0;
     int page_end = 0;
     bool partial = false;
+    int chains = 1;
   };
   std::vector<Block> blocks() const;
   int keys_per_step() const;

@@ -282,7 +282,8 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     }
   }
 
-  const auto run_keys = [&](int b, int r, int first_key, int end_key) {
+  // The steps from first_key, one every key_stride keys (a chain of a block: MlaDecodePlan::Block).
+  const auto run_keys = [&](int b, int r, int first_key, int end_key, int key_stride) {
     const int len = cache.lens[b];
     const int limit =
         len - s_q + r / num_heads + 1 + (mutation == Mutation::kCausal && b == 0 && r == 0);
@@ -365,7 +366,7 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
     };
     std::vector<float> next_x(static_cast<size_t>(step_keys));
     std::vector<double> next_score(static_cast<size_t>(step_keys));
-    for (int key0 = first_key; key0 < end_key; key0 += step_keys) {
+    for (int key0 = first_key; key0 < end_key; key0 += key_stride) {
       const float tile_max = step_scores(key0, x, score);
       for (int j = 0; j < step_keys; ++j) {
         if (x[j] == -INFINITY) continue;
@@ -493,9 +494,15 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
   for (const gpu::MlaDecodePlan::Block& block : blocks) {
     const int first = block.page_begin * kPageTokens;
     const int end = std::min(block.page_end * kPageTokens, cache.lens[block.batch]);
+    if (block.chains > 1 && operands == Operands::kBf16TileScaledPairs) {
+      throw InvalidArgument("faithful_decode: scaled pairs are steps of one chain");
+    }
+    // A block's chains merge at its end as the combine merges runs: each is a run of its own.
     for (int r = block.first_row; r < block.first_row + block.rows; ++r) {
-      runs[static_cast<size_t>(block.batch) * rows_per_seq + r].push_back(
-          run_keys(block.batch, r, first, end));
+      for (int chain = 0; chain < block.chains; ++chain) {
+        runs[static_cast<size_t>(block.batch) * rows_per_seq + r].push_back(
+            run_keys(block.batch, r, first + chain * step_keys, end, block.chains * step_keys));
+      }
     }
   }
   FaithfulResult result;

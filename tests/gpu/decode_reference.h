@@ -101,7 +101,8 @@ enum class Arithmetic { kExact, kFp32 };
 using Operands = gpu::MlaDecodePlan::Operands;
 
 // The outputs and log-sum-exps of a decode call over `cache`, block by block as the kernel takes
-// them (MlaDecodePlan::blocks(), keys_per_step(), operands()); q: [batch, s_q, heads, 576] BF16
+// them (MlaDecodePlan::blocks(), keys_per_step(), operands(); a block's chains each a run of every
+// chains-th step, merged as the combine merges runs); q: [batch, s_q, heads, 576] BF16
 // bits. Operands::kFp16Codes (int g64 or fp8 content) follows decode_fragments.cuh: scores
 // sum(q~ scale code) + sum(q min) up to FP32 sums (int codes as FP16 subnormals: also up to
 // 2^-14 of each group's sum of |q~ scale code|, their products' window), q~ Q as the kernel holds

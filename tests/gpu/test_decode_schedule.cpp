@@ -222,6 +222,43 @@ void check_fragment_maps() {
       }
     }
   }
+  // The transposed kernel's converting form: a bijection onto a box's 64 tile columns, each the
+  // code that its word and shift give in the tile column order of the codes' span.
+  std::array<int, 64> transposed_keys{};
+  for (int s = 0; s < 4; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) {
+          const int column = transposed_key_column(s, t, h, e);
+          if (column < 0 || column >= 64) {
+            expect(false, "transposed_key_column out of range");
+            continue;
+          }
+          ++transposed_keys[column];
+          // Int4: nibble n + 4e of word u at column 8u + 2n + e; int2: code i + 8e of word w at
+          // column 16w + 2i + e.
+          const int nibble = transposed_key_code_shift(4, t, h) / 4 + 4 * e;
+          expect(column / 8 == transposed_key_code_word(4, s, h) &&
+                     column % 8 == 2 * (nibble % 4) + nibble / 4,
+                 "transposed_key_column: int4, the nibble its word and shift give at column " +
+                     std::to_string(column));
+          const int code = transposed_key_code_shift(2, t, h) / 2 + 8 * e;
+          expect(column / 16 == transposed_key_code_word(2, s, h) &&
+                     column % 16 == 2 * (code % 8) + code / 8,
+                 "transposed_key_column: int2, the code its word and shift give at column " +
+                     std::to_string(column));
+          expect(column == 16 * s + 2 * t + 8 * h + e,
+                 "transposed_key_column is the mma's k index");
+          const FragmentPlace place = transposed_key_place(column);
+          expect(place.s == s && place.t == t && place.h == h && place.e == e,
+                 "transposed_key_place inverts transposed_key_column at column " +
+                     std::to_string(column));
+        }
+      }
+    }
+  }
+  expect(std::all_of(transposed_keys.begin(), transposed_keys.end(), [](int n) { return n == 1; }),
+         "transposed_key_column covers each column once");
   for (int j = 0; j < 4; ++j) {
     for (int row = 0; row < 16; ++row) {
       const int channel = int4_value_channel(j, row);

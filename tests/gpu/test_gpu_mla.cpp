@@ -733,14 +733,17 @@ void run_error_cases() {
   {
     // The plan's own choice (decode.cu, fragments_min_batch): the fragment kernel from 32 int4
     // sequences; below that the transposed kernel's converting form for fewer than 16 at 16
-    // heads (int4 g128 too), else the tiled one (half a page a step for int4 at 16 rows); int2
-    // g64 takes the fragment kernel from one sequence.
+    // heads (int4 g128 and int2 g128 too), else the tiled one (half a page a step for int4 at 16
+    // rows); int2 g64 takes the fragment kernel from one sequence.
     const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
     const CacheFormat int4_g128 = CacheFormat::parse("content=int4:g128,rope=bf16");
     const std::vector<int32_t> one(1, 100), many(32, 100), fifteen(15, 100), sixteen(16, 100);
     expect(gpu::MlaDecodePlan(int4, one, 1, 16).kernel_name() == "transposed" &&
                gpu::MlaDecodePlan(int4_g128, fifteen, 1, 16).kernel_name() == "transposed",
            "auto: the transposed kernel for 1 int4 g64 and 15 int4 g128 sequences at 16 heads");
+    expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g128,rope=bf16"), fifteen, 1, 16)
+                   .kernel_name() == "transposed",
+           "auto: the transposed kernel for 15 int2 g128 sequences at 16 heads");
     expect(gpu::MlaDecodePlan(int4, sixteen, 1, 16).kernel_name() == "tiled" &&
                gpu::MlaDecodePlan(int4_g128, many, 1, 16).kernel_name() == "tiled",
            "auto: the tiled kernel for 16 int4 g64 and 32 int4 g128 sequences at 16 heads");
@@ -833,9 +836,6 @@ void run_error_cases() {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 16);
   });
   setenv("QUANTMLA_DECODE_KERNEL", "transposed", 1);
-  expect_throws<InvalidArgument>("the transposed kernel forced on an int2 cache", [&] {
-    gpu::MlaDecodePlan plan(CacheFormat::parse("content=int2:g64,rope=int4:g64"), {100}, 1, 16);
-  });
   expect_throws<InvalidArgument>("the transposed kernel forced on an fp8 cache", [&] {
     gpu::MlaDecodePlan plan(CacheFormat::parse("content=fp8,rope=bf16"), {100}, 1, 16);
   });

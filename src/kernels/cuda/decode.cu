@@ -180,7 +180,7 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
 // kWarpgroupMinBatchQuantized sequences or at long contexts; never for a batch-invariant plan,
 // whose blocks take 16 rows), else the transposed kernel for a BF16 cache at up to
-// kTransposedMaxHeads heads, and for int4 content there where the tiled kernel would run
+// kTransposedMaxHeads heads, and for int content there where the tiled kernel would run
 // otherwise for fewer than kTransposedConvertingMaxBatch sequences (not batch-invariant; its
 // two-tile form where the rows come in 32s and transposed_two_tiles holds), else the fragment
 // kernel where it reads the format and the batch has at least fragments_min_batch(format,
@@ -212,8 +212,9 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   for (const DecodeKernel transposed :
        {DecodeKernel::kTransposed, DecodeKernel::kTransposedTwoTiles}) {
     if (forced_is(transposed)) {
-      return forced_kernel(transposed_kernel_reads(format), transposed,
-                           "the transposed kernel reads a bf16 cache and int4 content only");
+      return forced_kernel(
+          transposed_kernel_reads(format), transposed,
+          "the transposed kernel reads a bf16 cache and int4 and int2 content only");
     }
   }
   if (forced_is(DecodeKernel::kFragments)) {
@@ -243,13 +244,14 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
   // Its two-tile form (s_q = 2 at 16 heads), H100, 2026-12-06: 0.4-4% faster from 16 sequences
   // of 32K and 128K and 1-13% at 96-128 sequences of 0.5-4K tokens; 5-32% slower at 16-64
   // sequences of 0.5-4K and 9-19% at one sequence (docs/benchmarks.md).
-  // Its converting form (int4 content) for fewer than kTransposedConvertingMaxBatch sequences
-  // where the tiled kernel would run otherwise (int4 g64 below fragments_min_batch, int4 g128,
-  // which the fragment kernel does not read). Measured against the tiled kernel on an H100
-  // (2026-12-07, 16 heads, 1-15 sequences of 512 tokens to 128K): 0.72-1.00x its time, never
-  // slower, 0.98-0.99x at 15 x 128K; issue 13's INT4/INT4 batch-1 step 0.962x (docs/benchmarks.md,
-  // "Forty-ninth session"). One block an SM converting and multiplying in turn, where the tiled
-  // kernel keeps two, so not for more sequences until measured there.
+  // Its converting form (int content) for fewer than kTransposedConvertingMaxBatch sequences
+  // where the tiled kernel would run otherwise (int g64 below fragments_min_batch, int g128,
+  // which the fragment kernel does not read). Measured on H100s (16 heads, 1-15 sequences of 512
+  // tokens to 128K): its first form 0.72-1.00x the tiled kernel's time, never slower, issue 13's
+  // INT4/INT4 batch-1 step 0.962x ("Forty-ninth session"); the present one (two warpgroups, the
+  // keys' scores from registers) 0.84-1.00x the first's for INT4 and 0.63-0.95x the tiled
+  // kernel's for INT2 g128 ("Fiftieth session", docs/benchmarks.md). From 16 sequences at long
+  // contexts the fragment kernel's three-block form still takes ~20% less time a sequence.
   const bool tiled_otherwise =
       !fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context);
   const bool converting = tiled_otherwise && batch < kTransposedConvertingMaxBatch;
@@ -518,11 +520,16 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
   const DecodeSchedule& schedule = state_->schedule;
   std::vector<Block> blocks;
   const int rows_per_seq = state_->s_q * state_->num_heads;
+  const CacheFormat& format = state_->format;
+  const bool direct = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  const int chains = is_transposed_kernel(state_->kernel)
+                         ? transposed_chains(direct, schedule.row_tiles_per_block)
+                         : 1;
   for (const WorkItem& item : schedule.items) {
     const int first_row = item.row_tile * schedule.rows_per_block;
     blocks.push_back({item.batch, first_row,
                       std::min(schedule.rows_per_block, rows_per_seq - first_row), item.page_begin,
-                      item.page_end, item.partial >= 0});
+                      item.page_end, item.partial >= 0, chains});
   }
   return blocks;
 }

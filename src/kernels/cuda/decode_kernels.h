@@ -12,7 +12,7 @@ namespace quantmla::gpu {
 // (decode_fragments.cuh, content int4 or int2 g64 or fp8, 16 rows a block) and its three-block
 // form (no producer warp, three blocks an SM: int4 and int2 g64 content), the warpgroup one
 // (decode_warpgroup.cuh, 64 rows a block on wgmma, padded) and the transposed one
-// (decode_transposed.cu, a BF16 cache and int4 content, 16 rows a block on wgmma with the keys as
+// (decode_transposed.cu, a BF16 cache and int content, 16 rows a block on wgmma with the keys as
 // M) and its two-tile form (32 rows a block where a sequence's rows come in 32s, 16 where not).
 enum class DecodeKernel {
   kTiled,
@@ -73,15 +73,24 @@ inline constexpr int kWarpgroupBlocksPerSm = 1;
 inline constexpr int kSeesawL2PrefetchMinPages = 128;
 
 // What the transposed kernel reads: a BF16 cache (content and RoPE key), whose pages its tensor
-// maps copy as they are, and int4 content (either group, either RoPE format), whose pages it
-// copies raw and dequantizes (decode_transposed.h's kTransposedReads, its compile-time twin); its
-// shape, for the plan: 16 query rows a block (wgmma's N, the keys being its M), a page a softmax
-// step, one block an SM (two page stages of 72 KB, or two raw ones and a tile).
+// maps copy as they are, and int4 and int2 content (either group, either RoPE format), whose pages
+// it copies raw and dequantizes (decode_transposed.h's kTransposedReads, its compile-time twin);
+// its shape, for the plan: 16 query rows a block (wgmma's N, the keys being its M), a page a
+// softmax step, one block an SM (two page stages of 72 KB, or two raw ones and a values tile a
+// consuming warpgroup).
 inline bool transposed_kernel_reads(const CacheFormat& format) {
   return (format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16) ||
-         format.content.codec == Codec::kInt4;
+         format.content.codec == Codec::kInt4 || format.content.codec == Codec::kInt2;
 }
 inline constexpr int kTransposedStepKeys = 64;
 inline constexpr int kTransposedBlocksPerSm = 1;
+// The transposed kernel's online-softmax chains a block (its consuming warpgroups, each taking
+// every chains-th page of the block's run, merged at its end): two in the converting form's
+// 16-row blocks, so that one warpgroup converts a page while the other multiplies (its shared
+// memory holds a tile each beside the raw stages and Q); one where the pages are copied as tiles
+// (direct) or a block takes 32 rows (no room for a second tile).
+constexpr int transposed_chains(bool direct, int row_tiles) {
+  return !direct && row_tiles == 1 ? 2 : 1;
+}
 
 }  // namespace quantmla::gpu

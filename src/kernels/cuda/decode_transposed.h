@@ -8,13 +8,13 @@
 
 namespace quantmla::gpu {
 
-// A BF16 cache (content and RoPE key), copied as tiles, and int4 content (either group, either
-// RoPE format), copied raw and dequantized: the compile-time twin of decode_kernels.h's
+// A BF16 cache (content and RoPE key), copied as tiles, and int4 and int2 content (either group,
+// either RoPE format), copied raw and dequantized: the compile-time twin of decode_kernels.h's
 // transposed_kernel_reads.
 template <class Content>
 inline constexpr bool kTransposedConvertsContent = false;
-template <int kGroup>
-inline constexpr bool kTransposedConvertsContent<ContentInt<4, kGroup>> = true;
+template <int kBits, int kGroup>
+inline constexpr bool kTransposedConvertsContent<ContentInt<kBits, kGroup>> = true;
 template <class Content, class Rope>
 inline constexpr bool kTransposedReads =
     (Content::kIsBf16 && Rope::kIsBf16) || kTransposedConvertsContent<Content>;

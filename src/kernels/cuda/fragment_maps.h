@@ -53,6 +53,28 @@ QUANTMLA_HOST_DEVICE constexpr FragmentPlace int4_key_place(int channel) {
   return {2 * (d / 8) + (r % 4) / 2, channel / 16, r % 2, r / 4};
 }
 
+// The transposed kernel's converting form (decode_transposed.cu) takes its keys' A fragments of
+// S^T = K Q^T (rows: the keys; k: a box's 64 columns) in the tile column order of the codes' pair
+// span (record_formats.cuh), which the values' tile and Q keep: register h, half e of k-step s of
+// lane t holds column transposed_key_column, the pair of codes that one shift of code word
+// transposed_key_code_word by transposed_key_code_shift and one mask put into the halves. Int4
+// (span 4: code word u gives columns 8u to 8u + 7, column 8u + 2n + e its nibble n + 4e): pair t
+// (nibbles t, t + 4) of word 2s + h. Int2 (span 8: code word w gives columns 16w to 16w + 15,
+// column 16w + 2i + e its code i + 8e): pair 4h + t (codes 4h + t, 4h + t + 8) of word s.
+QUANTMLA_HOST_DEVICE constexpr int transposed_key_column(int s, int t, int h, int e) {
+  return 16 * s + 8 * h + 2 * t + e;
+}
+QUANTMLA_HOST_DEVICE constexpr int transposed_key_code_word(int bits, int s, int h) {
+  return bits == 4 ? 2 * s + h : s;
+}
+QUANTMLA_HOST_DEVICE constexpr int transposed_key_code_shift(int bits, int t, int h) {
+  return bits == 4 ? 4 * t : 2 * (4 * h + t);
+}
+// Where column c (0..63) sits: the kernel patches the RoPE pairs kept in BF16 there.
+QUANTMLA_HOST_DEVICE constexpr FragmentPlace transposed_key_place(int column) {
+  return {column / 16, column % 8 / 2, column % 16 / 8, column % 2};
+}
+
 // Content int2 g64 (16 codes a 32-bit word, channel i of word w at bits 2i: channel 16w + i).
 // Scores: lane t takes word t of each key's group (channels 16t to 16t + 15); k-step s, register h
 // holds the code pair (i, i + 8), i = 2s + h, which one shift by 2i and one mask put into the two

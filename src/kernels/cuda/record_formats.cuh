@@ -244,6 +244,8 @@ struct ContentInt {
   static constexpr int kBytes = kCodeBytes + kLatentDim / kGroup * 4;
   static constexpr bool kIsBf16 = false;
   static constexpr int kPairSpan = kBits == 4 ? 4 : 8;
+  static constexpr int kCodeBits = kBits;
+  static constexpr int kGroupChannels = kGroup;
   __device__ static void chunk(const uint8_t* rec, int c, uint4 (&out)[8]) {
     __nv_bfloat162 scale, minimum;
     load_scale_min(rec + kCodeBytes + 4 * (c * 64 / kGroup), scale, minimum);

@@ -255,6 +255,51 @@ __device__ __forceinline__ void wgmma_m64k16_ss_tiles(float (&d)[kNTiles][4], ui
   }
 }
 
+// d (+)= A B^T over 64 x N x 16, N = 8 kNTiles (16 or 32), A from registers (mma.m16n8k16's A
+// fragments of the warp's 16 rows), B K-major from shared memory (descriptor); d as
+// wgmma_m64n16k16_ss's (kNTiles n-tiles); accumulates into d when `accumulate`.
+template <int kNTiles>
+__device__ __forceinline__ void wgmma_m64k16_rs_tiles(float (&d)[kNTiles][4],
+                                                      const uint32_t (&a)[4], uint64_t b,
+                                                      bool accumulate) {
+  static_assert(kNTiles == 2 || kNTiles == 4, "m64n16 or m64n32");
+#define QUANTMLA_WGMMA_N16_RS(kScaleD)                                                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                   \
+               ", 0;\n"                                                                       \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"                         \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),   \
+                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define QUANTMLA_WGMMA_N32_RS(kScaleD)                                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                 \
+               ", 0;\n"                                                                     \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"                       \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"   \
+               " {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                               \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), \
+                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[kNTiles / 2][0]),      \
+                 "+f"(d[kNTiles / 2][1]), "+f"(d[kNTiles / 2][2]), "+f"(d[kNTiles / 2][3]), \
+                 "+f"(d[kNTiles - 1][0]), "+f"(d[kNTiles - 1][1]), "+f"(d[kNTiles - 1][2]), \
+                 "+f"(d[kNTiles - 1][3])                                                    \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+  if constexpr (kNTiles == 2) {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N16_RS(1);
+    } else {
+      QUANTMLA_WGMMA_N16_RS(0);
+    }
+  } else {
+    if (accumulate) {
+      QUANTMLA_WGMMA_N32_RS(1);
+    } else {
+      QUANTMLA_WGMMA_N32_RS(0);
+    }
+  }
+#undef QUANTMLA_WGMMA_N32_RS
+#undef QUANTMLA_WGMMA_N16_RS
+}
+
 // d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A from registers (mma.m16n8k16's
 // A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major or, with
 // kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
