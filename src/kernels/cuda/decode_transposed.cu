@@ -191,8 +191,7 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t codes, int shift, __nv_bf
 // straight from the raw records: register 2h + k of k-step s (key k) holds the tile columns
 // transposed_key_column(s, t, h, 0 and 1) (fragment_maps.h), the values the tile decoders give
 // them (int codes: the pair of transposed_key_code_word and _shift; a BF16 RoPE key's columns are
-// its channels),
-// kept RoPE pairs patched in.
+// its channels), kept RoPE pairs patched in.
 template <class L>
 __device__ __forceinline__ void key_fragments(const uint8_t* lo, const uint8_t* hi, int b, int t,
                                               const DecodeKernelParams& p, uint32_t (&frag)[4][4]) {
