@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
         {"int2g64/int4@tiled", "content=int2:g64,rope=int4:g64", true, "tiled"},
         {"int2g64/int4@fragments", "content=int2:g64,rope=int4:g64", true, "fragments"},
         {"int2g64/int4@warpgroup", "content=int2:g64,rope=int4:g64", true, "warpgroup"},
+        {"int2g64/int4@transposed", "content=int2:g64,rope=int4:g64", false, "transposed"},
         {"int2g128/int4", "content=int2:g128,rope=int4:g64", false},
         {"int2g64/int4+2bf16", "content=int2:g64,rope=int4:g64:bf16pairs=0+21", false},
     };

@@ -33,10 +33,9 @@
 #      (--short-contexts) and the grid, and a table of each changed tree against main (ab.txt,
 #      by bench/gpu/ab_table.py), last each changed tree's full GPU test (under 200 s, within
 #      what is left of the call); AB_FORMATS (bench_gpu_decode's names, comma-separated) and
-#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes, AB_CHANGED_ENV
-#      (NAME=VALUE words) sets the changed trees' environment only (e.g.
-#      "QUANTMLA_DECODE_KERNEL=transposed": a kernel the plan does not take there yet, against the
-#      one main's plan takes); two patches a
+#      AB_ARGS (more of its flags, e.g. "--s-q 2") time other formats or shapes (a kernel the plan
+#      does not take is a format of its own, e.g. int4g64/int4@transposed: bench_gpu_decode sets
+#      QUANTMLA_DECODE_KERNEL for each run itself); two patches a
 #      call at most (bench/gpu/patches/README.md says how; none waiting now)
 #   8  the kernel grid at s_q = 2 beside FlashMLA (LEAN=1 run.sh --s-q 2: the quick correctness
 #      cases only, ~160-200 s on a cold machine; carry .anchor): the issue's s_q = 2 rows
@@ -97,7 +96,11 @@
 #   content after a quick test of 474 checks and a full test cut by its call's deadline after 125
 #   comparisons (none failing); then 10 there (issue 13's batch 1 with them) and the runner test
 #   (test_cuda_runner against the fixtures: carry .carry/shared, build it with
-#   bench/gpu/device-build.sh);
+#   bench/gpu/device-build.sh); and on the same build `build-gpu/bench/gpu/bench_gpu_decode
+#   --heads 16 --formats int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed
+#   --batches 1,16,64,128`: the converting form against the fragment kernel where the plan keeps
+#   the latter (from 16 sequences; int2 g64 from one), then a profile of the form (profile.sh at
+#   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
 # - 10 on the H200 (issue 13's batch 1 there);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the
@@ -430,15 +433,10 @@ case $step in
       bench() {  # TREE NAME ARGS...: one benchmark run of that tree
         local decode=build-gpu/bench/gpu/bench_gpu_decode tree=$1 name=$2
         shift 2
-        local environment=()
-        if [[ $tree != main ]]; then
-          decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
-          # shellcheck disable=SC2206 # AB_CHANGED_ENV: NAME=VALUE words
-          environment=(${AB_CHANGED_ENV:-})
-        fi
+        [[ $tree != main ]] && decode=${tree_of[$tree]}/build-gpu/bench/gpu/bench_gpu_decode
         # shellcheck disable=SC2086 # AB_ARGS: words
-        within env "${environment[@]}" $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" \
-          >"$OUT/$name-$tree.txt" 2>&1 || status=1
+        within $decode --heads 16 --formats $formats ${AB_ARGS:-} "$@" >"$OUT/$name-$tree.txt" 2>&1 ||
+          status=1
       }
       # The serving shapes and the grid, three rounds (AB_ROUNDS), each tree in turn.
       for round in $(seq "${AB_ROUNDS:-3}"); do
