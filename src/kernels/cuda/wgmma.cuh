@@ -99,27 +99,29 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// The accumulator operands of the wrappers below, in order: 16 to 128 FP32 registers as "+f"
+// The accumulator operands of the wrappers below, in order: 8 to 128 FP32 registers as "+f"
 // constraints, and their place holders %0.. in the instruction text (the operands that follow
 // them are numbered from the count).
-#define QUANTMLA_WGMMA_D8(d, i)                                                               \
+#define QUANTMLA_WGMMA_D8_AT(d, i)                                                            \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define QUANTMLA_WGMMA_D16(d) QUANTMLA_WGMMA_D8(d, 0), QUANTMLA_WGMMA_D8(d, 8)
+#define QUANTMLA_WGMMA_D8(d) QUANTMLA_WGMMA_D8_AT(d, 0)
+#define QUANTMLA_WGMMA_D16(d) QUANTMLA_WGMMA_D8_AT(d, 0), QUANTMLA_WGMMA_D8_AT(d, 8)
 #define QUANTMLA_WGMMA_D32(d) \
-  QUANTMLA_WGMMA_D16(d), QUANTMLA_WGMMA_D8(d, 16), QUANTMLA_WGMMA_D8(d, 24)
+  QUANTMLA_WGMMA_D16(d), QUANTMLA_WGMMA_D8_AT(d, 16), QUANTMLA_WGMMA_D8_AT(d, 24)
 #define QUANTMLA_WGMMA_D48(d) \
-  QUANTMLA_WGMMA_D32(d), QUANTMLA_WGMMA_D8(d, 32), QUANTMLA_WGMMA_D8(d, 40)
+  QUANTMLA_WGMMA_D32(d), QUANTMLA_WGMMA_D8_AT(d, 32), QUANTMLA_WGMMA_D8_AT(d, 40)
 #define QUANTMLA_WGMMA_D64(d) \
-  QUANTMLA_WGMMA_D48(d), QUANTMLA_WGMMA_D8(d, 48), QUANTMLA_WGMMA_D8(d, 56)
+  QUANTMLA_WGMMA_D48(d), QUANTMLA_WGMMA_D8_AT(d, 48), QUANTMLA_WGMMA_D8_AT(d, 56)
 #define QUANTMLA_WGMMA_D80(d) \
-  QUANTMLA_WGMMA_D64(d), QUANTMLA_WGMMA_D8(d, 64), QUANTMLA_WGMMA_D8(d, 72)
+  QUANTMLA_WGMMA_D64(d), QUANTMLA_WGMMA_D8_AT(d, 64), QUANTMLA_WGMMA_D8_AT(d, 72)
 #define QUANTMLA_WGMMA_D96(d) \
-  QUANTMLA_WGMMA_D80(d), QUANTMLA_WGMMA_D8(d, 80), QUANTMLA_WGMMA_D8(d, 88)
+  QUANTMLA_WGMMA_D80(d), QUANTMLA_WGMMA_D8_AT(d, 80), QUANTMLA_WGMMA_D8_AT(d, 88)
 #define QUANTMLA_WGMMA_D112(d) \
-  QUANTMLA_WGMMA_D96(d), QUANTMLA_WGMMA_D8(d, 96), QUANTMLA_WGMMA_D8(d, 104)
+  QUANTMLA_WGMMA_D96(d), QUANTMLA_WGMMA_D8_AT(d, 96), QUANTMLA_WGMMA_D8_AT(d, 104)
 #define QUANTMLA_WGMMA_D128(d) \
-  QUANTMLA_WGMMA_D112(d), QUANTMLA_WGMMA_D8(d, 112), QUANTMLA_WGMMA_D8(d, 120)
+  QUANTMLA_WGMMA_D112(d), QUANTMLA_WGMMA_D8_AT(d, 112), QUANTMLA_WGMMA_D8_AT(d, 120)
+#define QUANTMLA_WGMMA_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define QUANTMLA_WGMMA_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define QUANTMLA_WGMMA_REGS32 \
   QUANTMLA_WGMMA_REGS16       \
@@ -255,58 +257,14 @@ __device__ __forceinline__ void wgmma_m64k16_ss_tiles(float (&d)[kNTiles][4], ui
   }
 }
 
-// d (+)= A B^T over 64 x N x 16, N = 8 kNTiles (16 or 32), A from registers (mma.m16n8k16's A
-// fragments of the warp's 16 rows), B K-major from shared memory (descriptor); d as
-// wgmma_m64n16k16_ss's (kNTiles n-tiles); accumulates into d when `accumulate`.
-template <int kNTiles>
-__device__ __forceinline__ void wgmma_m64k16_rs_tiles(float (&d)[kNTiles][4],
-                                                      const uint32_t (&a)[4], uint64_t b,
-                                                      bool accumulate) {
-  static_assert(kNTiles == 2 || kNTiles == 4, "m64n16 or m64n32");
-#define QUANTMLA_WGMMA_N16_RS(kScaleD)                                                        \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                   \
-               ", 0;\n"                                                                       \
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"                         \
-               " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n" \
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),   \
-                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])                                  \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
-#define QUANTMLA_WGMMA_N32_RS(kScaleD)                                                      \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #kScaleD                                 \
-               ", 0;\n"                                                                     \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16"                       \
-               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"   \
-               " {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                               \
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), \
-                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[kNTiles / 2][0]),      \
-                 "+f"(d[kNTiles / 2][1]), "+f"(d[kNTiles / 2][2]), "+f"(d[kNTiles / 2][3]), \
-                 "+f"(d[kNTiles - 1][0]), "+f"(d[kNTiles - 1][1]), "+f"(d[kNTiles - 1][2]), \
-                 "+f"(d[kNTiles - 1][3])                                                    \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
-  if constexpr (kNTiles == 2) {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N16_RS(1);
-    } else {
-      QUANTMLA_WGMMA_N16_RS(0);
-    }
-  } else {
-    if (accumulate) {
-      QUANTMLA_WGMMA_N32_RS(1);
-    } else {
-      QUANTMLA_WGMMA_N32_RS(0);
-    }
-  }
-#undef QUANTMLA_WGMMA_N32_RS
-#undef QUANTMLA_WGMMA_N16_RS
-}
-
-// d (+)= A B^T over 64 x N x 16 (N a multiple of 32 up to 256), A from registers (mma.m16n8k16's
-// A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major or, with
-// kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
+// d (+)= A B^T over 64 x N x 16 (N 16, or a multiple of 32 up to 256), A from registers
+// (mma.m16n8k16's A fragments of the warp's 16 rows), B from shared memory (descriptor; K-major
+// or, with kTransposeB, MN-major). Accumulates as wgmma_m64nk16_ss.
 template <int kN, bool kTransposeB = false, int kCount>
 __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32_t (&a)[4],
                                                 uint64_t b, int accumulate) {
-  static_assert(kN % 32 == 0 && kN >= 32 && kN <= 256 && kCount >= kN / 2, "an m64nNk16 shape");
+  static_assert((kN == 16 || (kN % 32 == 0 && kN >= 32 && kN <= 256)) && kCount >= kN / 2,
+                "an m64nNk16 shape");
   constexpr int kTransposeBit = kTransposeB ? 1 : 0;
 // One shape: N, its accumulators' count as text, and the place holders of A's four registers, b,
 // accumulate and the transpose bit (numbered after the accumulators).
@@ -318,7 +276,9 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32
       "}, {%" #kA0 ", %" #kA1 ", %" #kA2 ", %" #kA3 "}, %" #kB ", p, 1, 1, %" #kTranspose ";\n}\n" \
       : QUANTMLA_WGMMA_D##kRegs(d)                                                                 \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransposeBit))
-  if constexpr (kN == 32) {
+  if constexpr (kN == 16) {
+    QUANTMLA_WGMMA_RS(16, 8, 8, 9, 10, 11, 12, 13, 14);
+  } else if constexpr (kN == 32) {
     QUANTMLA_WGMMA_RS(32, 16, 16, 17, 18, 19, 20, 21, 22);
   } else if constexpr (kN == 64) {
     QUANTMLA_WGMMA_RS(64, 32, 32, 33, 34, 35, 36, 37, 38);
@@ -327,9 +287,20 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32
   } else if constexpr (kN == 256) {
     QUANTMLA_WGMMA_RS(256, 128, 128, 129, 130, 131, 132, 133, 134);
   } else {
-    static_assert(kN == 32 || kN == 64 || kN == 128 || kN == 256, "instantiated shapes");
+    static_assert(kN == 16 || kN == 32 || kN == 64 || kN == 128 || kN == 256,
+                  "instantiated shapes");
   }
 #undef QUANTMLA_WGMMA_RS
+}
+
+// wgmma_m64k16_rs by the n-tiles of d (2: 16 columns, 4: 32), laid out as wgmma_m64n16k16_ss's:
+// d[n][i] is register 4 n + i of the product.
+template <int kNTiles>
+__device__ __forceinline__ void wgmma_m64k16_rs_tiles(float (&d)[kNTiles][4],
+                                                      const uint32_t (&a)[4], uint64_t b,
+                                                      bool accumulate) {
+  static_assert(kNTiles == 2 || kNTiles == 4, "m64n16 or m64n32");
+  wgmma_m64k16_rs<8 * kNTiles>(reinterpret_cast<float(&)[4 * kNTiles]>(d), a, b, accumulate);
 }
 
 #undef QUANTMLA_WGMMA_REGS128
@@ -340,6 +311,7 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32
 #undef QUANTMLA_WGMMA_REGS48
 #undef QUANTMLA_WGMMA_REGS32
 #undef QUANTMLA_WGMMA_REGS16
+#undef QUANTMLA_WGMMA_REGS8
 #undef QUANTMLA_WGMMA_D128
 #undef QUANTMLA_WGMMA_D112
 #undef QUANTMLA_WGMMA_D96
@@ -349,5 +321,6 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kCount], const uint32
 #undef QUANTMLA_WGMMA_D32
 #undef QUANTMLA_WGMMA_D16
 #undef QUANTMLA_WGMMA_D8
+#undef QUANTMLA_WGMMA_D8_AT
 
 }  // namespace quantmla::gpu
