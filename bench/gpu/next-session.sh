@@ -100,7 +100,9 @@
 #   --heads 16 --formats int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed
 #   --batches 1,16,64,128`: the converting form against the fragment kernel where the plan keeps
 #   the latter (from 16 sequences; int2 g64 from one), then a profile of the form (profile.sh at
-#   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed);
+#   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed; and profile_sass.sh
+#   at that shape, to join here with `census-fragments.sh --transposed --as-built` by
+#   bench/gpu/stall_lines.py: where its 1,675 instructions a warp and page wait);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
 # - 10 on the H200 (issue 13's batch 1 there);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the

@@ -9,11 +9,12 @@ sm_90 instruction is 16 bytes with its opcode in the low 12 bits. So, without de
   spills CUBIN
       each register spill store (STL) and reload (LDL) with its source line, so that a spill in a
       hot loop can be told from one in a prologue where `ptxas -v` gives only the bytes.
-  loop CUBIN SOURCE FIRST LAST [--exclude A-B ...] [--by-line]
+  loop CUBIN SOURCE FIRST LAST [--exclude A-B ...] [--strict] [--by-line]
       the instructions between the first and the last one that SOURCE's lines FIRST..LAST produce
       (a fully unrolled loop body: per warp and iteration, static), by opcode; --exclude leaves out
       the lines of a runtime inner loop (e.g. one that runs zero times on the measured shape);
-      --by-line adds each source line's count.
+      --strict applies --exclude to SOURCE's lines outside FIRST..LAST too (code placed within
+      the loop's addresses, e.g. the kernel's end); --by-line adds each source line's count.
   lines CUBIN
       every instruction's offset in the kernel, opcode and source line: the key to join with a
       profile's per-instruction samples (Nsight Compute's source page lists SASS by offset) where
@@ -112,6 +113,14 @@ def loop(args):
     # the loop's own lines before and after are both excluded.
     own_excluded = [any(a <= lines[i][1] <= b for a, b in excluded) for i in inside]
 
+    # --strict: --exclude applies to SOURCE's lines outside FIRST..LAST too (code that the compiler
+    # placed inside the loop's address range, e.g. what follows the loop), and a helper's
+    # instruction is left out where SOURCE's nearest instructions of any line are both left out.
+    if args.strict:
+        inside = [i for i, (file, _) in enumerate(lines) if file == source and
+                  inside[0] <= i <= inside[-1]]
+        own_excluded = [any(a <= lines[i][1] <= b for a, b in excluded) for i in inside]
+
     def left_out_at(i):
         k = bisect.bisect_left(inside, i)
         if k < len(inside) and inside[k] == i:
@@ -157,6 +166,7 @@ def main():
     p.add_argument("first", type=int)
     p.add_argument("last", type=int)
     p.add_argument("--exclude", action="append", default=[], metavar="A-B")
+    p.add_argument("--strict", action="store_true")
     p.add_argument("--by-line", action="store_true",
                    help="also each source line's instructions, by opcode")
     p.set_defaults(run=loop)
