@@ -87,7 +87,7 @@
 #      (three builds) a cold call runs out of time after the timing or sooner: the next call on
 #      the warm machine with AB_REUSE=1 reuses the builds (ab-runner.sh) for more rounds and the
 #      runner test
-# Waiting (2026-12-07, fiftieth session), in this order:
+# Waiting (2026-12-08, fifty-first session, which got no device: the fiftieth's list), in order:
 # - 1, 2, 3 on one machine where an H200 comes (the card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
 #   forty-seventh got an H200 with only 670 s left);
@@ -130,7 +130,8 @@
 # H100s, then 14, 10 and 5 (LEAN, 128 heads) on one H200 in the forty-seventh, none in the
 # forty-eighth (twelve starts failed, 90-180 s of device time each), 7 four times and 15 twice on
 # H100s in the forty-ninth (after an hour without a lent machine; one start failed on each kind),
-# 7 once on an H100 in the fiftieth (after eleven failed starts, with 674 s left).
+# 7 once on an H100 in the fiftieth (after eleven failed starts, with 674 s left), none in the
+# fifty-first (four failed starts, then lending paused).
 # Here first: `mv data /tmp/data-aside; mv docs/benchmarks /tmp/benchmarks-aside` (neither is
 # needed there, and with them the tree and the carries pass the device tool's 64 MiB; put both
 # back after, and commit nothing meanwhile), `bash scripts/device-carry.sh` where .carry/ lacks
