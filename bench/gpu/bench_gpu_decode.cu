@@ -217,6 +217,7 @@ int main(int argc, char** argv) {
         {"int4g64/int4@warpgroup", "content=int4:g64,rope=int4:g64", true, "warpgroup"},
         {"int4g64/int4@transposed", "content=int4:g64,rope=int4:g64", false, "transposed"},
         {"int4g128/int4", "content=int4:g128,rope=int4:g64", false},
+        {"int4g128/int4@transposed", "content=int4:g128,rope=int4:g64", false, "transposed"},
         {"int4g64/int4+2bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21", false},
         {"int4g64/bf16", "content=int4:g64,rope=bf16", false},
         {"int2g64/int4", "content=int2:g64,rope=int4:g64", true},
@@ -225,6 +226,7 @@ int main(int argc, char** argv) {
         {"int2g64/int4@warpgroup", "content=int2:g64,rope=int4:g64", true, "warpgroup"},
         {"int2g64/int4@transposed", "content=int2:g64,rope=int4:g64", false, "transposed"},
         {"int2g128/int4", "content=int2:g128,rope=int4:g64", false},
+        {"int2g128/int4@transposed", "content=int2:g128,rope=int4:g64", false, "transposed"},
         {"int2g64/int4+2bf16", "content=int2:g64,rope=int4:g64:bf16pairs=0+21", false},
     };
     std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 16, 64, 128};

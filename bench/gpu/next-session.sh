@@ -97,9 +97,12 @@
 #   comparisons (none failing); then 10 there (issue 13's batch 1 with them) and the runner test
 #   (test_cuda_runner against the fixtures: carry .carry/shared, build it with
 #   bench/gpu/device-build.sh); and on the same build `build-gpu/bench/gpu/bench_gpu_decode
-#   --heads 16 --formats int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed
-#   --batches 1,16,64,128`: the converting form against the fragment kernel where the plan keeps
-#   the latter (from 16 sequences; int2 g64 from one), then a profile of the form (profile.sh at
+#   --heads 16 --formats int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed,
+#   int4g128/int4,int4g128/int4@transposed,int2g128/int4,int2g128/int4@transposed --batches
+#   1,16,64,128` (one comma-separated list): the converting form against the fragment kernel where
+#   the plan keeps the latter (from 16 sequences; int2 g64 from one), and against the tiled kernel
+#   that int g128 takes from 16 sequences (4.76 ms at 128 x 128K on the H200, FlashMLA's speed:
+#   the converting form may be the faster there too), then a profile of the form (profile.sh at
 #   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed; and profile_sass.sh
 #   at that shape, to join here with `census-fragments.sh --transposed --as-built` by
 #   bench/gpu/stall_lines.py: where its 1,675 instructions a warp and page wait);
