@@ -105,7 +105,12 @@
 #   the converting form may be the faster there too), then a profile of the form (profile.sh at
 #   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed; and profile_sass.sh
 #   at that shape, to join here with `census-fragments.sh --transposed --as-built` by
-#   bench/gpu/stall_lines.py: where its 1,675 instructions a warp and page wait);
+#   bench/gpu/stall_lines.py: where its 1,675 instructions a warp and page wait); and the batch-1
+#   BF16 rule of the fifty-first session (the transposed kernel for one sequence up to 256 pages
+#   from 64 heads, chosen from 4K and 32K times only) at its edges and below 64 heads, where the
+#   tiled kernel runs: `for h in 32 64 128; do for c in 1024 8192 16384 20000; do for k in ""
+#   @transposed @warpgroup @tiled; do build-gpu/bench/gpu/bench_gpu_decode --only
+#   bf16/bf16$k,1,$c,$h | grep "B="; done; done; done`;
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
 # - 10 on the H200 (issue 13's batch 1 there);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the

@@ -802,13 +802,21 @@ void run_error_cases() {
     expect(gpu::MlaDecodePlan(CacheFormat::parse("content=int2:g128,rope=int4:g64"), many, 1, 16)
                    .keys_per_step() != 64,
            "auto: the tiled kernel for int2 g128");
-    // BF16 from 64 heads: the warpgroup kernel, 64 rows a block, for one sequence too.
-    const auto first_block_rows = [&](int heads) {
-      return gpu::MlaDecodePlan(bf16, one, 1, heads).blocks().front().rows;
+    // BF16 from 64 heads: the warpgroup kernel, 64 rows a block, for one long sequence too; one
+    // sequence of one token up to kLongContextPages pages takes the transposed kernel's 16-row
+    // blocks.
+    const auto first_block_rows = [&](const std::vector<int32_t>& lens, int s_q, int heads) {
+      return gpu::MlaDecodePlan(bf16, lens, s_q, heads).blocks().front().rows;
     };
-    expect(first_block_rows(64) == 64 && first_block_rows(128) == 64,
-           "auto: the warpgroup kernel's 64-row blocks for a BF16 cache at 64 and 128 heads");
-    expect(first_block_rows(16) == 16, "auto: 16-row blocks for a BF16 cache at 16 heads");
+    const std::vector<int32_t> one_long(1, (gpu::kLongContextPages + 1) * gpu::kPageTokens);
+    expect(first_block_rows(many, 1, 64) == 64 && first_block_rows(many, 1, 128) == 64 &&
+               first_block_rows(one_long, 1, 128) == 64 && first_block_rows(one, 2, 128) == 64,
+           "auto: the warpgroup kernel's 64-row blocks for a BF16 cache at 64 and 128 heads (32 "
+           "sequences, one past 256 pages, one at s_q = 2)");
+    expect(gpu::MlaDecodePlan(bf16, one, 1, 128).kernel_name() == "transposed" &&
+               gpu::MlaDecodePlan(bf16, one, 1, 64).kernel_name() == "transposed",
+           "auto: the transposed kernel for one BF16 sequence of 100 tokens at 64 and 128 heads");
+    expect(first_block_rows(one, 1, 16) == 16, "auto: 16-row blocks for a BF16 cache at 16 heads");
     // At s_q = 2: the two-tile form's 32-row blocks (both tokens a block) for 16 long sequences,
     // not for one.
     const gpu::MlaDecodePlan long_bf16(bf16, std::vector<int32_t>(16, 20000), 2, 16);
@@ -823,7 +831,6 @@ void run_error_cases() {
            "auto: the warpgroup kernel for 32 int4 / int2 sequences at 64 or more heads");
     expect(gpu::MlaDecodePlan(int4, one, 1, 128).blocks().front().rows != 64,
            "auto: not the warpgroup kernel for one short int4 sequence");
-    const std::vector<int32_t> one_long(1, (gpu::kLongContextPages + 1) * gpu::kPageTokens);
     expect(gpu::MlaDecodePlan(int4, one_long, 1, 128).kernel_name() == "warpgroup" &&
                gpu::MlaDecodePlan(int2, one_long, 1, 64).kernel_name() == "warpgroup",
            "auto: the warpgroup kernel for one long int4 / int2 sequence at 64 or more heads");

@@ -176,19 +176,20 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // The one place that chooses the kernel of a plan.
 // QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed|transposed32 forces one
 // (benchmarks and tests time and check each; fragments3 is the fragment kernel's three-block form,
-// transposed32 the transposed kernel's two-tile form); unset or "auto": the warpgroup kernel
-// where it reads the format with at least kWarpgroupMinHeads heads (a quantized cache from
-// kWarpgroupMinBatchQuantized sequences or at long contexts; never for a batch-invariant plan,
-// whose blocks take 16 rows), else the transposed kernel for a BF16 cache at up to
-// kTransposedMaxHeads heads, and for int content there where the tiled kernel would run
-// otherwise for fewer than kTransposedConvertingMaxBatch sequences (not batch-invariant; its
-// two-tile form where the rows come in 32s and transposed_two_tiles holds), else the fragment
-// kernel where it reads the format and the batch has at least fragments_min_batch(format,
-// long_context) sequences, in its three-block form for int4 and int2 content at long contexts (from
-// 16 and 64 sequences; not batch-invariant) where its plan keeps more blocks at once than the
-// two-block form holds (more_blocks_fill_more over the batch's `row_tiles` 16-row tiles a sequence
-// on `multiprocessors`).
-DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_heads,
+// transposed32 the transposed kernel's two-tile form); unset or "auto": the transposed kernel for
+// one sequence of one token on a BF16 cache from kWarpgroupMinHeads heads up to kLongContextPages
+// pages (not batch-invariant), else the warpgroup kernel where it reads the format with at least
+// kWarpgroupMinHeads heads (a quantized cache from kWarpgroupMinBatchQuantized sequences or at long
+// contexts; never for a batch-invariant plan, whose blocks take 16 rows), else the transposed
+// kernel for a BF16 cache at up to kTransposedMaxHeads heads, and for int content there where the
+// tiled kernel would run otherwise for fewer than kTransposedConvertingMaxBatch sequences (not
+// batch-invariant; its two-tile form where the rows come in 32s and transposed_two_tiles holds),
+// else the fragment kernel where it reads the format and the batch has at least
+// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
+// content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan keeps
+// more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
+// `row_tiles` 16-row tiles a sequence on `multiprocessors`).
+DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q, int num_heads,
                                   bool invariant, bool long_context, int row_tiles,
                                   int multiprocessors) {
   const char* forced = std::getenv("QUANTMLA_DECODE_KERNEL");
@@ -233,6 +234,17 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int num_
                           names.substr(0, names.size() - 2) + " or auto");
   }
   const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  // One sequence of one token on a BF16 cache from 64 heads, up to kLongContextPages pages: the
+  // transposed kernel's 16-row blocks (each a run of the page ring, many more blocks than the
+  // warpgroup kernel's 64-row ones) took 0.70-0.78x the warpgroup kernel's time at 1 x 4K, 128
+  // heads, in three grids (H100 and H200, 2026-12-07: 0.0216-0.0227 ms against 0.029-0.031), and
+  // as long at 1 x 32K (0.059-0.063 ms both), so by the times' growth with the context it stays
+  // ahead to about 28K tokens; at s_q = 2 it was 0.67x at 4K and 1.35x at 32K, so s_q = 2 keeps
+  // the warpgroup kernel (docs/benchmarks.md, "Fifty-first session").
+  if (!invariant && bf16 && batch == 1 && s_q == 1 && !long_context &&
+      num_heads >= kWarpgroupMinHeads) {
+    return DecodeKernel::kTransposed;
+  }
   if (!invariant && num_heads >= kWarpgroupMinHeads && warpgroup_kernel_reads(format) &&
       (bf16 || batch >= kWarpgroupMinBatchQuantized || long_context)) {
     return DecodeKernel::kWarpgroup;
@@ -309,8 +321,8 @@ DeviceShape device_shape(const CacheFormat& format, int batch, int s_q, int num_
   // A sequence's 16-row tiles (the fragment kernels' blocks; the forms' rules count them).
   const int row_tiles = (s_q * num_heads + 15) / 16;
   shape.kernel =
-      select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, num_heads,
-                           invariant, long_context, row_tiles, shape.multiprocessors);
+      select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, s_q,
+                           num_heads, invariant, long_context, row_tiles, shape.multiprocessors);
   if (shape.kernel == DecodeKernel::kWarpgroup) {
     shape.blocks_per_multiprocessor = kWarpgroupBlocksPerSm;
     shape.max_row_tiles = kWarpgroupRows / 16;
