@@ -111,7 +111,9 @@
 #   tiled kernel runs: `for h in 32 64 128; do for c in 1024 8192 16384 20000; do for k in ""
 #   @transposed @warpgroup @tiled; do build-gpu/bench/gpu/bench_gpu_decode --only
 #   bf16/bf16$k,1,$c,$h | grep "B="; done; done; done`;
-# - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule);
+# - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule), and 7 for
+#   int4-rows32-warpgroup.diff (int4 at 32 query rows a sequence on the page schedule;
+#   AB_FORMATS=int4g64/int4,int2g64/int4 AB_ARGS="--s-q 2": bench/gpu/patches/README.md);
 # - 10 on the H200 (issue 13's batch 1 there);
 # - 12 on an H200 for FP8 at 16 heads (~150 s cold, the command in its entry above: whether the
 #   clock falls where FP8's time a page rises from 32K to 128K), and 8 on the H200.
