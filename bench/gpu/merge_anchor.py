@@ -33,7 +33,7 @@ for path in args.ours:
         rows.append({"format": r["format"], "heads": r["heads"], "batch": r["batch"],
                      "context": r["context"], "s_q": s_q, "ms": r["ms"], "flashmla_bf16_ms": fm,
                      "speedup_vs_flashmla": fm / r["ms"] if fm else None,
-                     "gbps": r["gbps"], "tflops": r["tflops"]})
+                     "gbps": r["gbps"], "tflops": r["tflops"], "kernel": r.get("kernel")})
 if not rows:
     sys.exit("merge_anchor: no rows in " + " ".join(args.ours))
 json.dump({"device": card, "copy_gbps": copy, "flashmla_copy_gbps": anchor_copy,

@@ -99,6 +99,10 @@ echo "== benchmark"
 phase sass
 "$build/bench/gpu/bench_gpu_decode" --json "$out/gpu-decode.json" "$@" 2>&1 | tee "$out/bench.txt" ||
   status=1
+# The shapes where a kernel forced beside the plan's choice was the faster (decode.cu's
+# select_decode_kernel may choose better there).
+[[ -f $out/gpu-decode.json ]] &&
+  python3 bench/gpu/dispatch_scan.py "$out/gpu-decode.json" | tee "$out/dispatch-scan.txt"
 phase benchmark
 for n in "${!baselines[@]}"; do
   suffix=$(baseline_name "$n")
