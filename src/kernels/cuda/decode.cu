@@ -237,7 +237,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
   // One sequence of one token on a BF16 cache from 64 heads, up to kLongContextPages pages: the
   // transposed kernel's 16-row blocks (each a run of the page ring, many more blocks than the
   // warpgroup kernel's 64-row ones) took 0.70-0.78x the warpgroup kernel's time at 1 x 4K, 128
-  // heads, in three grids (H100 and H200, 2026-12-07: 0.0216-0.0227 ms against 0.029-0.031), and
+  // heads, in four grids (H100 and H200, 2026-12-07: 0.0216-0.0227 ms against 0.029-0.031), and
   // as long at 1 x 32K (0.059-0.063 ms both), so by the times' growth with the context it stays
   // ahead to about 28K tokens; at s_q = 2 it was 0.67x at 4K and 1.35x at 32K, so s_q = 2 keeps
   // the warpgroup kernel (docs/benchmarks.md, "Fifty-first session").
