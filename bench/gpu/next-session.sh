@@ -87,6 +87,14 @@
 #      (three builds) a cold call runs out of time after the timing or sooner: the next call on
 #      the warm machine with AB_REUSE=1 reuses the builds (ab-runner.sh) for more rounds and the
 #      runner test
+#   16 the follow-ups of main's decode plans on one build (~250 s cold; after step 5 on the same
+#      machine its build is reused; carry nothing): the transposed kernel's converting form
+#      against the fragment kernel (int g64) and the tiled one (int g128) at 1-128 sequences of
+#      4K-128K, with dispatch_scan.py's reading (converting*.txt); the fifty-first session's
+#      batch-1 BF16 rule at its edges, one sequence of 1K-20K tokens at 32, 64 and 128 heads on
+#      each kernel (batch1-bf16.txt); then Nsight Compute on the converting form at 15 x 128K
+#      (profile.txt, and profile_sass.sh's per-instruction samples, to join here with
+#      `census-fragments.sh --transposed --as-built` by bench/gpu/stall_lines.py)
 # Waiting (2026-12-08, fifty-first session, which got no device: the fiftieth's list), in order:
 # - 1, 2, 3 on one machine where an H200 comes (the issue's card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
@@ -96,21 +104,14 @@
 #   content after a quick test of 474 checks and a full test cut by its call's deadline after 125
 #   comparisons (none failing); then 10 there (issue 13's batch 1 with them) and the runner test
 #   (test_cuda_runner against the fixtures: carry .carry/shared, build it with
-#   bench/gpu/device-build.sh); and on the same build `build-gpu/bench/gpu/bench_gpu_decode
-#   --heads 16 --formats int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed,
-#   int4g128/int4,int4g128/int4@transposed,int2g128/int4,int2g128/int4@transposed --batches
-#   1,16,64,128` (one comma-separated list): the converting form against the fragment kernel where
-#   the plan keeps the latter (from 16 sequences; int2 g64 from one), and against the tiled kernel
-#   that int g128 takes from 16 sequences (4.76 ms at 128 x 128K on the H200, FlashMLA's speed:
-#   the converting form may be the faster there too), then a profile of the form (profile.sh at
-#   int4g64/int4@transposed,15,131072,16: its limit after the traffic it shed; and profile_sass.sh
-#   at that shape, to join here with `census-fragments.sh --transposed --as-built` by
-#   bench/gpu/stall_lines.py: where its 1,675 instructions a warp and page wait); and the batch-1
-#   BF16 rule of the fifty-first session (the transposed kernel for one sequence up to 256 pages
-#   from 64 heads, chosen from 4K and 32K times only) at its edges and below 64 heads, where the
-#   tiled kernel runs: `for h in 32 64 128; do for c in 1024 8192 16384 20000; do for k in ""
-#   @transposed @warpgroup @tiled; do build-gpu/bench/gpu/bench_gpu_decode --only
-#   bf16/bf16$k,1,$c,$h | grep "B="; done; done; done`;
+#   bench/gpu/device-build.sh); then 16 on the same machine: the converting form against the
+#   fragment kernel where the plan keeps the latter (from 16 sequences; int2 g64 from one) and
+#   against the tiled kernel that int g128 takes from 16 sequences (4.76 ms at 128 x 128K on the
+#   H200, FlashMLA's speed: the converting form may be the faster there too), the batch-1 BF16
+#   rule of the fifty-first session (the transposed kernel for one sequence up to 256 pages from
+#   64 heads, chosen from 4K and 32K times only) at its edges and below 64 heads, where the tiled
+#   kernel runs, and a profile of the converting form (its limit after the traffic it shed: where
+#   its 1,675 instructions a warp and page wait);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule), and 7 for
 #   int4-rows32-warpgroup.diff (int4 at 32 query rows a sequence on the page schedule;
 #   AB_FORMATS=int4g64/int4,int2g64/int4 AB_ARGS="--s-q 2": bench/gpu/patches/README.md);
@@ -159,8 +160,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 step=${1:-}
-[[ $step =~ ^([1-9]|1[0-5])$ ]] ||
-  { echo "usage: bash bench/gpu/next-session.sh 1-15 (see the header)" >&2; exit 2; }
+[[ $step =~ ^([1-9]|1[0-6])$ ]] ||
+  { echo "usage: bash bench/gpu/next-session.sh 1-16 (see the header)" >&2; exit 2; }
 # What each step needs carried, checked before any device time goes into building.
 needs=()
 ((step <= 3)) && needs=(.carry/deps.tar.xz .carry/deps-server.tar.xz)
@@ -291,6 +292,28 @@ case $step in
     fi
     ;;
   8) LEAN=1 within bash bench/gpu/run.sh --s-q 2 >"$OUT/grid.txt" 2>&1 || status=1 ;;
+  16)
+    build_main_decode || status=1
+    decode=build-gpu/bench/gpu/bench_gpu_decode
+    if ((status == 0)); then
+      converting=int4g64/int4,int4g64/int4@transposed,int2g64/int4,int2g64/int4@transposed
+      converting+=,int4g128/int4,int4g128/int4@transposed,int2g128/int4,int2g128/int4@transposed
+      within $decode --heads 16 --formats $converting --batches 1,16,64,128 --max-seconds 180 \
+        --json "$OUT/converting.json" >"$OUT/converting.txt" 2>&1 || status=1
+      python3 bench/gpu/dispatch_scan.py "$OUT/converting.json" >"$OUT/converting-scan.txt" 2>&1
+      for heads in 32 64 128; do
+        for ctx in 1024 8192 16384 20000; do
+          for kernel in "" @transposed @warpgroup @tiled; do
+            within $decode --only "bf16/bf16$kernel,1,$ctx,$heads" 2>&1 | grep "B=" |
+              sed "s|^|bf16/bf16$kernel: |"
+          done
+        done
+      done >"$OUT/batch1-bf16.txt" || status=1
+      shape=int4g64/int4@transposed,15,131072,16
+      DETAILS=1 within bash bench/gpu/profile.sh "$shape" >"$OUT/profile.txt" 2>&1 || status=1
+      within bash bench/gpu/profile_sass.sh "$shape" >>"$OUT/profile.txt" 2>&1 || status=1
+    fi
+    ;;
   12)
     # STEP12_FORMAT and STEP12_HEADS: another format or head count (bench_gpu_decode's names),
     # e.g. fp8/bf16 at 16 heads, whose H200 figures fall from 32K to 128K.
