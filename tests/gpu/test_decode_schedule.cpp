@@ -1,10 +1,13 @@
 // The GPU decode's work split, checked exhaustively on the host (no GPU needed): every (sequence,
 // row tile, page) is covered exactly once, runs are contiguous and in order (the same for every
 // row tile of a sequence), partial slots are unique and the combine items point at them, and bad
-// arguments are refused. Also the format check. Exit status 0 when every check passes.
+// arguments are refused. Also the format check, the fragment kernels' index maps and the plan's
+// kernel choice. Exit status 0 when every check passes.
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -12,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/decode_schedule.h"
 #include "kernels/cuda/fragment_maps.h"
 #include "quantmla/cache_format.h"
@@ -343,10 +347,121 @@ void check_fragment_maps() {
   }
 }
 
+// The plan's kernel choice (select_decode_kernel, decode.cu), on the host: over formats, batches,
+// head counts, s_q, both context classes, SM counts and batch-invariant plans, every choice reads
+// its format, a batch-invariant plan keeps to the 16-row kernels, the two-tile form takes rows in
+// 32s; then each rule the measurements set, at its edges. Returns the choices checked.
+int check_kernel_choice() {
+  unsetenv("QUANTMLA_DECODE_KERNEL");  // the plan's own choice
+  const auto reads = [](DecodeKernel kernel, const CacheFormat& format) {
+    switch (kernel) {
+      case DecodeKernel::kTiled:
+        return true;
+      case DecodeKernel::kFragments:
+        return fragments_kernel_reads(format);
+      case DecodeKernel::kFragmentsThreeBlocks:
+        return fragments_three_blocks_reads(format);
+      case DecodeKernel::kWarpgroup:
+        return warpgroup_kernel_reads(format);
+      case DecodeKernel::kTransposed:
+      case DecodeKernel::kTransposedTwoTiles:
+        return transposed_kernel_reads(format);
+    }
+    return false;
+  };
+  // As the plan asks (decode.cu's device_shape): a batch-invariant plan as for the largest batch.
+  const auto choose = [](const CacheFormat& format, int batch, int s_q, int heads, bool invariant,
+                         bool long_context, int sms = 132) {
+    return select_decode_kernel(format, invariant ? std::numeric_limits<int>::max() : batch, s_q,
+                                heads, invariant, long_context, (s_q * heads + 15) / 16, sms);
+  };
+  int checked = 0;
+  for (const char* spec :
+       {"content=bf16,rope=bf16", "content=fp8,rope=bf16", "content=int4:g64,rope=int4:g64",
+        "content=int4:g64,rope=bf16", "content=int4:g64,rope=int4:g64:bf16pairs=0+21",
+        "content=int4:g128,rope=int4:g64", "content=int4:g128,rope=bf16",
+        "content=int2:g64,rope=int4:g64", "content=int2:g128,rope=bf16"}) {
+    const CacheFormat format = CacheFormat::parse(spec);
+    check_gpu_format(format);
+    for (const int batch : {1, 2, 15, 16, 31, 32, 63, 64, 128, 1000}) {
+      for (const int heads : {16, 32, 48, 64, 128}) {
+        for (const int s_q : {1, 2}) {
+          for (const bool long_context : {false, true}) {
+            for (const bool invariant : {false, true}) {
+              for (const int sms : {78, 114, 132}) {
+                const DecodeKernel kernel =
+                    choose(format, batch, s_q, heads, invariant, long_context, sms);
+                const std::string name = std::string(spec) + " batch " + std::to_string(batch) +
+                                         " heads " + std::to_string(heads) + " s_q " +
+                                         std::to_string(s_q) + (long_context ? " long" : "") +
+                                         (invariant ? " invariant" : "") + " on " +
+                                         std::to_string(sms) + " SMs";
+                expect(reads(kernel, format), name + ": the chosen kernel reads the format");
+                expect(!invariant || kernel == DecodeKernel::kTiled ||
+                           kernel == DecodeKernel::kFragments,
+                       name + ": a batch-invariant plan takes a 16-row kernel");
+                expect(kernel != DecodeKernel::kTransposedTwoTiles || (s_q * heads) % 32 == 0,
+                       name + ": the two-tile form takes rows in 32s");
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  const CacheFormat bf16 = CacheFormat::parse("content=bf16,rope=bf16");
+  const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
+  const CacheFormat int4_g128 = CacheFormat::parse("content=int4:g128,rope=bf16");
+  const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
+  // BF16: the transposed kernel at 16 heads; the warpgroup kernel from 64, but the transposed
+  // kernel for one sequence of one token up to kLongContextPages pages.
+  expect(choose(bf16, 64, 1, 16, false, true) == DecodeKernel::kTransposed,
+         "bf16, 16 heads: the transposed kernel");
+  for (const int heads : {64, 128}) {
+    const std::string at = " at " + std::to_string(heads) + " heads";
+    expect(choose(bf16, 1, 1, heads, false, false) == DecodeKernel::kTransposed,
+           "bf16, one short sequence" + at + ": the transposed kernel");
+    expect(choose(bf16, 1, 1, heads, false, true) == DecodeKernel::kWarpgroup,
+           "bf16, one long sequence" + at + ": the warpgroup kernel");
+    expect(choose(bf16, 1, 2, heads, false, false) == DecodeKernel::kWarpgroup,
+           "bf16, one short sequence at s_q = 2" + at + ": the warpgroup kernel");
+    expect(choose(bf16, 2, 1, heads, false, false) == DecodeKernel::kWarpgroup,
+           "bf16, two short sequences" + at + ": the warpgroup kernel");
+  }
+  expect(choose(bf16, 1, 1, 32, false, false) == DecodeKernel::kTiled,
+         "bf16, one sequence at 32 heads: the tiled kernel (not measured otherwise)");
+  // Int content at 16 heads: the converting form below 16 sequences (int4 g64 below
+  // fragments_min_batch), the fragment kernel from 32 (from 16 at long contexts, its three-block
+  // form there), int g128 the tiled kernel from 16.
+  expect(choose(int4, 1, 1, 16, false, false) == DecodeKernel::kTransposed &&
+             choose(int4, 15, 1, 16, false, true) == DecodeKernel::kTransposed,
+         "int4 g64 below 16 sequences: the converting form");
+  expect(choose(int4, 16, 1, 16, false, false) == DecodeKernel::kTiled &&
+             choose(int4, 32, 1, 16, false, false) == DecodeKernel::kFragments &&
+             choose(int4, 16, 1, 16, false, true) == DecodeKernel::kFragmentsThreeBlocks,
+         "int4 g64 from 16 sequences: the tiled, the fragment kernel and its three-block form");
+  expect(choose(int4_g128, 15, 1, 16, false, false) == DecodeKernel::kTransposed &&
+             choose(int4_g128, 16, 1, 16, false, false) == DecodeKernel::kTiled,
+         "int4 g128: the converting form below 16 sequences, the tiled kernel from 16");
+  expect(choose(int2, 1, 1, 16, false, false) == DecodeKernel::kFragments &&
+             choose(int2, 64, 1, 16, false, true) == DecodeKernel::kFragmentsThreeBlocks,
+         "int2 g64: the fragment kernel from one sequence, its three-block form from 64 long");
+  // Quantized caches from 64 heads: the warpgroup kernel from two sequences or at long contexts.
+  expect(choose(int4, 2, 1, 128, false, false) == DecodeKernel::kWarpgroup &&
+             choose(int4, 1, 1, 64, false, true) == DecodeKernel::kWarpgroup &&
+             choose(int4, 1, 1, 128, false, false) != DecodeKernel::kWarpgroup,
+         "int4 from 64 heads: the warpgroup kernel from two sequences or at long contexts");
+  expect(choose(int4, 2, 1, 128, true, false) == DecodeKernel::kFragments,
+         "int4 at 128 heads, batch-invariant: the fragment kernel");
+  return checked;
+}
+
 }  // namespace
 
 int main() {
   check_fragment_maps();
+  const int choices = check_kernel_choice();
   int cases = 0;
   for (const int heads : {16, 32, 48, 64, 128}) {
     for (const int s_q : {1, 2}) {
@@ -493,6 +608,7 @@ int main() {
         "content=int4:g64,rope=int4:g64:bf16pairs=0+1+2+3+4", "content=f32,rope=f32"}) {
     expect_invalid(spec, [&] { check_gpu_format(CacheFormat::parse(spec)); });
   }
-  std::printf("%d schedules checked, %d failures\n", cases, failures);
+  std::printf("%d schedules and %d kernel choices checked, %d failures\n", cases, choices,
+              failures);
   return failures == 0 ? 0 : 1;
 }

@@ -173,7 +173,9 @@ std::string decode_kernel_name(DecodeKernel kernel) {
   throw InvalidArgument("GPU decode (internal): a kernel without a name");
 }
 
-// The one place that chooses the kernel of a plan.
+}  // namespace
+
+// The one place that chooses the kernel of a plan (decode_kernels.h).
 // QUANTMLA_DECODE_KERNEL=tiled|fragments|fragments3|warpgroup|transposed|transposed32 forces one
 // (benchmarks and tests time and check each; fragments3 is the fragment kernel's three-block form,
 // transposed32 the transposed kernel's two-tile form); unset or "auto": the transposed kernel for
@@ -298,6 +300,8 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
              ? DecodeKernel::kFragmentsThreeBlocks
              : DecodeKernel::kFragments;
 }
+
+namespace {
 
 struct DeviceShape {
   DecodeKernel kernel = DecodeKernel::kTiled;

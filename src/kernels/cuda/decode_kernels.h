@@ -93,4 +93,13 @@ constexpr int transposed_chains(bool direct, int row_tiles) {
   return !direct && row_tiles == 1 ? 2 : 1;
 }
 
+// The kernel of a decode plan (decode.cu: the one place that chooses it, and the measurements
+// behind each choice; QUANTMLA_DECODE_KERNEL forces one): `batch` sequences of `s_q` query tokens
+// at `num_heads` heads, `row_tiles` 16-row tiles a sequence, on `multiprocessors` SMs; `invariant`
+// for a batch-invariant plan, `long_context` as decode_long_context. Host code without a device:
+// test_decode_schedule checks every choice reads its format.
+DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q, int num_heads,
+                                  bool invariant, bool long_context, int row_tiles,
+                                  int multiprocessors);
+
 }  // namespace quantmla::gpu
