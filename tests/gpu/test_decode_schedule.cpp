@@ -414,10 +414,16 @@ int check_kernel_choice() {
   const CacheFormat int4 = CacheFormat::parse("content=int4:g64,rope=int4:g64");
   const CacheFormat int4_g128 = CacheFormat::parse("content=int4:g128,rope=bf16");
   const CacheFormat int2 = CacheFormat::parse("content=int2:g64,rope=int4:g64");
-  // BF16: the transposed kernel at 16 heads; the warpgroup kernel from 64, but the transposed
-  // kernel for one sequence of one token up to kLongContextPages pages.
-  expect(choose(bf16, 64, 1, 16, false, true) == DecodeKernel::kTransposed,
-         "bf16, 16 heads: the transposed kernel");
+  // BF16: the transposed kernel below 64 heads (its two-tile form where the rows come in 32s and
+  // the sequences are many and long); the warpgroup kernel from 64, but the transposed kernel for
+  // one sequence of one token up to kLongContextPages pages.
+  expect(choose(bf16, 64, 1, 16, false, true) == DecodeKernel::kTransposed &&
+             choose(bf16, 1, 1, 32, false, false) == DecodeKernel::kTransposed &&
+             choose(bf16, 128, 1, 48, false, false) == DecodeKernel::kTransposed &&
+             choose(bf16, 64, 1, 32, false, true) == DecodeKernel::kTransposedTwoTiles,
+         "bf16 below 64 heads: the transposed kernel (32 rows a block at 32 heads, 64 long)");
+  expect(choose(bf16, 1, 1, 32, true, false) == DecodeKernel::kTiled,
+         "bf16 at 32 heads, batch-invariant: the tiled kernel");
   for (const int heads : {64, 128}) {
     const std::string at = " at " + std::to_string(heads) + " heads";
     expect(choose(bf16, 1, 1, heads, false, false) == DecodeKernel::kTransposed,
@@ -429,8 +435,6 @@ int check_kernel_choice() {
     expect(choose(bf16, 2, 1, heads, false, false) == DecodeKernel::kWarpgroup,
            "bf16, two short sequences" + at + ": the warpgroup kernel");
   }
-  expect(choose(bf16, 1, 1, 32, false, false) == DecodeKernel::kTiled,
-         "bf16, one sequence at 32 heads: the tiled kernel (not measured otherwise)");
   // Int content at 16 heads: the converting form below 16 sequences (int4 g64 below
   // fragments_min_batch), the fragment kernel from 32 (from 16 at long contexts, its three-block
   // form there), int g128 the tiled kernel from 16.

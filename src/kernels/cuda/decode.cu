@@ -183,14 +183,15 @@ std::string decode_kernel_name(DecodeKernel kernel) {
 // pages (not batch-invariant), else the warpgroup kernel where it reads the format with at least
 // kWarpgroupMinHeads heads (a quantized cache from kWarpgroupMinBatchQuantized sequences or at long
 // contexts; never for a batch-invariant plan, whose blocks take 16 rows), else the transposed
-// kernel for a BF16 cache at up to kTransposedMaxHeads heads, and for int content there where the
-// tiled kernel would run otherwise for fewer than kTransposedConvertingMaxBatch sequences (not
-// batch-invariant; its two-tile form where the rows come in 32s and transposed_two_tiles holds),
-// else the fragment kernel where it reads the format and the batch has at least
-// fragments_min_batch(format, long_context) sequences, in its three-block form for int4 and int2
-// content at long contexts (from 16 and 64 sequences; not batch-invariant) where its plan keeps
-// more blocks at once than the two-block form holds (more_blocks_fill_more over the batch's
-// `row_tiles` 16-row tiles a sequence on `multiprocessors`).
+// kernel for a BF16 cache below kWarpgroupMinHeads heads, and for int content at up to
+// kTransposedMaxHeads heads where the tiled kernel would run otherwise for fewer than
+// kTransposedConvertingMaxBatch sequences (not batch-invariant; its two-tile form where the rows
+// come in 32s and transposed_two_tiles holds), else the fragment kernel where it reads the format
+// and the batch has at least fragments_min_batch(format, long_context) sequences, in its
+// three-block form for int4 and int2 content at long contexts (from 16 and 64 sequences; not
+// batch-invariant) where its plan keeps more blocks at once than the two-block form holds
+// (more_blocks_fill_more over the batch's `row_tiles` 16-row tiles a sequence on
+// `multiprocessors`).
 DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q, int num_heads,
                                   bool invariant, bool long_context, int row_tiles,
                                   int multiprocessors) {
@@ -251,10 +252,12 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
       (bf16 || batch >= kWarpgroupMinBatchQuantized || long_context)) {
     return DecodeKernel::kWarpgroup;
   }
-  // A BF16 cache at up to 16 heads: the transposed kernel was faster than the tiled one at every
-  // measured batch and context (H100, 2026-12-05: 1.03-1.08x FlashMLA from batch 16 at 32K and
-  // 128K, the tiled one 0.99-1.03x; docs/benchmarks.md). Heads 17-63 stay on the tiled kernel
-  // until measured there.
+  // A BF16 cache below kWarpgroupMinHeads heads: the transposed kernel was faster than the tiled
+  // one at every measured batch and context (H100, 2026-12-05: 1.03-1.08x FlashMLA from batch 16
+  // at 32K and 128K, the tiled one 0.99-1.03x; docs/benchmarks.md), and in five grids of
+  // 2026-12-07 (H100 and H200, 16 and 128 heads, s_q 1 and 2) it took 0.67-0.98x the tiled
+  // kernel's time at every shape; 17-63 heads (no grid there) take it by those figures, its
+  // 16-row blocks being the same at any head count ("Fifty-first session").
   // Its two-tile form (s_q = 2 at 16 heads), H100, 2026-12-06: 0.4-4% faster from 16 sequences
   // of 32K and 128K and 1-13% at 96-128 sequences of 0.5-4K tokens; 5-32% slower at 16-64
   // sequences of 0.5-4K and 9-19% at one sequence (docs/benchmarks.md).
@@ -269,8 +272,9 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
   const bool tiled_otherwise =
       !fragments_kernel_reads(format) || batch < fragments_min_batch(format, long_context);
   const bool converting = tiled_otherwise && batch < kTransposedConvertingMaxBatch;
-  if (!invariant && num_heads <= kTransposedMaxHeads && transposed_kernel_reads(format) &&
-      (bf16 || converting)) {
+  if (!invariant && transposed_kernel_reads(format) &&
+      ((bf16 && num_heads < kWarpgroupMinHeads) ||
+       (num_heads <= kTransposedMaxHeads && converting))) {
     return transposed_two_tiles(batch, row_tiles, long_context, multiprocessors)
                ? DecodeKernel::kTransposedTwoTiles
                : DecodeKernel::kTransposed;
