@@ -92,7 +92,8 @@
 #      against the fragment kernel (int g64) and the tiled one (int g128) at 1-128 sequences of
 #      4K-128K, with dispatch_scan.py's reading (converting*.txt); the fifty-first session's
 #      batch-1 BF16 rule at its edges, one sequence of 1K-20K tokens at 32, 64 and 128 heads on
-#      each kernel (batch1-bf16.txt); then Nsight Compute on the converting form at 15 x 128K
+#      each kernel, and one INT4 sequence at 128 heads on each (batch1-bf16.txt); then Nsight
+#      Compute on the converting form at 15 x 128K
 #      (profile.txt, and profile_sass.sh's per-instruction samples, to join here with
 #      `census-fragments.sh --transposed --as-built` by bench/gpu/stall_lines.py)
 # Waiting (2026-12-08, fifty-first session, which got no device: the fiftieth's list), in order:
@@ -309,6 +310,14 @@ case $step in
           done
         done
       done >"$OUT/batch1-bf16.txt" || status=1
+      # INT4 at 128 heads, one short sequence: the plan's tiled kernel against the converting form
+      # (BF16's transposed kernel took 0.70-0.78x the plan's time at 1 x 4K there).
+      for ctx in 4096 16384; do
+        for kernel in "" @transposed @warpgroup @fragments; do
+          within $decode --only "int4g64/int4$kernel,1,$ctx,128" 2>&1 | grep "B=" |
+            sed "s|^|int4g64/int4$kernel: |"
+        done
+      done >>"$OUT/batch1-bf16.txt" || status=1
       shape=int4g64/int4@transposed,15,131072,16
       DETAILS=1 within bash bench/gpu/profile.sh "$shape" >"$OUT/profile.txt" 2>&1 || status=1
       within bash bench/gpu/profile_sass.sh "$shape" >>"$OUT/profile.txt" 2>&1 || status=1
