@@ -240,20 +240,23 @@ int main(int argc, char** argv) {
     }
     if (!batches_only.empty())
       batches = batches_only;  // at the grid's (or serving grid's) contexts
+    std::vector<int> head_counts = {16, 128};
     if (!only.empty()) {
-      // --only names its shape, which need not be on the grid (e.g. the runner's 1K contexts).
+      // --only names its shape, which need not be on the grid (e.g. the runner's 1K contexts, 32
+      // or 64 heads), for any format.
       int b = 0, ctx = 0, h = 0;
       const size_t comma = only.find(',');
       if (comma == std::string::npos ||
           std::sscanf(only.c_str() + comma + 1, "%d,%d,%d", &b, &ctx, &h) != 3 || b < 1 ||
-          ctx < s_q) {
-        std::fprintf(stderr, "--only %s: expected FORMAT,B,CTX,H\n", only.c_str());
+          ctx < s_q || h < 16 || h > 128 || h % 16 != 0) {
+        std::fprintf(stderr, "--only %s: expected FORMAT,B,CTX,H (H a multiple of 16 to 128)\n",
+                     only.c_str());
         return 2;
       }
       batches = {b};
       contexts = {ctx};
+      head_counts = {h};
     }
-    const std::vector<int> head_counts = {16, 128};
     const int max_batch = batches.back();
     // The longest length a shape can draw: every sequence's pages are filled that far.
     const int max_context = static_cast<int>(std::floor(contexts.back() * (1.0 + range_ratio)));
@@ -331,7 +334,10 @@ int main(int argc, char** argv) {
         QUANTMLA_CUDA_CHECK(cudaDeviceSynchronize());
       }
       for (const int heads : head_counts) {
-        if ((heads == 128 && !run.heavy) || (heads_only != 0 && heads != heads_only)) continue;
+        if ((heads == 128 && !run.heavy && only.empty()) ||
+            (heads_only != 0 && heads != heads_only)) {
+          continue;
+        }
         for (const int context : contexts) {
           for (const int batch : batches) {
             char label[96];
