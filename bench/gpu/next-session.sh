@@ -93,9 +93,9 @@
 #      4K-128K, with dispatch_scan.py's reading (converting*.txt); the fifty-first session's
 #      batch-1 BF16 rule at its edges, one sequence of 1K-20K tokens at 32, 64 and 128 heads on
 #      each kernel, and one INT4 sequence at 128 heads on each (batch1-bf16.txt); then Nsight
-#      Compute on the converting form at 15 x 128K
-#      (profile.txt, and profile_sass.sh's per-instruction samples, to join here with
-#      `census-fragments.sh --transposed --as-built` by bench/gpu/stall_lines.py)
+#      Compute on the converting form at 15 x 128K (profile.txt, and profile_sass.sh's
+#      per-instruction samples, to join here with `census-fragments.sh --transposed --as-built`
+#      by bench/gpu/stall_lines.py)
 # Waiting (2026-12-08, fifty-first session, which got no device: the fiftieth's list), in order:
 # - 1, 2, 3 on one machine where an H200 comes (the card: every run of this job so far
 #   was on an H100; ~975 s, so start them with most of a session's budget left: the
@@ -110,9 +110,9 @@
 #   against the tiled kernel that int g128 takes from 16 sequences (4.76 ms at 128 x 128K on the
 #   H200, FlashMLA's speed: the converting form may be the faster there too), the batch-1 BF16
 #   rule of the fifty-first session (the transposed kernel for one sequence up to 256 pages from
-#   64 heads, chosen from 4K and 32K times only) at its edges and below 64 heads, where the tiled
-#   kernel runs, and a profile of the converting form (its limit after the traffic it shed: where
-#   its 1,675 instructions a warp and page wait);
+#   64 heads, chosen from 4K and 32K times only) at its edges, and at 32 heads, which that session
+#   gave the transposed kernel by the grids at 16 and 128 heads, and a profile of the converting
+#   form (its limit after the traffic it shed: where its 1,675 instructions a warp and page wait);
 # - 7 for fp8-bf16-page-schedule.diff (FP8/BF16 on the 128-head page schedule), and 7 for
 #   int4-rows32-warpgroup.diff (int4 at 32 query rows a sequence on the page schedule;
 #   AB_FORMATS=int4g64/int4,int2g64/int4 AB_ARGS="--s-q 2": bench/gpu/patches/README.md);
