@@ -371,6 +371,24 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
       std::string::npos);
 }
 
+// Found by fuzz_tokenizer_json: one id of 666666650 among 261 tokens made the dense id tables
+// ~21 GB. Gaps of up to 2^20 ids stay accepted.
+TEST(TokenizerErrors, SparseIdsBeyondTheVocabularyAreFormatError) {
+  const TempDir dir;
+  const auto load_with_id = [&](int64_t id) {
+    nlohmann::json spec = bundled_json();
+    spec["model"]["vocab"]["zzqq"] = id;
+    return Tokenizer::from_file(dir.write("tokenizer.json", spec.dump()));
+  };
+  for (const int64_t id : {int64_t{666666650}, int64_t{2147483647}}) {
+    const std::string message = error_message<FormatError>([&] { load_with_id(id); });
+    EXPECT_NE(message.find(std::to_string(id)), std::string::npos) << message;
+  }
+  const int64_t vocab =
+      Tokenizer::from_file(dir.write("tokenizer.json", bundled_json().dump())).vocab_size();
+  EXPECT_EQ(load_with_id(vocab + 1000).vocab_size(), vocab + 1001);
+}
+
 TEST(TokenizerErrors, DecodeOfUnknownIdIsInvalidArgument) {
   const Tokenizer& tiny = tokenizer("mla-tiny");
   const std::string message = error_message<InvalidArgument>([&] { tiny.decode({5, 4096}); });

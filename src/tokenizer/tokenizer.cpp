@@ -112,10 +112,22 @@ struct Tokenizer::Impl {
     build_id_tables();
   }
 
+  // The id tables are dense, indexed by id, as Hugging Face's ids are (0 to the vocabulary's size,
+  // a few added tokens past it). A file whose ids leave more than this many unused would make
+  // them any size (an id of 2^31 - 1: tens of GB of strings): refused.
+  static constexpr int64_t kMaxUnusedIds = int64_t{1} << 20;
+
   void build_id_tables() {
     int32_t max_id = -1;
     for (const auto& [token, id] : model.vocab()) max_id = std::max(max_id, id);
     for (const detail::AddedToken& token : added_tokens) max_id = std::max(max_id, token.id);
+    const int64_t tokens = static_cast<int64_t>(model.vocab().size() + added_tokens.size());
+    if (static_cast<int64_t>(max_id) + 1 - tokens > kMaxUnusedIds) {
+      throw FormatError("tokenizer.json: token ids reach " + std::to_string(max_id) + " for " +
+                        std::to_string(tokens) + " tokens, more than " +
+                        std::to_string(kMaxUnusedIds) +
+                        " ids unused (ids are expected from 0 up, as a vocabulary numbers them)");
+    }
     bytes_of_id.resize(static_cast<size_t>(max_id) + 1);
     kind_of_id.resize(static_cast<size_t>(max_id) + 1, TokenKind::kUnassigned);
     for (const auto& [token, id] : model.vocab()) {
