@@ -419,7 +419,10 @@ FaithfulResult faithful_decode(const PagedRecords& cache, const std::vector<uint
           const double rounded = f16_round(p);
           const double unit = f16_ulp(p);
           const double tie = std::fabs(p - std::floor(p / unit) * unit - unit / 2);
-          const double flip = tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
+          // p = 0 (exp2 below FP32's range, as the kernel's flushed exp2 gives it too) has no tie
+          // to round across (and no exponent: ilogb(0) is INT_MIN).
+          const double flip =
+              p > 0.0 && tie <= near * std::ldexp(1.0, std::ilogb(p) - 23) ? unit : 0.0;
           sum = round(sum + rounded);
           step_flip += flip;
           const CodedKey& c = coded[b][static_cast<size_t>(key0 + j)];
