@@ -236,7 +236,7 @@ DecodeKernel select_decode_kernel(const CacheFormat& format, int batch, int s_q,
     throw InvalidArgument("QUANTMLA_DECODE_KERNEL=" + choice + ": expected " +
                           names.substr(0, names.size() - 2) + " or auto");
   }
-  const bool bf16 = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+  const bool bf16 = bf16_cache(format);
   // One sequence of one token on a BF16 cache from 64 heads, up to kLongContextPages pages: the
   // transposed kernel's 16-row blocks (each a run of the page ring, many more blocks than the
   // warpgroup kernel's 64-row ones) took 0.70-0.78x the warpgroup kernel's time at 1 x 4K, 128
@@ -540,11 +540,10 @@ std::vector<MlaDecodePlan::Block> MlaDecodePlan::blocks() const {
   const DecodeSchedule& schedule = state_->schedule;
   std::vector<Block> blocks;
   const int rows_per_seq = state_->s_q * state_->num_heads;
-  const CacheFormat& format = state_->format;
-  const bool direct = format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
-  const int chains = is_transposed_kernel(state_->kernel)
-                         ? transposed_chains(direct, schedule.row_tiles_per_block)
-                         : 1;
+  const int chains =
+      is_transposed_kernel(state_->kernel)
+          ? transposed_chains(bf16_cache(state_->format), schedule.row_tiles_per_block)
+          : 1;
   for (const WorkItem& item : schedule.items) {
     const int first_row = item.row_tile * schedule.rows_per_block;
     blocks.push_back({item.batch, first_row,
@@ -576,10 +575,9 @@ int MlaDecodePlan::keys_per_step() const {
 
 MlaDecodePlan::Operands MlaDecodePlan::operands() const {
   if (is_fragment_kernel(state_->kernel)) return Operands::kFp16Codes;
-  const bool bf16 =
-      state_->format.content.codec == Codec::kBF16 && state_->format.rope.codec == Codec::kBF16;
-  return state_->kernel == DecodeKernel::kWarpgroup && bf16 ? Operands::kBf16TileScaledPairs
-                                                            : Operands::kBf16Tile;
+  return state_->kernel == DecodeKernel::kWarpgroup && bf16_cache(state_->format)
+             ? Operands::kBf16TileScaledPairs
+             : Operands::kBf16Tile;
 }
 
 void mla_decode(const CacheFormat& format, const MlaDecodeParams& params, const MlaDecodePlan& plan,

@@ -29,6 +29,11 @@ constexpr bool is_transposed_kernel(DecodeKernel kernel) {
   return kernel == DecodeKernel::kTransposed || kernel == DecodeKernel::kTransposedTwoTiles;
 }
 
+// A BF16 cache: content and RoPE key both BF16 (pages read as they are stored).
+inline bool bf16_cache(const CacheFormat& format) {
+  return format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16;
+}
+
 // The content formats the fragment kernel reads: the one statement of them, for the plan at run
 // time and for decode_fragments.cuh's kFragmentContent at compile time.
 constexpr bool fragments_kernel_reads(Codec codec, int64_t group) {
@@ -79,8 +84,8 @@ inline constexpr int kSeesawL2PrefetchMinPages = 128;
 // softmax step, one block an SM (two page stages of 72 KB, or two raw ones and a values tile a
 // consuming warpgroup).
 inline bool transposed_kernel_reads(const CacheFormat& format) {
-  return (format.content.codec == Codec::kBF16 && format.rope.codec == Codec::kBF16) ||
-         format.content.codec == Codec::kInt4 || format.content.codec == Codec::kInt2;
+  return bf16_cache(format) || format.content.codec == Codec::kInt4 ||
+         format.content.codec == Codec::kInt2;
 }
 inline constexpr int kTransposedStepKeys = 64;
 inline constexpr int kTransposedBlocksPerSm = 1;
