@@ -203,30 +203,28 @@ __device__ __forceinline__ void key_fragments(const uint8_t* lo, const uint8_t* 
   for (int k = 0; k < 2; ++k) {
     const uint8_t* const rec = records[k];
     const uint8_t* const rope = rec + Content::kBytes;
-    __nv_bfloat162 scale, minimum;
-    if (b < L::kValueBoxes) {
-      load_scale_min(rec + Content::kCodeBytes + 4 * (b * 64 / Content::kGroupChannels), scale,
-                     minimum);
-      const uint8_t* const codes = rec + 8 * kBits * b;
+    // Key k's registers from a box of kCodeBits-wide codes at `codes` and its group's {scale,
+    // min} word at `scale_min`.
+    const auto code_pairs = [&](auto bits_constant, const uint8_t* codes,
+                                const uint8_t* scale_min) {
+      constexpr int kCodeBits = decltype(bits_constant)::value;
+      __nv_bfloat162 scale, minimum;
+      load_scale_min(scale_min, scale, minimum);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           frag[s][2 * h + k] =
-              code_pair<kBits>(load_u32(codes + 4 * transposed_key_code_word(kBits, s, h)),
-                               transposed_key_code_shift(kBits, t, h), scale, minimum);
+              code_pair<kCodeBits>(load_u32(codes + 4 * transposed_key_code_word(kCodeBits, s, h)),
+                                   transposed_key_code_shift(kCodeBits, t, h), scale, minimum);
         }
       }
+    };
+    if (b < L::kValueBoxes) {
+      code_pairs(std::integral_constant<int, kBits>{}, rec + 8 * kBits * b,
+                 rec + Content::kCodeBytes + 4 * (b * 64 / Content::kGroupChannels));
     } else if constexpr (!Rope::kIsBf16) {  // int4 g64, one group
-      load_scale_min(rope + Rope::kCodeBytes, scale, minimum);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          frag[s][2 * h + k] = code_pair<4>(load_u32(rope + 4 * transposed_key_code_word(4, s, h)),
-                                            transposed_key_code_shift(4, t, h), scale, minimum);
-        }
-      }
+      code_pairs(std::integral_constant<int, 4>{}, rope, rope + Rope::kCodeBytes);
     } else {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {  // channel order: the BF16 pair at the columns
