@@ -187,80 +187,80 @@ void expect_invalid(const std::string& what, F&& f) {
   expect(false, what + ": not refused");
 }
 
+// Every register half of a warp's A fragment over a 64-channel box: k-step s (0-3), lane t (0-3),
+// register h and half e (fragment_maps.h's indices).
+template <class F>
+void for_each_key_register(F&& f) {
+  for (int s = 0; s < 4; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) f(s, t, h, e);
+      }
+    }
+  }
+}
+
 // The fragment kernel's channel maps (fragment_maps.h): each a bijection onto a group's 64
 // channels, consistent with the code words and nibbles the kernel reads.
 void check_fragment_maps() {
   std::array<int, 64> int4_keys{}, bf16_keys{}, values{};
-  for (int s = 0; s < 4; ++s) {
-    for (int t = 0; t < 4; ++t) {
-      for (int h = 0; h < 2; ++h) {
-        for (int e = 0; e < 2; ++e) {
-          const int channel = int4_key_channel(s, t, h, e);
-          if (channel < 0 || channel >= 64) {
-            expect(false, "int4_key_channel out of range");
-            continue;
-          }
-          ++int4_keys[channel];
-          // Q is loaded as the words (c, c + 1) and (c + 4, c + 5), c = the (h, e) = (0, 0)
-          // channel.
-          expect(channel == int4_key_channel(s, t, 0, 0) + h + 4 * e,
-                 "int4_key_channel: register h, half e at c + h + 4e");
-          expect(bf16_key_channel(s, t, h, e) == bf16_key_channel(s, t, h, 0) + e,
-                 "bf16_key_channel: a register's halves adjacent");
-          const FragmentPlace place = int4_key_place(channel);
-          expect(place.s == s && place.t == t && place.h == h && place.e == e,
-                 "int4_key_place inverts int4_key_channel at channel " + std::to_string(channel));
-          // Word 2t + (s >> 1) of the group, nibble int4_key_nibble: channel 8 word + nibble.
-          expect(channel == 8 * (2 * t + (s >> 1)) + int4_key_nibble(s, h, e),
-                 "int4_key_channel agrees with the word and nibble read");
-          // Shifted by int4_key_word_shift, the nibble sits at int4_code_position of its half.
-          expect(4 * int4_key_nibble(s, h, e) - int4_key_word_shift(s) ==
-                     int4_code_position(channel) + 16 * e,
-                 "int4 key code position of channel " + std::to_string(channel));
-          // The B fragment's k index 2t + e (h = 0) or 2t + 8 + e (h = 1) of k-step s: each k
-          // index of a k-step is one channel, and the 16 of a k-step are distinct.
-          const int bf16 = bf16_key_channel(s, t, h, e);
-          if (bf16 >= 0 && bf16 < 64) ++bf16_keys[bf16];
-          expect(bf16 == 16 * s + 2 * t + 8 * h + e, "bf16_key_channel is the mma's k index");
-        }
-      }
+  for_each_key_register([&](int s, int t, int h, int e) {
+    const int channel = int4_key_channel(s, t, h, e);
+    if (channel < 0 || channel >= 64) {
+      expect(false, "int4_key_channel out of range");
+      return;
     }
-  }
+    ++int4_keys[channel];
+    // Q is loaded as the words (c, c + 1) and (c + 4, c + 5), c = the (h, e) = (0, 0)
+    // channel.
+    expect(channel == int4_key_channel(s, t, 0, 0) + h + 4 * e,
+           "int4_key_channel: register h, half e at c + h + 4e");
+    expect(bf16_key_channel(s, t, h, e) == bf16_key_channel(s, t, h, 0) + e,
+           "bf16_key_channel: a register's halves adjacent");
+    const FragmentPlace place = int4_key_place(channel);
+    expect(place.s == s && place.t == t && place.h == h && place.e == e,
+           "int4_key_place inverts int4_key_channel at channel " + std::to_string(channel));
+    // Word 2t + (s >> 1) of the group, nibble int4_key_nibble: channel 8 word + nibble.
+    expect(channel == 8 * (2 * t + (s >> 1)) + int4_key_nibble(s, h, e),
+           "int4_key_channel agrees with the word and nibble read");
+    // Shifted by int4_key_word_shift, the nibble sits at int4_code_position of its half.
+    expect(4 * int4_key_nibble(s, h, e) - int4_key_word_shift(s) ==
+               int4_code_position(channel) + 16 * e,
+           "int4 key code position of channel " + std::to_string(channel));
+    // The B fragment's k index 2t + e (h = 0) or 2t + 8 + e (h = 1) of k-step s: each k
+    // index of a k-step is one channel, and the 16 of a k-step are distinct.
+    const int bf16 = bf16_key_channel(s, t, h, e);
+    if (bf16 >= 0 && bf16 < 64) ++bf16_keys[bf16];
+    expect(bf16 == 16 * s + 2 * t + 8 * h + e, "bf16_key_channel is the mma's k index");
+  });
   // The transposed kernel's converting form: a bijection onto a box's 64 tile columns, each the
   // code that its word and shift give in the tile column order of the codes' span.
   std::array<int, 64> transposed_keys{};
-  for (int s = 0; s < 4; ++s) {
-    for (int t = 0; t < 4; ++t) {
-      for (int h = 0; h < 2; ++h) {
-        for (int e = 0; e < 2; ++e) {
-          const int column = transposed_key_column(s, t, h, e);
-          if (column < 0 || column >= 64) {
-            expect(false, "transposed_key_column out of range");
-            continue;
-          }
-          ++transposed_keys[column];
-          // Int4: nibble n + 4e of word u at column 8u + 2n + e; int2: code i + 8e of word w at
-          // column 16w + 2i + e.
-          const int nibble = transposed_key_code_shift(4, t, h) / 4 + 4 * e;
-          expect(column / 8 == transposed_key_code_word(4, s, h) &&
-                     column % 8 == 2 * (nibble % 4) + nibble / 4,
-                 "transposed_key_column: int4, the nibble its word and shift give at column " +
-                     std::to_string(column));
-          const int code = transposed_key_code_shift(2, t, h) / 2 + 8 * e;
-          expect(column / 16 == transposed_key_code_word(2, s, h) &&
-                     column % 16 == 2 * (code % 8) + code / 8,
-                 "transposed_key_column: int2, the code its word and shift give at column " +
-                     std::to_string(column));
-          expect(column == 16 * s + 2 * t + 8 * h + e,
-                 "transposed_key_column is the mma's k index");
-          const FragmentPlace place = transposed_key_place(column);
-          expect(place.s == s && place.t == t && place.h == h && place.e == e,
-                 "transposed_key_place inverts transposed_key_column at column " +
-                     std::to_string(column));
-        }
-      }
+  for_each_key_register([&](int s, int t, int h, int e) {
+    const int column = transposed_key_column(s, t, h, e);
+    if (column < 0 || column >= 64) {
+      expect(false, "transposed_key_column out of range");
+      return;
     }
-  }
+    ++transposed_keys[column];
+    // Int4: nibble n + 4e of word u at column 8u + 2n + e; int2: code i + 8e of word w at
+    // column 16w + 2i + e.
+    const int nibble = transposed_key_code_shift(4, t, h) / 4 + 4 * e;
+    expect(column / 8 == transposed_key_code_word(4, s, h) &&
+               column % 8 == 2 * (nibble % 4) + nibble / 4,
+           "transposed_key_column: int4, the nibble its word and shift give at column " +
+               std::to_string(column));
+    const int code = transposed_key_code_shift(2, t, h) / 2 + 8 * e;
+    expect(column / 16 == transposed_key_code_word(2, s, h) &&
+               column % 16 == 2 * (code % 8) + code / 8,
+           "transposed_key_column: int2, the code its word and shift give at column " +
+               std::to_string(column));
+    expect(column == 16 * s + 2 * t + 8 * h + e, "transposed_key_column is the mma's k index");
+    const FragmentPlace place = transposed_key_place(column);
+    expect(
+        place.s == s && place.t == t && place.h == h && place.e == e,
+        "transposed_key_place inverts transposed_key_column at column " + std::to_string(column));
+  });
   expect(std::all_of(transposed_keys.begin(), transposed_keys.end(), [](int n) { return n == 1; }),
          "transposed_key_column covers each column once");
   for (int j = 0; j < 4; ++j) {
@@ -275,26 +275,20 @@ void check_fragment_maps() {
   }
   // Int2: word t of the group, the code at bit int2_key_shift (+ 16 for the high half).
   std::array<int, 64> int2_keys{}, int2_values{};
-  for (int s = 0; s < 4; ++s) {
-    for (int t = 0; t < 4; ++t) {
-      for (int h = 0; h < 2; ++h) {
-        for (int e = 0; e < 2; ++e) {
-          const int channel = int2_key_channel(s, t, h, e);
-          if (channel >= 0 && channel < 64) ++int2_keys[channel];
-          // Q is loaded as the words (c, c + 1) and (c + 8, c + 9).
-          expect(channel == int2_key_channel(s, t, 0, 0) + h + 8 * e,
-                 "int2_key_channel: register h, half e at c + h + 8e");
-          const int bit = int2_key_shift(s, h) + 16 * e;
-          expect(channel == 16 * t + bit / 2 && bit % 2 == 0,
-                 "int2_key_channel agrees with the word and bits read");
-          // Shifted by int2_key_word_shift, within FP16's 10 mantissa bits.
-          const int position = int2_key_shift(s, h) - int2_key_word_shift(s, h);
-          expect(position == int2_key_code_position(channel) && position >= 0 && position <= 8,
-                 "int2 key code position of channel " + std::to_string(channel));
-        }
-      }
-    }
-  }
+  for_each_key_register([&](int s, int t, int h, int e) {
+    const int channel = int2_key_channel(s, t, h, e);
+    if (channel >= 0 && channel < 64) ++int2_keys[channel];
+    // Q is loaded as the words (c, c + 1) and (c + 8, c + 9).
+    expect(channel == int2_key_channel(s, t, 0, 0) + h + 8 * e,
+           "int2_key_channel: register h, half e at c + h + 8e");
+    const int bit = int2_key_shift(s, h) + 16 * e;
+    expect(channel == 16 * t + bit / 2 && bit % 2 == 0,
+           "int2_key_channel agrees with the word and bits read");
+    // Shifted by int2_key_word_shift, within FP16's 10 mantissa bits.
+    const int position = int2_key_shift(s, h) - int2_key_word_shift(s, h);
+    expect(position == int2_key_code_position(channel) && position >= 0 && position <= 8,
+           "int2 key code position of channel " + std::to_string(channel));
+  });
   for (int j = 0; j < 4; ++j) {
     for (int row = 0; row < 16; ++row) {
       const int channel = int2_value_channel(j, row);
